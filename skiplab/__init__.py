@@ -1,0 +1,11 @@
+"""skiplab: residual (skip) connections with normalisation, behind one interface.
+
+>>> import skiplab
+>>> conn = skiplab.connection("2rSkip+LN", dim=512)
+>>> y = conn(x, branch)            # y = LN(x + LN(x + branch(x)))
+"""
+
+from .connections import Connection, available_connections, connection, iter_connections, parse_spec
+
+__version__ = "0.1.0"
+__all__ = ["Connection", "available_connections", "connection", "iter_connections", "parse_spec", "__version__"]

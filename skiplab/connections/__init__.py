@@ -1,0 +1,21 @@
+"""Every skip connection of the papers behind one interface: ``connection(spec, dim, layout)``.
+
+Importing this package registers the designs; see :mod:`skiplab.connections.spec` for the grammar.
+"""
+
+# Import order is the order available_connections() lists the designs in.
+from . import expanded, recursive, learned, sas, highway, prenorm  # noqa: F401, I001  (register the designs)
+from .base import REGISTRY, Connection, available_connections, connection, iter_connections, parse_spec
+from .spec import ALIASES, Spec, SpecError
+
+__all__ = [
+    "ALIASES",
+    "REGISTRY",
+    "Connection",
+    "Spec",
+    "SpecError",
+    "available_connections",
+    "connection",
+    "iter_connections",
+    "parse_spec",
+]

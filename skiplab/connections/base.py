@@ -1,0 +1,102 @@
+"""The one interface every skip connection implements, and the registry that builds them by spec."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+from torch import Tensor, nn
+
+from . import spec as _spec
+from .norms import LAYOUTS
+
+Branch = Callable[[Tensor], Tensor]
+
+REGISTRY: dict[str, type["Connection"]] = {}
+
+
+class Connection(nn.Module):
+    """A residual connection: ``y = conn(x, branch, skip=None)``.
+
+    ``branch`` maps x to F(x) of the same shape; ``skip`` (optional, e.g. a ResNet projection
+    shortcut) makes the skip path ``skip(x)`` instead of x. In every formula below, x on the skip
+    side stands for that skip path; the branch always receives the block input x (pre-norm designs
+    hand it the normalised x).
+
+    Subclasses declare their spec grammar (``numbered``, ``accepts_norms``, ``options``), the ``patterns``
+    they answer, and implement ``forward`` and ``stats``. A model never branches on which one it holds.
+    """
+
+    name: ClassVar[str]
+    patterns: ClassVar[dict[str, str]]  # spec pattern -> formula, for available_connections()
+    numbered: ClassVar[bool] = False
+    accepts_norms: ClassVar[tuple[str, ...]] = ()
+    norm_required: ClassVar[bool] = False
+    default_norm: ClassVar[str | None] = None
+    options: ClassVar[dict[str, _spec.Option]] = {}
+
+    def __init__(self, spec: _spec.Spec, dim: int, layout: str = "seq"):
+        super().__init__()
+        self.dim, self.layout = dim, layout
+        self.spec = _spec.format_spec(spec, type(self))
+        self._parsed = spec
+
+    @staticmethod
+    def check_number(number: float) -> float:
+        """Validate the leading number of the spec; raise ValueError naming the problem."""
+        return number
+
+    def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
+        raise NotImplementedError
+
+    def stats(self) -> dict[str, Any]:
+        """The learned (or fixed) quantities behind the design; ``None`` where no forward pass ran yet."""
+        return {}
+
+    def extra_repr(self) -> str:
+        return f"{self.spec!r}, dim={self.dim}, layout={self.layout!r}"
+
+
+def register(cls: type[Connection]) -> type[Connection]:
+    """Class decorator: make ``cls`` buildable by its ``name`` in spec strings."""
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def available_connections() -> dict[str, str]:
+    """Every known design: spec pattern (in the papers' notation) -> its formula and source."""
+    out: dict[str, str] = {}
+    for cls in REGISTRY.values():
+        out.update(cls.patterns)
+    for alias, target in _spec.ALIASES.items():
+        out[alias] = f"alias of {target}"
+    return out
+
+
+def _known() -> str:
+    return ", ".join(available_connections())
+
+
+def parse_spec(text: str) -> _spec.Spec:
+    """Parse a spec string (see :mod:`skiplab.connections.spec` for the grammar)."""
+    return _spec.parse(text, REGISTRY, _known())
+
+
+def connection(spec: str, dim: int, layout: str = "seq") -> Connection:
+    """Build the connection named by ``spec`` for ``dim`` features.
+
+    ``layout="seq"``: features in the last dimension ``(..., dim)``; ``layout="conv"``: feature maps
+    ``(N, dim, H, W)``. Raises ValueError for an unknown or malformed spec, listing the known names.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+        raise ValueError(f"dim must be a positive integer, got {dim!r}")
+    parsed = parse_spec(spec)
+    return REGISTRY[parsed.name](parsed, dim, layout)
+
+
+def iter_connections(model: nn.Module):
+    """``(qualified name, connection)`` for every connection inside ``model``, in module order."""
+    for name, module in model.named_modules():
+        if isinstance(module, Connection):
+            yield name, module

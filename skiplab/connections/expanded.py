@@ -1,0 +1,74 @@
+"""The general residual block y = G(λx + f·F(x)) and the plain network y = F(x).
+
+Source: "Rethinking Skip Connection with Layer Normalization" (Liu et al., COLING 2020), the rSkip+LN
+paper: expanded skip (Eq. 2), expanded skip with normalisation (Eq. 3), contracted skips (Table 3),
+the BatchNorm forms (Table 4).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import Tensor
+
+from .base import Branch, Connection, register
+from .norms import NORMS, make_norm
+from .spec import Option, Spec, positive_float
+
+
+@register
+class ExpandedSkip(Connection):
+    """``λxSkip[+G](f=...)``: y = λx + f·F(x) (Eq. 2), or y = G(λx + f·F(x)) with G in {LN, BN, RMS} (Eq. 3).
+
+    λ > 0 is fixed. ``1xSkip`` is the residual unit x + F(x) (He et al. 2016); ``1xSkip+LN`` is the
+    post-norm Transformer block LN(x + F(x)). ``f`` expands the residual branch instead of the skip:
+    ``1xSkip(f=2)`` gives x + 2F(x), the contracted skips of Table 3. No normalisation: the gradient
+    reaching x through the skip is scaled by λ per block, so a stack of L blocks scales it by λ^L.
+    """
+
+    name = "xSkip"
+    numbered = True
+    accepts_norms = NORMS
+    options = {"f": Option(1.0, positive_float, "scale of the residual branch F (Table 3's contracted skips)")}
+    patterns = {
+        "1xSkip": "y = x + F(x)  (residual unit, He et al. 2016)",
+        "λxSkip": "y = λx + F(x), λ > 0  (Eq. 2 of the rSkip+LN paper)",
+        "λxSkip+LN": "y = LN(λx + F(x))  (Eq. 3 of the rSkip+LN paper)",
+        "λxSkip+BN": "y = BN(λx + F(x))  (Table 4 of the rSkip+LN paper)",
+        "λxSkip+RMS": "y = RMSNorm(λx + F(x))",
+        "λxSkip[+G](f=φ)": "y = [G](λx + φ·F(x))  (contracted skips, Table 3 of the rSkip+LN paper)",
+    }
+
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq"):
+        super().__init__(spec, dim, layout)
+        self.lam = float(spec.number)
+        self.f = float(spec.options["f"])
+        self.norm = make_norm(spec.norm, dim, layout) if spec.norm else None
+
+    @staticmethod
+    def check_number(number: float) -> float:
+        if not (math.isfinite(number) and number > 0):
+            raise ValueError(f"λ of xSkip must be a finite number > 0, got {number:g}")
+        return number
+
+    def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
+        s = x if skip is None else skip(x)
+        fx = branch(x)
+        h = (s if self.lam == 1.0 else self.lam * s) + (fx if self.f == 1.0 else self.f * fx)
+        return h if self.norm is None else self.norm(h)
+
+    def stats(self) -> dict[str, Any]:
+        return {"lambda": self.lam, "f": self.f}
+
+
+@register
+class NoSkip(Connection):
+    """``NoSkip``: y = F(x), no skip path at all (the plain deep network of the tutorial's gradient demo;
+    row 2 of Table 2 of the SAS paper). ``skip`` is ignored."""
+
+    name = "NoSkip"
+    patterns = {"NoSkip": "y = F(x)  (plain network, no skip connection)"}
+
+    def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
+        return branch(x)

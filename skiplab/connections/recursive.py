@@ -1,0 +1,90 @@
+"""The recursive skip connection with normalisation, rSkip+LN (Eq. 4 of the rSkip+LN paper)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .base import Branch, Connection, register
+from .norms import NORMS, feature_mean, make_norm, norm_gain, norm_sigma
+from .spec import Spec
+
+
+@register
+class RecursiveSkip(Connection):
+    """``krSkip+G``, integer k >= 1, G in {LN, BN, RMS}:
+
+        y_1 = G_1(x + F(x)),   y_i = G_i(x + y_{i-1})  (i = 2..k),   y = y_k      (Eq. 4)
+
+    Each G_i has its own parameters. ``1rSkip+LN`` equals ``1xSkip+LN`` (post-norm).
+
+    Learned ratio (Appendix A, Eqs. 5-6). With the statistics frozen, G_i(h) = a_i·h + c_i with
+    a_i = w_i/σ_i, so unrolling gives y = (Σ_{i=1}^{k} Π_{j=i}^{k} a_j)·x + (Π_{j=1}^{k} a_j)·F + C, and the
+    skip-to-residual ratio is
+
+        x : F = 1 + Σ_{i=1}^{k-1} Π_{j=1}^{i} σ_j / w_j        (k = 2: σ_1/w_1 + 1, Eq. 6)
+
+    The paper's general form sums to λ (= k); unrolling y_3 shows the sum stops at k-1. ``stats()``
+    reports this ratio per feature, averaged over the positions (and examples) of the last forward pass.
+    """
+
+    name = "rSkip"
+    numbered = True
+    accepts_norms = NORMS
+    norm_required = True
+    patterns = {
+        "krSkip+LN": "y_1 = LN(x + F(x)), y_i = LN(x + y_{i-1}), y = y_k; k >= 1 integer  (Eq. 4 of the rSkip+LN paper)",
+        "krSkip+BN": "as krSkip+LN with BatchNorm  (Table 4 of the rSkip+LN paper)",
+        "krSkip+RMS": "as krSkip+LN with RMSNorm",
+    }
+
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq"):
+        super().__init__(spec, dim, layout)
+        self.k = int(spec.number)
+        self.norms = nn.ModuleList(make_norm(spec.norm, dim, layout) for _ in range(self.k))
+        self._sigma_prods: list[Tensor] = []  # mean over positions of Π_{j<=i} σ_j, i = 1..k-1
+
+    @staticmethod
+    def check_number(number: float) -> float:
+        if not (math.isfinite(number) and number.is_integer() and number >= 1):
+            raise ValueError(f"the order k of rSkip must be an integer >= 1, got {number:g}")
+        return number
+
+    def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
+        s = x if skip is None else skip(x)
+        y = branch(x)
+        prods, prod = [], None
+        for i, norm in enumerate(self.norms):
+            h = s + y
+            if i < self.k - 1:  # σ_k never enters the ratio
+                sigma = norm_sigma(norm, h)
+                prod = sigma if prod is None else prod * sigma
+                prods.append(feature_mean(prod, self.layout, self.dim))
+            y = norm(h)
+        self._sigma_prods = prods
+        return y
+
+    @torch.no_grad()
+    def ratio(self) -> Tensor | None:
+        """Per-feature skip-to-residual ratio x : F of the last forward pass, shape ``(dim,)``."""
+        if self.k == 1:
+            return torch.ones(self.dim)
+        if not self._sigma_prods:
+            return None
+        ratio, gains = torch.ones(self.dim), None
+        for norm, sigma_prod in zip(self.norms, self._sigma_prods):
+            w = norm_gain(norm).cpu()
+            gains = w if gains is None else gains * w
+            ratio = ratio + sigma_prod.cpu() / gains
+        return ratio
+
+    def stats(self) -> dict[str, Any]:
+        ratio = self.ratio()
+        return {
+            "k": self.k,
+            "ratio": ratio,
+            "ratio_mean": None if ratio is None else ratio.mean().item(),
+        }
