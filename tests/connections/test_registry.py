@@ -1,0 +1,79 @@
+"""Every registered design, both layouts: builds, keeps the shape, back-propagates, round-trips its spec."""
+
+import pytest
+import torch
+
+import skiplab
+from skiplab.connections import REGISTRY, parse_spec
+from tests.conftest import DIM, make_branch, make_input
+
+# At least one spec per registered name; test_every_design_has_an_example keeps this list complete.
+EXAMPLES = [
+    "NoSkip", "1xSkip", "Residual", "2xSkip", "0.5xSkip", "1xSkip+LN", "PostLN", "2xSkip+LN", "2xSkip+BN",
+    "2xSkip+RMS", "0.5xSkip+LN(f=2)", "1xSkip(f=2)", "1rSkip+LN", "2rSkip+LN", "3rSkip+LN", "2rSkip+BN",
+    "2rSkip+RMS", "wSkip+LN", "wSkip+LN(init=2)", "wSkip", "wSkip+BN", "SAS", "SAS(gate=single)",
+    "SAS(gamma=free)", "SAS+BN", "SAS+RMS", "Highway", "Highway(bias=-1)", "PreLN", "PreRMS",
+]
+
+
+def test_every_design_has_an_example():
+    covered = {parse_spec(s).name for s in EXAMPLES}
+    assert covered == set(REGISTRY), f"add an example for {set(REGISTRY) - covered}"
+
+
+def test_available_connections_lists_every_design_with_a_formula():
+    table = skiplab.available_connections()
+    for cls in REGISTRY.values():
+        assert cls.patterns and all(table[p] == f for p, f in cls.patterns.items()), cls.name
+    for pattern in ["λxSkip", "λxSkip+LN", "λxSkip+BN", "krSkip+LN", "krSkip+BN", "SAS", "SAS+BN", "Highway", "PreLN"]:
+        assert pattern in table
+    assert table["PostLN"] == "alias of 1xSkip+LN" and table["Residual"] == "alias of 1xSkip"
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
+def test_shape_gradients_and_round_trip(spec, layout):
+    conn = skiplab.connection(spec, DIM, layout=layout)
+    x, branch = make_input(layout), make_branch(layout)
+    y = conn(x, branch)
+    assert y.shape == x.shape
+    (y * torch.randn_like(y)).sum().backward()
+    assert torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
+    for name, p in conn.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+    again = skiplab.connection(conn.spec, DIM, layout=layout)
+    assert again.spec == conn.spec and type(again) is type(conn)
+    again.load_state_dict(conn.state_dict())  # same parameters and buffers, same shapes
+    conn.eval(), again.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(x, branch), conn(x, branch))
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
+def test_stats_before_and_after_a_forward(spec, layout):
+    conn = skiplab.connection(spec, DIM, layout=layout)
+    before = conn.stats()
+    conn(make_input(layout), make_branch(layout))
+    after = conn.stats()
+    assert set(before) == set(after)
+    for key, value in after.items():
+        assert value is not None, key
+        assert torch.isfinite(torch.as_tensor(value)).all(), key
+
+
+def test_projection_skip_replaces_x_on_the_skip_path(layout):
+    proj = make_branch(layout, seed=5)
+    x, branch = make_input(layout), make_branch(layout)
+    for spec, expect in [
+        ("1xSkip", lambda: proj(x) + branch(x)),
+        ("3xSkip", lambda: 3 * proj(x) + branch(x)),
+        ("NoSkip", lambda: branch(x)),
+    ]:
+        torch.testing.assert_close(skiplab.connection(spec, DIM, layout)(x, branch, skip=proj), expect())
+
+
+def test_iter_connections_finds_every_block():
+    blocks = torch.nn.ModuleList(skiplab.connection(s, DIM) for s in ["1xSkip", "2rSkip+LN", "SAS"])
+    found = list(skiplab.iter_connections(blocks))
+    assert [n for n, _ in found] == ["0", "1", "2"]
+    assert [c.spec for _, c in found] == ["1xSkip", "2rSkip+LN", "SAS"]
