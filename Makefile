@@ -27,4 +27,4 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) runs/demo
+	rm -rf $(VENV)

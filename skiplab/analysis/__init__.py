@@ -1,0 +1,1 @@
+"""Analyses the papers rely on: gradient flow, learned ratios and gates."""

@@ -1,0 +1,55 @@
+"""Typed, frozen dataclass configs and the command-line options derived from them.
+
+Each field becomes ``--field-name``; its type (int, float, str, bool, or a tuple of those, written
+comma-separated) and its ``help`` metadata give the option's parser and text. Configs hold only
+strings and numbers, so they serialise to JSON beside every result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def _scalar_parser(tp: type):
+    if tp is bool:
+        return lambda s: {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[s.lower()]
+    return tp
+
+
+def _parser_for(tp: Any):
+    if typing.get_origin(tp) is tuple:
+        item = _scalar_parser(typing.get_args(tp)[0])
+        return lambda s: tuple(item(v.strip()) for v in s.split(",") if v.strip())
+    return _scalar_parser(tp)
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one ``--option`` per field of the dataclass ``cls``, defaulting to the field's default."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=_parser_for(hints[f.name]),
+            default=default,
+            metavar=f.name.upper(),
+            help=f"{f.metadata.get('help', '')} (default: {shown})",
+        )
+
+
+def from_arguments(cls: type[T], args: argparse.Namespace) -> T:
+    """The ``cls`` instance holding the parsed values of its fields."""
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+
+def to_json(cfg: Any) -> str:
+    """The config as indented JSON (tuples become lists)."""
+    return json.dumps(dataclasses.asdict(cfg), indent=2)

@@ -1,0 +1,31 @@
+import subprocess
+import sys
+
+from skiplab.cli import main
+
+
+def test_connections_lists_every_design(capsys):
+    assert main(["connections"]) == 0
+    out = capsys.readouterr().out
+    for pattern in ["λxSkip+LN", "krSkip+LN", "wSkip+LN", "SAS(gate=single)", "Highway", "PreRMS", "PostLN"]:
+        assert pattern in out
+
+
+def test_connections_shows_a_parsed_spec(capsys):
+    assert main(["connections", "PostLN", "--dim", "4"]) == 0
+    assert "PostLN -> 1xSkip+LN" in capsys.readouterr().out
+
+
+def test_bad_spec_is_one_line_on_stderr_with_exit_code_2(capsys, tmp_path):
+    assert main(["demo", "gradient-flow", "--designs", "1xSkip,3rskip+LN", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean 'rSkip'" in err
+    assert not (tmp_path / "o").exists()  # nothing written for a bad request
+
+
+def test_demo_gradient_flow_from_the_console_script(tmp_path):
+    cmd = [sys.executable, "-m", "skiplab", "demo", "gradient-flow", "--depth", "4", "--width", "8",
+           "--designs", "NoSkip,PostLN", "--out", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "| PostLN" in res.stdout and (tmp_path / "gradient_flow.png").exists()
