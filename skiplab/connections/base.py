@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, ClassVar
 
 from torch import Tensor, nn
@@ -38,7 +39,6 @@ class Connection(nn.Module):
         super().__init__()
         self.dim, self.layout = dim, layout
         self.spec = _spec.format_spec(spec, type(self))
-        self._parsed = spec
 
     @staticmethod
     def check_number(number: float) -> float:
@@ -89,8 +89,13 @@ def connection(spec: str, dim: int, layout: str = "seq") -> Connection:
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
-    if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+    try:
+        size = -1 if isinstance(dim, bool) else operator.index(dim)
+    except TypeError:
+        size = -1
+    if size < 1:
         raise ValueError(f"dim must be a positive integer, got {dim!r}")
+    dim = size
     parsed = parse_spec(spec)
     return REGISTRY[parsed.name](parsed, dim, layout)
 

@@ -76,5 +76,8 @@ def test_bad_layout_and_dim():
         skiplab.connection("1xSkip", 8, layout="nchw")
     with pytest.raises(ValueError, match="dim must be a positive integer"):
         skiplab.connection("1xSkip", 0)
+    with pytest.raises(ValueError, match="got 2.5"):
+        skiplab.connection("1xSkip", 2.5)
+    assert skiplab.connection("1xSkip", __import__("numpy").int64(3)).dim == 3
     with pytest.raises(ValueError, match="must be a string"):
         skiplab.connection(2, 8)
