@@ -22,17 +22,32 @@ def _scalar_parser(tp: type):
     return tp
 
 
+def parse_list(text: str) -> tuple[str, ...]:
+    """``"a, b,c"`` -> ``("a", "b", "c")``. Commas inside parentheses stay: ``SAS(gate=single,gamma=free)``."""
+    items, depth, cur = [], 0, ""
+    for ch in text:
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return tuple(v.strip() for v in items + [cur] if v.strip())
+
+
 def _parser_for(tp: Any):
     if typing.get_origin(tp) is tuple:
         item = _scalar_parser(typing.get_args(tp)[0])
-        return lambda s: tuple(item(v.strip()) for v in s.split(",") if v.strip())
+        return lambda s: tuple(item(v) for v in parse_list(s))
     return _scalar_parser(tp)
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """Add one ``--option`` per field of the dataclass ``cls``, defaulting to the field's default."""
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+    """Add one ``--option`` per field of the dataclass ``cls`` (but ``skip``), defaulting to the field's default."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         parser.add_argument(

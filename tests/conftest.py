@@ -32,3 +32,35 @@ def randomise_affine(module: nn.Module, seed: int = 2) -> None:
 @pytest.fixture(params=["seq", "conv"])
 def layout(request):
     return request.param
+
+
+def write_idx(path, array) -> None:
+    """Write a uint8 array as a gzipped IDX file (the MNIST / Fashion-MNIST format)."""
+    import gzip
+    import struct
+
+    import numpy as np
+
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    with gzip.open(path, "wb") as f:
+        f.write(header + array.tobytes())
+
+
+def write_fashion_mnist(root, n_train: int = 256, n_test: int = 64, seed: int = 0):
+    """A tiny dataset in Fashion-MNIST's files: 28x28 grey images whose brightness depends on the class."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        labels = rng.integers(0, 10, n)
+        images = rng.integers(0, 80, (n, 28, 28)) + labels[:, None, None] * 17
+        write_idx(root / f"{split}-images-idx3-ubyte.gz", images)
+        write_idx(root / f"{split}-labels-idx1-ubyte.gz", labels)
+    return root
+
+
+@pytest.fixture(scope="session")
+def fashion_dir(tmp_path_factory):
+    return write_fashion_mnist(tmp_path_factory.mktemp("fashion"))

@@ -35,9 +35,10 @@ class Connection(nn.Module):
     default_norm: ClassVar[str | None] = None
     options: ClassVar[dict[str, _spec.Option]] = {}
 
-    def __init__(self, spec: _spec.Spec, dim: int, layout: str = "seq"):
+    def __init__(self, spec: _spec.Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
         super().__init__()
         self.dim, self.layout = dim, layout
+        self.in_dim = dim if in_dim is None else in_dim
         self.spec = _spec.format_spec(spec, type(self))
 
     @staticmethod
@@ -81,23 +82,30 @@ def parse_spec(text: str) -> _spec.Spec:
     return _spec.parse(text, REGISTRY, _known())
 
 
-def connection(spec: str, dim: int, layout: str = "seq") -> Connection:
-    """Build the connection named by ``spec`` for ``dim`` features.
-
-    ``layout="seq"``: features in the last dimension ``(..., dim)``; ``layout="conv"``: feature maps
-    ``(N, dim, H, W)``. Raises ValueError for an unknown or malformed spec, listing the known names.
-    """
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+def _positive_int(name: str, value: Any) -> int:
     try:
-        size = -1 if isinstance(dim, bool) else operator.index(dim)
+        size = -1 if isinstance(value, bool) else operator.index(value)
     except TypeError:
         size = -1
     if size < 1:
-        raise ValueError(f"dim must be a positive integer, got {dim!r}")
-    dim = size
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return size
+
+
+def connection(spec: str, dim: int, layout: str = "seq", in_dim: int | None = None) -> Connection:
+    """Build the connection named by ``spec`` for ``dim`` features.
+
+    ``layout="seq"``: features in the last dimension ``(..., dim)``; ``layout="conv"``: feature maps
+    ``(N, dim, H, W)``. ``in_dim``: features of the block input x where they differ from the output's
+    (a block with a projection shortcut); only designs that normalise x itself (pre-norm) use it.
+    Raises ValueError for an unknown or malformed spec, listing the known names.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    dim = _positive_int("dim", dim)
+    in_dim = None if in_dim is None else _positive_int("in_dim", in_dim)
     parsed = parse_spec(spec)
-    return REGISTRY[parsed.name](parsed, dim, layout)
+    return REGISTRY[parsed.name](parsed, dim, layout, in_dim)
 
 
 def iter_connections(model: nn.Module):

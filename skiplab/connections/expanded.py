@@ -40,8 +40,8 @@ class ExpandedSkip(Connection):
         "λxSkip[+G](f=φ)": "y = [G](λx + φ·F(x))  (contracted skips, Table 3 of the rSkip+LN paper)",
     }
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq"):
-        super().__init__(spec, dim, layout)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
+        super().__init__(spec, dim, layout, in_dim)
         self.lam = float(spec.number)
         self.f = float(spec.options["f"])
         self.norm = make_norm(spec.norm, dim, layout) if spec.norm else None

@@ -25,8 +25,8 @@ class Highway(Connection):
     options = {"bias": Option(-2.0, finite_float, "initial b_T of the transform gate")}
     patterns = {"Highway": "y = T ⊙ F + (1-T) ⊙ x, T = σ(x W_T + b_T)  (Highway Net transform gate, Fig. 2(a) of the SAS paper)"}
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq"):
-        super().__init__(spec, dim, layout)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
+        super().__init__(spec, dim, layout, in_dim)
         self.transform = nn.Linear(dim, dim)
         nn.init.constant_(self.transform.bias, spec.options["bias"])
         self._t_mean: Tensor | None = None

@@ -25,8 +25,8 @@ class WeightedSkip(Connection):
         "wSkip[+BN|+RMS]": "y = [G](w ⊙ x + F(x))",
     }
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq"):
-        super().__init__(spec, dim, layout)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
+        super().__init__(spec, dim, layout, in_dim)
         self.weight = nn.Parameter(torch.full((dim,), float(spec.options["init"])))
         self.norm = make_norm(spec.norm, dim, layout) if spec.norm else None
 

@@ -18,9 +18,9 @@ class _PreNorm(Connection):
 
     kind: str
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq"):
-        super().__init__(spec, dim, layout)
-        self.norm = make_norm(self.kind, dim, layout)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
+        super().__init__(spec, dim, layout, in_dim)
+        self.norm = make_norm(self.kind, self.in_dim, layout)  # G normalises x, the block input
 
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)

@@ -41,8 +41,8 @@ class RecursiveSkip(Connection):
         "krSkip+RMS": "as krSkip+LN with RMSNorm",
     }
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq"):
-        super().__init__(spec, dim, layout)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
+        super().__init__(spec, dim, layout, in_dim)
         self.k = int(spec.number)
         self.norms = nn.ModuleList(make_norm(spec.norm, dim, layout) for _ in range(self.k))
         self._sigma_prods: list[Tensor] = []  # mean over positions of Π_{j<=i} σ_j, i = 1..k-1

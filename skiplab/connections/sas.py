@@ -84,8 +84,8 @@ class SelfAdaptiveScaling(Connection):
         "SAS+BN": "SAS with BatchNorm in place of LN  (Table 7 of the SAS paper)",
     }
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq"):
-        super().__init__(spec, dim, layout)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
+        super().__init__(spec, dim, layout, in_dim)
         single = spec.options["gate"] == "single"
         self.alpha = ScalingGate(dim, spec.options["alpha_bias"], single)
         self.beta = ScalingGate(dim, spec.options["beta_bias"], single)

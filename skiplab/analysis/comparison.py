@@ -1,0 +1,110 @@
+"""Comparison tables across connections and seeds, in the form of Table 1 of the rSkip+LN paper.
+
+    connection | λ | G | error mean ± std over seeds | Δ to the first connection | diverged runs
+
+Mean and sample standard deviation (n - 1) are taken over the runs that finished; a diverged run is
+counted, never averaged in. Also: learning curves (mean over seeds, ± std shaded) as a plot.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+from typing import Any
+
+from ..connections import parse_spec
+
+
+def lambda_and_norm(spec: str) -> tuple[str, str]:
+    """The λ and G columns of the papers' tables for a connection spec."""
+    s = parse_spec(spec)
+    norm = s.norm or "-"
+    if s.name in ("xSkip", "rSkip"):
+        lam = f"{s.number:g}" + (f" (f={s.options['f']:g})" if s.options.get("f", 1.0) != 1.0 else "")
+        return lam, norm
+    if s.name == "wSkip":
+        return f"w (learned, init {s.options['init']:g})", norm
+    return {
+        "NoSkip": ("0", "-"),
+        "SAS": ("α (learned)", norm),
+        "Highway": ("1-T (gated)", "-"),
+        "PreLN": ("1", "LN (pre)"),
+        "PreRMS": ("1", "RMS (pre)"),
+    }.get(s.name, ("?", norm))
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    mean = sum(values) / len(values)
+    var = sum((v - mean) ** 2 for v in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return mean, math.sqrt(var)
+
+
+def summarise(results: dict[str, list[dict[str, Any]]], metric: str, higher_is_better: bool = False) -> list[dict[str, Any]]:
+    """One row per connection from its runs' summaries (each with ``status`` and ``metric``)."""
+    rows, first = [], None
+    for spec, runs in results.items():
+        values = [r[metric] for r in runs if r.get("status") == "finished"]
+        mean, std = mean_std(values)
+        first = mean if first is None else first
+        lam, norm = lambda_and_norm(spec)
+        rows.append({"connection": spec, "lambda": lam, "G": norm, "mean": mean, "std": std,
+                     "delta": mean - first, "runs": len(runs), "finished": len(values),
+                     "diverged": sum(r.get("status") == "diverged" for r in runs)})
+    return rows
+
+
+def _fmt(row: dict[str, Any], label: str) -> list[str]:
+    ok = not math.isnan(row["mean"])
+    return [row["connection"], row["lambda"], row["G"],
+            f"{row['mean']:.2f} ± {row['std']:.2f}" if ok else "all diverged",
+            f"{row['delta']:+.2f}" if ok and not math.isnan(row["delta"]) else "-",
+            f"{row['diverged']}/{row['runs']}"]
+
+
+def markdown(rows: list[dict[str, Any]], label: str) -> str:
+    head = ["connection", "λ", "G", f"{label} (mean ± std)", f"Δ vs {rows[0]['connection']}", "diverged"]
+    body = [_fmt(r, label) for r in rows]
+    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in body])
+
+
+def to_csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def plot_curves(curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, ...], path: Path, title: str) -> None:
+    """Per connection, each key of the per-epoch records against epoch: mean over seeds, ± std shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for i, (spec, runs) in enumerate(curves.items()):
+            length = min((len(r) for r in runs), default=0)
+            if not length:
+                continue
+            stats = [mean_std([r[e][key] for r in runs]) for e in range(length)]
+            epochs = [runs[0][e]["epoch"] for e in range(length)]
+            m = [s[0] for s in stats]
+            sd = [s[1] for s in stats]
+            ax.plot(epochs, m, label=spec, color=f"C{i}")
+            ax.fill_between(epochs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=f"C{i}", alpha=0.2)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(key.replace("_", " "))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

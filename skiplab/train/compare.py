@@ -1,0 +1,82 @@
+"""Compare connections across seeds: every connection x seed is one run, then one table.
+
+    OUT/<connection>/seed<k>/   a full run directory each (config, metrics, checkpoints, summary)
+    OUT/table.md, table.csv     Table 1 of the rSkip+LN paper's form (see skiplab.analysis.comparison)
+    OUT/curves.png              learning curves, mean ± std over seeds
+    OUT/compare.json            the comparison's config, every run's summary, and the table rows
+
+Runs already finished (or diverged) are skipped and runs cut short are resumed, so an interrupted
+comparison continues where it stopped when the same command is given again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from ..analysis import comparison
+from ..connections import connection
+from . import run_dir
+from .image import ImageTrainConfig, train
+
+
+def run_name(spec: str) -> str:
+    """A directory name for a spec: ``2rSkip+LN`` stays; characters a shell would mind become ``_``."""
+    return re.sub(r"[^A-Za-z0-9+.=_-]", "_", spec)
+
+
+def compare_image(base: ImageTrainConfig, connections: tuple[str, ...], seeds: int, progress: bool = True) -> list[dict[str, Any]]:
+    """Train ``base`` once per connection and seed 1..``seeds`` under ``base.out``; print and write the table."""
+    if not connections or seeds < 1:
+        raise ValueError("give at least one connection and seeds >= 1")
+    specs = tuple(connection(c, 4).spec for c in connections)  # canonical; a bad spec fails before any run
+    if len(set(specs)) != len(specs):
+        raise ValueError(f"a connection is listed twice: {', '.join(connections)}")
+    root = Path(base.out)
+    root.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    results: dict[str, list[dict[str, Any]]] = {s: [] for s in specs}
+    curves: dict[str, list[list[dict[str, Any]]]] = {s: [] for s in specs}
+    jobs = [(s, k) for s in specs for k in range(1, seeds + 1)]
+    for spec, seed in tqdm(jobs, desc="compare", unit="run", disable=not progress):
+        out = root / run_name(spec) / f"seed{seed}"
+        cfg = dataclasses.replace(base, connection=spec, seed=seed, out=str(out))
+        summary = _existing(out, cfg)
+        if summary is None:
+            resume = (out / "last.pt").is_file()
+            summary = train(cfg, resume=resume, overwrite=not resume and out.exists(), progress=progress)
+        results[spec].append(summary)
+        if summary["status"] == "finished":
+            curves[spec].append(run_dir.read_metrics(out))
+
+    rows = comparison.summarise(results, "final_test_error")
+    table = comparison.markdown(rows, "error %")
+    (root / "table.md").write_text(table + "\n")
+    (root / "table.csv").write_text(comparison.to_csv(rows))
+    title = f"{base.model} on {base.dataset}, {seeds} seed(s), {base.epochs} epochs"
+    comparison.plot_curves(curves, ("train_loss", "test_error"), root / "curves.png", title)
+    run_dir.write_json(root / "compare.json", {
+        "config": dataclasses.asdict(base), "connections": list(specs), "seeds": seeds,
+        "rows": rows, "runs": results, "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
+    })
+    print(f"{title}; final test error over seeds")
+    print(table)
+    print(f"wrote {root / 'table.md'}, {root / 'table.csv'}, {root / 'curves.png'}")
+    return rows
+
+
+def _existing(out: Path, cfg: ImageTrainConfig) -> dict[str, Any] | None:
+    """The summary of a run already done as ``cfg`` asks; an error if ``out`` holds a different run."""
+    if (out / "config.json").is_file():
+        stored = run_dir.read_json(out / "config.json").get("config")
+        if stored != dataclasses.asdict(cfg):
+            diff = sorted(k for k in dataclasses.asdict(cfg) if stored.get(k) != getattr(cfg, k))
+            raise run_dir.RunDirError(f"{out} holds a run with other settings ({', '.join(diff)}); use another --out")
+    if (out / "summary.json").is_file():
+        return run_dir.read_json(out / "summary.json")
+    return None

@@ -1,0 +1,129 @@
+"""The run-directory contract shared by every training command.
+
+    OUT/config.json     the resolved config, the model's config, data facts and the environment
+    OUT/metrics.jsonl   one JSON record per epoch (or evaluation)
+    OUT/last.pt         the latest checkpoint: what --resume continues from; the final one after the run
+    OUT/best.pt         the checkpoint with the best validation/test metric
+    OUT/summary.json    written once the run ends: status "finished" or "diverged", final metrics
+
+A directory that holds a run is never overwritten silently: ``--resume`` continues it, ``--overwrite``
+replaces it, anything else is an error. Checkpoints are written atomically (temp file + rename) and
+read with ``weights_only=True``: no code in a checkpoint is ever run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RUN_FILES = ("config.json", "metrics.jsonl", "last.pt", "best.pt", "summary.json")
+
+
+class RunDirError(ValueError):
+    """A run directory that cannot be used as asked."""
+
+
+def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> Path:
+    """Make ``out`` ready for a run: fresh, resumed (must hold last.pt) or replaced (``overwrite``)."""
+    out = Path(out)
+    if resume and overwrite:
+        raise RunDirError("--resume and --overwrite exclude each other")
+    used = out.exists() and any(out.iterdir())
+    if resume:
+        if not (out / "last.pt").is_file():
+            raise RunDirError(f"nothing to resume in {out}: no last.pt there")
+        return out
+    if used:
+        if not overwrite:
+            raise RunDirError(f"{out} already holds files; use --resume to continue that run or --overwrite to replace it")
+        if not (out / "config.json").is_file():  # guard against wiping a directory that is not a run
+            raise RunDirError(f"{out} is not a skiplab run directory (no config.json); refusing to overwrite it")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def environment() -> dict[str, Any]:
+    """What produced a result: versions, device, and the code's git commit where there is one."""
+    try:
+        here = Path(__file__).resolve().parent
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "threads": torch.get_num_threads(),
+        "git_commit": commit or None,
+    }
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise
+    except (OSError, ValueError) as err:
+        raise RunDirError(f"{path}: unreadable JSON ({err})") from None
+
+
+def append_metrics(out: Path, record: dict[str, Any]) -> None:
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_metrics(out: Path, upto_epoch: int | None = None) -> list[dict[str, Any]]:
+    """The records of metrics.jsonl (those with epoch <= ``upto_epoch`` where given)."""
+    path = Path(out) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in records if upto_epoch is None or r.get("epoch", 0) <= upto_epoch]
+
+
+def truncate_metrics(out: Path, upto_epoch: int) -> None:
+    """Drop records past the checkpoint a resumed run restarts from, so no epoch is logged twice."""
+    keep = read_metrics(out, upto_epoch)
+    tmp = out / "metrics.jsonl.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    os.replace(tmp, out / "metrics.jsonl")
+
+
+def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path, kind: str) -> dict[str, Any]:
+    """Read a checkpoint with ``weights_only=True``; ``path`` may be the file or its run directory."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "last.pt"
+    if not path.is_file():
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # corrupt, truncated, or holding objects that are not plain data
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RunDirError(f"{path}: not a readable checkpoint ({first})") from None
+    if not isinstance(state, dict) or state.get("kind") != kind:
+        found = state.get("kind") if isinstance(state, dict) else type(state).__name__
+        raise RunDirError(f"{path}: not a skiplab {kind} checkpoint (found {found!r})")
+    return state

@@ -1,0 +1,177 @@
+"""load_image_dataset: the four datasets from test-written folders, default places, download paths."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import torch
+
+from skiplab.data import IMAGE_DATASETS, DownloadError, ImageData, default_dirs, download, load_image_dataset
+from skiplab.data.images import RemoteFile
+from tests.data.test_cifar import N, write_cifar
+from tests.data.test_idx import write_idx_dataset
+
+# name -> (train size, test size, classes, channels, flip) of the tiny test-written copies
+EXPECTED = {
+    "cifar10": (5 * N, N, 10, 3, True),
+    "cifar100": (N, N, 100, 3, True),
+    "fashion-mnist": (6, 3, 10, 1, True),
+    "mnist": (6, 3, 10, 1, False),
+}
+
+
+def write_dataset(root: Path, name: str) -> None:
+    if name.startswith("cifar"):
+        write_cifar(root, name)
+    else:
+        write_idx_dataset(root, n_train=6, n_test=3)
+
+
+@pytest.fixture(autouse=True)
+def _no_default_places(tmp_path, monkeypatch):
+    """Keep every test off the real ~/.cache and $SKIPLAB_DATA, and off the network."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SKIPLAB_DATA", raising=False)
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a test tried to reach the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+
+
+@pytest.mark.parametrize("name", list(EXPECTED))
+def test_loads_each_dataset(tmp_path, name):
+    write_dataset(tmp_path / name, name)
+    data = load_image_dataset(name, data_dir=tmp_path / name, download=False)
+    n_train, n_test, classes, channels, flip = EXPECTED[name]
+    assert isinstance(data, ImageData) and data.name == name
+    assert data.train_x.shape == (n_train, channels, 32, 32) and data.test_x.shape == (n_test, channels, 32, 32)
+    assert data.train_x.dtype == torch.uint8 and data.test_x.dtype == torch.uint8
+    assert data.train_y.dtype == torch.int64 and data.train_y.shape == (n_train,) and data.test_y.shape == (n_test,)
+    assert data.num_classes == classes and data.channels == channels and data.flip is flip
+    assert int(data.train_y.max()) < classes and int(data.train_y.min()) >= 0
+    flat = (data.train_x.double() / 255).transpose(0, 1).reshape(channels, -1)
+    assert data.mean == pytest.approx(flat.mean(1).tolist(), abs=1e-12)
+    assert data.std == pytest.approx(flat.std(1, correction=0).tolist(), abs=1e-12)
+    assert all(isinstance(v, float) for v in (*data.mean, *data.std))
+
+
+def test_registry_names():
+    assert list(IMAGE_DATASETS) == ["cifar10", "cifar100", "fashion-mnist", "mnist"]
+    assert all(info.description for info in IMAGE_DATASETS.values())
+
+
+def test_unknown_name_lists_known_ones():
+    with pytest.raises(ValueError, match="unknown image dataset 'svhn'; known: cifar10, cifar100, fashion-mnist, mnist"):
+        load_image_dataset("svhn")
+
+
+def test_name_spelling_is_forgiving(tmp_path):
+    write_dataset(tmp_path, "fashion-mnist")
+    assert load_image_dataset("Fashion_MNIST", data_dir=tmp_path, download=False).name == "fashion-mnist"
+
+
+def test_archive_in_data_dir(tmp_path):
+    write_cifar(tmp_path, "cifar100", archive=True)
+    assert load_image_dataset("cifar100", data_dir=tmp_path, download=False).train_x.shape == (N, 3, 32, 32)
+
+
+def test_default_dirs(tmp_path, monkeypatch):
+    cache = tmp_path / "home" / ".cache" / "skiplab"
+    assert default_dirs(IMAGE_DATASETS["mnist"]) == [cache / "mnist"]
+    assert default_dirs(IMAGE_DATASETS["fashion-mnist"]) == [
+        Path("/usr/share/datasets/fashion-mnist"),
+        cache / "fashion-mnist",
+    ]
+    monkeypatch.setenv("SKIPLAB_DATA", str(tmp_path / "data"))
+    assert default_dirs(IMAGE_DATASETS["cifar10"]) == [tmp_path / "data" / "cifar10", cache / "cifar10"]
+
+
+def test_skiplab_data_then_cache(tmp_path, monkeypatch):
+    write_dataset(tmp_path / "home" / ".cache" / "skiplab" / "mnist", "mnist")
+    assert load_image_dataset("mnist", download=False).train_x.shape[0] == 6  # found in the cache
+    monkeypatch.setenv("SKIPLAB_DATA", str(tmp_path / "data"))
+    write_idx_dataset(tmp_path / "data" / "mnist", n_train=2, n_test=1)
+    assert load_image_dataset("mnist", download=False).train_x.shape[0] == 2  # $SKIPLAB_DATA comes first
+
+
+@pytest.mark.parametrize(
+    "name, missing", [("cifar10", "cifar-10-python.tar.gz"), ("mnist", "train-images-idx3-ubyte.gz")]
+)
+def test_absent_files_without_download(tmp_path, name, missing):
+    with pytest.raises(FileNotFoundError) as err:
+        load_image_dataset(name, data_dir=tmp_path, download=False)
+    message = str(err.value)
+    assert missing in message and str(tmp_path) in message and "https://" in message and "\n" not in message
+
+
+def test_absent_fashion_mnist_mentions_the_debian_package(tmp_path):
+    with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
+        load_image_dataset("fashion-mnist", data_dir=tmp_path, download=False)
+
+
+@pytest.mark.parametrize("where", ["connect", "mid-stream"])
+def test_offline_download_says_what_to_put_where(tmp_path, monkeypatch, where):
+    def urlopen(url, timeout=None):
+        if where == "connect":
+            raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+        return _Response(b"partial bytes", fail_after=True)
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    with pytest.raises(DownloadError, match="this machine seems offline") as err:
+        load_image_dataset("cifar10", data_dir=tmp_path / "c10", download=True)
+    message = str(err.value)
+    assert "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz" in message
+    assert str(tmp_path / "c10" / "cifar-10-python.tar.gz") in message and "\n" not in message
+    assert list((tmp_path / "c10").iterdir()) == []  # no partial file, not even a hidden one
+
+
+def test_checksum_mismatch_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout=None: io.BytesIO(b"<html>moved</html>"))
+    with pytest.raises(ValueError, match="checksum mismatch .* expected md5 f68b3c2dcbeaaa9fbdd348bbdeb94873, got"):
+        load_image_dataset("mnist", data_dir=tmp_path, download=True)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_download_then_load(tmp_path, monkeypatch):
+    """The happy path: the archive is fetched, checked, placed, then read."""
+    write_cifar(tmp_path / "server", "cifar10", archive=True)
+    served = (tmp_path / "server" / "cifar-10-python.tar.gz").read_bytes()
+    info = IMAGE_DATASETS["cifar10"]
+    remote = RemoteFile("https://example.invalid/c10.tar.gz", "cifar-10-python.tar.gz", hashlib.md5(served).hexdigest())
+    monkeypatch.setitem(IMAGE_DATASETS, "cifar10", dataclasses.replace(info, files=(remote,)))
+    calls = []
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout=None: calls.append(url) or io.BytesIO(served))
+    data = load_image_dataset("cifar10", data_dir=tmp_path / "data")
+    assert calls == [remote.url] and data.train_x.shape == (5 * N, 3, 32, 32)
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["cifar-10-python.tar.gz"]
+    assert (tmp_path / "data" / "cifar-10-python.tar.gz").read_bytes() == served
+    load_image_dataset("cifar10", data_dir=tmp_path / "data")
+    assert len(calls) == 1  # present now: not fetched again
+
+
+def test_download_never_overwrites(tmp_path):
+    dest = tmp_path / "file.gz"
+    dest.write_bytes(b"mine")
+    assert download("https://example.invalid/file.gz", dest, "0" * 32) == dest  # urlopen would raise
+    assert dest.read_bytes() == b"mine"
+
+
+class _Response(io.BytesIO):
+    """A response whose connection drops after the first chunk."""
+
+    def __init__(self, data: bytes, fail_after: bool):
+        super().__init__(data)
+        self.fail_after, self.reads = fail_after, 0
+
+    def read(self, size=-1):
+        self.reads += 1
+        if self.fail_after and self.reads > 1:
+            raise TimeoutError("timed out")
+        return super().read(size)

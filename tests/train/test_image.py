@@ -1,0 +1,162 @@
+"""Image training end to end on a tiny dataset written in Fashion-MNIST's format."""
+
+import json
+
+import pytest
+import torch
+
+from skiplab.cli import main
+from skiplab.models import PreActResNet
+from skiplab.train import image as image_train
+from skiplab.train import run_dir
+from skiplab.train.image import ImageTrainConfig, learning_rate, milestones, train
+
+
+def tiny(fashion_dir, out, **kw) -> ImageTrainConfig:
+    fields = dict(dataset="fashion-mnist", data_dir=str(fashion_dir), epochs=1, batch_size=64, out=str(out))
+    return ImageTrainConfig(**{**fields, **kw})
+
+
+def test_cli_run_writes_config_metrics_checkpoints_and_summary(fashion_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    argv = ["train", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--epochs", "1",
+            "--train-subset", "200", "--batch-size", "64", "--connection", "2rSkip+LN", "--out", str(out)]
+    assert main(argv) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["config"]["connection"] == "2rSkip+LN" and config["config"]["seed"] == 1
+    assert config["data"]["train"] == 200 and config["model"]["in_channels"] == 1
+    (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert set(record) >= {"epoch", "train_loss", "train_error", "test_loss", "test_error", "lr", "time"}
+    assert (out / "last.pt").is_file() and (out / "best.pt").is_file()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "finished" and summary["final_test_error"] == record["test_error"]
+
+    capsys.readouterr()
+    assert main(["eval", "image", "--checkpoint", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["test_error"] == pytest.approx(record["test_error"]) and result["test_images"] == 64
+
+
+def test_an_existing_run_is_never_overwritten_silently(fashion_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    train(tiny(fashion_dir, out, train_subset=64), progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main(["train", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--out", str(out)]) == 2
+    assert "already holds files; use --resume" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    summary = train(tiny(fashion_dir, out, train_subset=64, seed=2), overwrite=True, progress=False)
+    assert summary["config"]["seed"] == 2
+
+
+def test_resume_after_a_stop_continues_exactly(fashion_dir, tmp_path, monkeypatch):
+    straight = tmp_path / "straight"
+    train(tiny(fashion_dir, straight, epochs=3, train_subset=128), progress=False)
+
+    stopped = tmp_path / "stopped"
+    real_append = run_dir.append_metrics
+
+    def stop_after_first_epoch(out, record):
+        real_append(out, record)
+        if record["epoch"] == 1:
+            raise KeyboardInterrupt  # the process is killed after epoch 1's checkpoint
+
+    monkeypatch.setattr(run_dir, "append_metrics", stop_after_first_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(fashion_dir, stopped, epochs=3, train_subset=128), progress=False)
+    monkeypatch.setattr(run_dir, "append_metrics", real_append)
+    assert torch.load(stopped / "last.pt", weights_only=True)["epoch"] == 1
+
+    assert main(["train", "image", "--resume", "--out", str(stopped)]) == 0  # config comes from the run
+    a = torch.load(straight / "last.pt", weights_only=True)
+    b = torch.load(stopped / "last.pt", weights_only=True)
+    assert b["epoch"] == 3
+    for key in a["model"]:
+        torch.testing.assert_close(b["model"][key], a["model"][key], rtol=0, atol=0, msg=key)
+    epochs = [json.loads(line)["epoch"] for line in (stopped / "metrics.jsonl").read_text().splitlines()]
+    assert epochs == [1, 2, 3]
+
+
+def test_resume_with_changed_settings_is_refused(fashion_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    train(tiny(fashion_dir, out, train_subset=64), progress=False)
+    assert main(["train", "image", "--resume", "--out", str(out), "--lr", "0.5"]) == 2
+    assert "another config" in capsys.readouterr().err
+
+
+def test_a_non_finite_loss_stops_the_run_naming_epoch_and_step(fashion_dir, tmp_path, monkeypatch, capsys):
+    calls = {"n": 0}
+    real_forward = PreActResNet.forward
+
+    def blow_up_on_third_step(self, x):
+        calls["n"] += 1
+        out = real_forward(self, x)
+        return out * float("nan") if calls["n"] == 3 else out
+
+    monkeypatch.setattr(PreActResNet, "forward", blow_up_on_third_step)
+    out = tmp_path / "run"
+    summary = train(tiny(fashion_dir, out, train_subset=256, connection="2xSkip"), progress=False)
+    assert summary["status"] == "diverged" and (summary["epoch"], summary["step"]) == (1, 3)
+    assert "non-finite loss (nan) at epoch 1, step 3" in capsys.readouterr().out
+    assert json.loads((out / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_learning_rate_schedule():
+    cfg = ImageTrainConfig()
+    assert milestones(164) == (81, 122) and milestones(10) == (5, 7)
+    assert learning_rate(cfg, 110, epoch=0, step=0) == 0.01  # warm-up for depth >= 110
+    assert learning_rate(cfg, 110, epoch=0, step=399) == 0.01
+    assert learning_rate(cfg, 110, epoch=1, step=400) == 0.1
+    assert learning_rate(cfg, 20, epoch=0, step=0) == 0.1  # no warm-up below 110
+    assert learning_rate(cfg, 20, epoch=80, step=10**5) == 0.1
+    assert learning_rate(cfg, 20, epoch=81, step=10**5) == pytest.approx(0.01)
+    assert learning_rate(cfg, 20, epoch=122, step=10**5) == pytest.approx(0.001)
+    short = ImageTrainConfig(epochs=10, warmup_iters=5)
+    assert learning_rate(short, 20, epoch=0, step=4) == 0.01 and learning_rate(short, 20, epoch=5, step=50) == pytest.approx(0.01)
+
+
+def test_bad_checkpoints_give_one_line_errors(fashion_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    train(tiny(fashion_dir, out, train_subset=64), progress=False)
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+
+    other = dict(ckpt, model_config={**ckpt["model_config"], "depth": 32})  # weights of a 20-layer model
+    torch.save(other, tmp_path / "other.pt")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    torch.save({"kind": "mt"}, tmp_path / "mt.pt")
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    torch.save({"kind": "image", "x": Evil()}, tmp_path / "evil.pt")
+    for path, message in [("other.pt", "does not match the model"), ("garbage.pt", "not a readable checkpoint"),
+                          ("mt.pt", "not a skiplab image checkpoint"), ("evil.pt", "not a readable checkpoint")]:
+        assert main(["eval", "image", "--checkpoint", str(tmp_path / path)]) == 2
+        err = capsys.readouterr()
+        assert message in err.err and err.err.count("\n") == 1, (path, err.err)
+        assert "pwned" not in err.out
+
+
+def test_bad_settings_fail_before_anything_is_written(fashion_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    for extra, message in [(["--connection", "2rskip+LN"], "did you mean 'rSkip'"),
+                           (["--model", "resnet50"], "unknown model"),
+                           (["--dataset", "imagenet"], "imagenet")]:
+        argv = ["train", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--out", str(out)] + extra
+        assert main(argv) == 2
+        assert message in capsys.readouterr().err
+        assert not out.exists()
+
+
+def test_evaluate_matches_a_direct_computation(fashion_dir, tmp_path):
+    out = tmp_path / "run"
+    train(tiny(fashion_dir, out, train_subset=64), progress=False)
+    cfg, model, _ = image_train.load_trained(out)
+    from skiplab.data import load_image_dataset, normalise
+
+    data = load_image_dataset("fashion-mnist", str(fashion_dir))
+    with torch.no_grad():
+        logits = model(normalise(data.test_x, data.mean, data.std))
+    error = 100.0 * (logits.argmax(1) != data.test_y).float().mean().item()
+    assert image_train.evaluate_checkpoint(out)["test_error"] == pytest.approx(error)
