@@ -1,5 +1,5 @@
 # Set-up and the two entry points of the README.
-#   make demo   create .venv, install skiplab, run the main job
+#   make demo   create .venv, install skiplab and Fashion-MNIST, run the main job (skiplab demo)
 #   make test   create .venv, install skiplab with test extras, run the test suite
 # A GPU user picks another PyTorch build, e.g.
 #   make test TORCH="torch==2.5.1" TORCH_INDEX="--index-url https://download.pytorch.org/whl/cu124"
@@ -10,10 +10,12 @@ TORCH_INDEX ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.skiplab-installed
 
-.PHONY: demo test install clean
+FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-demo: $(STAMP)
-	$(BIN)/skiplab demo gradient-flow
+.PHONY: demo test install data clean
+
+demo: $(STAMP) data
+	$(BIN)/skiplab demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -25,6 +27,14 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
+
+# The demo's data: Debian's dataset-fashion-mnist where apt is available and we are root; otherwise
+# the demo downloads Fashion-MNIST when online, or says how to get it.
+data:
+	@if [ ! -f $(FASHION_MNIST)/train-images-idx3-ubyte.gz ] && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		(apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) || \
+		echo "could not install dataset-fashion-mnist; the demo will try to download Fashion-MNIST"; \
+	fi
 
 clean:
 	rm -rf $(VENV)

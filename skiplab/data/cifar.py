@@ -110,7 +110,9 @@ def parse_batch(raw: bytes, source: str, label_key: bytes, num_classes: int) -> 
         raise ValueError(f"{source}: b'data' must be a uint8 array of shape (N, 3072), found {found}")
     labels = np.asarray(labels)
     if labels.ndim != 1 or labels.dtype.kind not in "iu":
-        raise ValueError(f"{source}: {label_key!r} must be a list of integers, found {labels.dtype} of shape {labels.shape}")
+        raise ValueError(
+            f"{source}: {label_key!r} must be a list of integers, found {labels.dtype} of shape {labels.shape}"
+        )
     if len(labels) != len(data):
         raise ValueError(f"{source}: {len(data)} images but {len(labels)} labels in {label_key!r}")
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):

@@ -6,6 +6,7 @@ import builtins
 import io
 import os
 import pickle
+import struct
 import tarfile
 from pathlib import Path
 
@@ -96,6 +97,40 @@ def test_round_trip(tmp_path, name, archive):
     row = batches[spec.train_members[0]][b"data"][1]
     assert train_x[1, :, 0, 0].tolist() == [row[0], row[1024], row[2048]]
     assert train_x[1, 0, 0, 1] == row[1] and train_x[1, 0, 1, 0] == row[32] and train_x[1, 2, 31, 31] == row[3071]
+
+
+class _Py2Pickler(pickle._Pickler):
+    """Writes every str and bytes as a Python 2 ``str`` (BINSTRING), as the official files do."""
+
+    dispatch = pickle._Pickler.dispatch.copy()
+
+    def _save_py2_str(self, obj):
+        raw = obj.encode("latin-1") if isinstance(obj, str) else obj
+        if len(raw) < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([len(raw)]) + raw)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", len(raw)) + raw)
+        self.memoize(obj)
+
+    dispatch[bytes] = _save_py2_str
+    dispatch[str] = _save_py2_str
+
+
+def py2_dumps(obj) -> bytes:
+    """A pickle as Python 2 with numpy 1.x wrote the CIFAR files: py2 strings, numpy.core globals."""
+    out = io.BytesIO()
+    _Py2Pickler(out, protocol=2).dump(obj)
+    return out.getvalue().replace(b"cnumpy._core.multiarray\n", b"cnumpy.core.multiarray\n")
+
+
+@pytest.mark.filterwarnings("error")  # no DeprecationWarning from numpy.core either
+def test_python2_pickles_like_the_originals(tmp_path):
+    batches = make_batches("cifar100")
+    assert b"cnumpy.core.multiarray\n_reconstruct" in py2_dumps(batches["train"])
+    files = {m: py2_dumps(b) for m, b in batches.items()}
+    source = write_files(tmp_path, CIFAR100, files, archive=True)
+    for got, want in zip(read_cifar(CIFAR100, source), expected(CIFAR100, batches)):
+        assert np.array_equal(got.numpy(), want)
 
 
 def test_extracted_folder_given_directly(tmp_path):
