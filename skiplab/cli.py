@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as err:  # bad input: one clear line, no traceback
+    except (ValueError, OSError) as err:  # bad input, absent data, no network: one clear line, no traceback
         print(f"skiplab: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
