@@ -34,6 +34,9 @@ class Connection(nn.Module):
     norm_required: ClassVar[bool] = False
     default_norm: ClassVar[str | None] = None
     options: ClassVar[dict[str, _spec.Option]] = {}
+    # A stack of blocks that leaves its output un-normalised (pre-norm) needs one final norm of this kind;
+    # models ask for it here rather than branching on the design.
+    final_norm: ClassVar[str | None] = None
 
     def __init__(self, spec: _spec.Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
         super().__init__()

@@ -31,7 +31,7 @@ class _PreNorm(Connection):
 class PreLN(_PreNorm):
     """``PreLN``: y = x + F(LN(x)) (pre-norm Transformer block, GPT-2 / LLaMA style)."""
 
-    name, kind = "PreLN", "LN"
+    name, kind, final_norm = "PreLN", "LN", "LN"
     patterns = {"PreLN": "y = x + F(LN(x))  (pre-norm, the tutorial)"}
 
 
@@ -39,5 +39,5 @@ class PreLN(_PreNorm):
 class PreRMS(_PreNorm):
     """``PreRMS``: y = x + F(RMSNorm(x)), RMSNorm(x) = w ⊙ x / sqrt(mean(x²) + ε) (LLaMA style)."""
 
-    name, kind = "PreRMS", "RMS"
+    name, kind, final_norm = "PreRMS", "RMS", "RMS"
     patterns = {"PreRMS": "y = x + F(RMSNorm(x))  (pre-norm with RMSNorm, the tutorial)"}
