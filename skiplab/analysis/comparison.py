@@ -81,8 +81,9 @@ def to_csv(rows: list[dict[str, Any]]) -> str:
     return buf.getvalue()
 
 
-def plot_curves(curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, ...], path: Path, title: str) -> None:
-    """Per connection, each key of the per-epoch records against epoch: mean over seeds, ± std shaded."""
+def plot_curves(curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, ...], path: Path, title: str,
+                x: str = "epoch") -> None:
+    """Per connection, each key of the records against ``x``: mean over seeds, ± std shaded."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,12 +96,12 @@ def plot_curves(curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, 
             if not length:
                 continue
             stats = [mean_std([r[e][key] for r in runs]) for e in range(length)]
-            epochs = [runs[0][e]["epoch"] for e in range(length)]
+            epochs = [runs[0][e][x] for e in range(length)]
             m = [s[0] for s in stats]
             sd = [s[1] for s in stats]
             ax.plot(epochs, m, label=spec, color=f"C{i}")
             ax.fill_between(epochs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=f"C{i}", alpha=0.2)
-        ax.set_xlabel("epoch")
+        ax.set_xlabel(x)
         ax.set_ylabel(key.replace("_", " "))
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)

@@ -21,8 +21,33 @@ from tqdm import tqdm
 
 from ..analysis import comparison
 from ..connections import connection
-from . import run_dir
-from .image import ImageTrainConfig, train
+from . import image, run_dir
+
+
+def _train_image(cfg, resume: bool, overwrite: bool, progress: bool) -> dict[str, Any]:
+    return image.train(cfg, resume=resume, overwrite=overwrite, progress=progress)
+
+
+def _train_mt(cfg, resume: bool, overwrite: bool, progress: bool) -> dict[str, Any]:
+    """Train, then score the test set with the average of the last (up to) 5 checkpoints, beam 4."""
+    from ..translate.translator import evaluate_split, step_checkpoints
+    from .mt import train as train_mt
+
+    summary = train_mt(cfg, resume=resume, overwrite=overwrite, progress=progress)
+    if summary["status"] == "finished":
+        average = min(5, len(step_checkpoints(Path(cfg.out))))
+        result = evaluate_split(cfg.out, "test", average=average, beam=4, progress=progress)
+        summary.update(test_bleu=result["bleu"], test_chrf=result["chrf"], bleu_signature=result["bleu_signature"],
+                       averaged=average)
+        run_dir.write_json(Path(cfg.out) / "summary.json", summary)
+    return summary
+
+
+# task -> (train function, the summary's metric, its label, curves to plot, higher is better)
+TASKS = {
+    "image": (_train_image, "final_test_error", "error %", ("train_loss", "test_error"), False),
+    "mt": (_train_mt, "test_bleu", "BLEU", ("train_loss", "valid_loss"), True),
+}
 
 
 def run_name(spec: str) -> str:
@@ -30,8 +55,9 @@ def run_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9+.=_-]", "_", spec)
 
 
-def compare_image(base: ImageTrainConfig, connections: tuple[str, ...], seeds: int, progress: bool = True) -> list[dict[str, Any]]:
+def compare(task: str, base, connections: tuple[str, ...], seeds: int, progress: bool = True) -> list[dict[str, Any]]:
     """Train ``base`` once per connection and seed 1..``seeds`` under ``base.out``; print and write the table."""
+    train, metric, label, keys, higher = TASKS[task]
     if not connections or seeds < 1:
         raise ValueError("give at least one connection and seeds >= 1")
     specs = tuple(connection(c, 4).spec for c in connections)  # canonical; a bad spec fails before any run
@@ -54,23 +80,25 @@ def compare_image(base: ImageTrainConfig, connections: tuple[str, ...], seeds: i
         if summary["status"] == "finished":
             curves[spec].append(run_dir.read_metrics(out))
 
-    rows = comparison.summarise(results, "final_test_error")
-    table = comparison.markdown(rows, "error %")
+    rows = comparison.summarise(results, metric)
+    table = comparison.markdown(rows, label)
     (root / "table.md").write_text(table + "\n")
     (root / "table.csv").write_text(comparison.to_csv(rows))
-    title = f"{base.model} on {base.dataset}, {seeds} seed(s), {base.epochs} epochs"
-    comparison.plot_curves(curves, ("train_loss", "test_error"), root / "curves.png", title)
+    data = getattr(base, "dataset", None) or f"{getattr(base, 'corpus', '') or 'files'} {base.src}-{base.tgt}"
+    length = f"{base.epochs} epochs" if base.epochs else f"{base.max_steps} steps"
+    title = f"{base.model} on {data}, {seeds} seed(s), {length}"
+    comparison.plot_curves(curves, keys, root / "curves.png", title, x="epoch" if task == "image" else "step")
     run_dir.write_json(root / "compare.json", {
         "config": dataclasses.asdict(base), "connections": list(specs), "seeds": seeds,
         "rows": rows, "runs": results, "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
     })
-    print(f"{title}; final test error over seeds")
+    print(f"{title}; {label} over seeds ({'higher' if higher else 'lower'} is better)")
     print(table)
     print(f"wrote {root / 'table.md'}, {root / 'table.csv'}, {root / 'curves.png'}")
     return rows
 
 
-def _existing(out: Path, cfg: ImageTrainConfig) -> dict[str, Any] | None:
+def _existing(out: Path, cfg) -> dict[str, Any] | None:
     """The summary of a run already done as ``cfg`` asks; an error if ``out`` holds a different run."""
     if (out / "config.json").is_file():
         stored = run_dir.read_json(out / "config.json").get("config")

@@ -88,18 +88,18 @@ def append_metrics(out: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def read_metrics(out: Path, upto_epoch: int | None = None) -> list[dict[str, Any]]:
-    """The records of metrics.jsonl (those with epoch <= ``upto_epoch`` where given)."""
+def read_metrics(out: Path, upto: int | None = None, key: str = "epoch") -> list[dict[str, Any]]:
+    """The records of metrics.jsonl (those with ``key`` <= ``upto`` where given)."""
     path = Path(out) / "metrics.jsonl"
     if not path.exists():
         return []
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [r for r in records if upto_epoch is None or r.get("epoch", 0) <= upto_epoch]
+    return [r for r in records if upto is None or r.get(key, 0) <= upto]
 
 
-def truncate_metrics(out: Path, upto_epoch: int) -> None:
-    """Drop records past the checkpoint a resumed run restarts from, so no epoch is logged twice."""
-    keep = read_metrics(out, upto_epoch)
+def truncate_metrics(out: Path, upto: int, key: str = "epoch") -> None:
+    """Drop records past the checkpoint a resumed run restarts from, so nothing is logged twice."""
+    keep = read_metrics(out, upto, key)
     tmp = out / "metrics.jsonl.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
     os.replace(tmp, out / "metrics.jsonl")

@@ -1,0 +1,42 @@
+"""The machine-translation text pipeline: parallel corpora, sentencepiece subwords, token batching.
+
+>>> from skiplab.text import load_corpus, Tokenizer, encode_parallel, filter_long, make_batches
+>>> train = load_corpus("multi30k", None, "en", "de", "train")     # Parallel: 29000 pairs
+>>> tok = Tokenizer.train(train.src + train.tgt, "runs/spm", vocab_size=8000)
+>>> src, tgt = encode_parallel(tok, train)
+>>> keep, dropped = filter_long(src, tgt, max_len=256)
+>>> batches = make_batches(src, tgt, max_tokens=4096, indices=keep, shuffle=True, generator=g)
+"""
+
+from .batching import Batch, collate, encode_parallel, filter_long, make_batches
+from .corpus import (
+    CORPORA,
+    SPLITS,
+    CorpusInfo,
+    Parallel,
+    default_data_dir,
+    fetch,
+    load_corpus,
+    read_lines,
+    read_parallel,
+)
+from .tokenizer import MODEL_TYPES, Tokenizer
+
+__all__ = [
+    "CORPORA",
+    "MODEL_TYPES",
+    "SPLITS",
+    "Batch",
+    "CorpusInfo",
+    "Parallel",
+    "Tokenizer",
+    "collate",
+    "default_data_dir",
+    "encode_parallel",
+    "fetch",
+    "filter_long",
+    "load_corpus",
+    "make_batches",
+    "read_lines",
+    "read_parallel",
+]

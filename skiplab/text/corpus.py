@@ -1,0 +1,240 @@
+"""Parallel text on disk: reading line-aligned files, and the named corpora :data:`CORPORA`.
+
+A parallel corpus is two files with one sentence per line, line *i* of one translating line *i* of
+the other: ``PREFIX.SRC`` and ``PREFIX.TGT`` (``train.en`` / ``train.de``), each plain or gzipped.
+
+Where :func:`load_corpus` looks when ``data_dir`` is None: ``$SKIPLAB_DATA/<name>`` when that
+variable is set, else ``~/.cache/skiplab/<name>``. Missing files are downloaded there (when allowed),
+through a hidden temporary file renamed into place, so a failed download leaves nothing behind and a
+file already present is never overwritten.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import os
+import tempfile
+import urllib.request
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from urllib.error import HTTPError, URLError
+
+from ..data.download import DownloadError
+
+SPLITS = ("train", "valid", "test")
+TIMEOUT_S = 30.0
+_GZIP_MAGIC = b"\x1f\x8b"
+_NETWORK_ERRORS = (OSError, http.client.HTTPException)  # URLError and socket timeouts are OSErrors
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """Aligned sentence pairs: ``src[i]`` translates to ``tgt[i]``."""
+
+    src: list[str]
+    tgt: list[str]
+    name: str  # for messages and logs, e.g. "multi30k/train.en-de"
+
+    def __post_init__(self) -> None:
+        if len(self.src) != len(self.tgt):
+            raise ValueError(f"{self.name}: {len(self.src)} source lines but {len(self.tgt)} target lines")
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+@dataclass(frozen=True)
+class CorpusInfo:
+    """Where one named corpus is published and how its files are named."""
+
+    name: str
+    languages: tuple[str, ...]
+    stems: dict[str, str]  # split ("train", "valid", "test") -> file stem ("val", "tst2012", ...)
+    base_url: str  # the file's remote name is appended
+    remote_gz: bool  # whether the published files are gzipped
+
+    def remote_name(self, split: str, lang: str) -> str:
+        """The published file name of one side of one split, e.g. ``val.de.gz``."""
+        return f"{self.stems[split]}.{lang}" + (".gz" if self.remote_gz else "")
+
+    def url(self, split: str, lang: str) -> str:
+        return self.base_url + self.remote_name(split, lang)
+
+
+CORPORA: dict[str, CorpusInfo] = {
+    # Multi30k task 1, raw (untokenised, true-cased) text; the test set is the 2016 Flickr one.
+    "multi30k": CorpusInfo(
+        name="multi30k",
+        languages=("en", "de", "fr", "cs"),
+        stems={"train": "train", "valid": "val", "test": "test_2016_flickr"},
+        base_url="https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/",
+        remote_gz=True,
+    ),
+    # IWSLT'15 English-Vietnamese as prepared by the Stanford NMT group (Luong & Manning, 2015).
+    "iwslt15-en-vi": CorpusInfo(
+        name="iwslt15-en-vi",
+        languages=("en", "vi"),
+        stems={"train": "train", "valid": "tst2012", "test": "tst2013"},
+        base_url="https://nlp.stanford.edu/projects/nmt/data/iwslt15.en-vi/",
+        remote_gz=False,
+    ),
+}
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a UTF-8 text file, plain or gzipped, without their ``\\n`` / ``\\r\\n``.
+
+    Gzip is recognised by its magic bytes, whatever the suffix. Only ``\\n`` ends a line: the other
+    characters ``str.splitlines`` breaks on (U+2028, U+0085, form feed, ...) can occur inside a
+    sentence, and splitting there would shift every later line out of alignment with its translation.
+    A leading UTF-8 byte-order mark is dropped; all other whitespace is kept.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    data = path.read_bytes()
+    if data.startswith(_GZIP_MAGIC):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError; truncation is EOFError
+            raise ValueError(f"{path}: corrupt gzip file ({_one_line(exc)})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        # Decoding the whole file at once is fast; the line number is recovered from the error offset.
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{path}: line {line} is not valid UTF-8") from None
+    text = text.removeprefix("\ufeff")
+    lines = text.split("\n")
+    if lines[-1] == "":  # the final newline ends the last line rather than starting an empty one
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def read_parallel(prefix: str | Path, src: str, tgt: str) -> Parallel:
+    """Read the aligned files ``PREFIX.SRC`` and ``PREFIX.TGT`` (each may be ``.gz``).
+
+    Pairs empty on both sides are dropped (blank separator lines); a pair empty on one side only is
+    kept as it is, since dropping it silently would hide a real alignment problem in the data.
+    """
+    prefix = Path(prefix)
+    if src == tgt:
+        raise ValueError(f"{prefix}: source and target language are both {src!r}")
+    src_file, tgt_file = _find_side(prefix, src), _find_side(prefix, tgt)
+    src_lines, tgt_lines = read_lines(src_file), read_lines(tgt_file)
+    for file, lines in ((src_file, src_lines), (tgt_file, tgt_lines)):
+        if not lines:
+            raise ValueError(f"{file}: empty corpus")
+    if len(src_lines) != len(tgt_lines):
+        raise ValueError(
+            f"misaligned corpus: {src_file} has {len(src_lines)} lines but {tgt_file} has {len(tgt_lines)}"
+        )
+    pairs = [(s, t) for s, t in zip(src_lines, tgt_lines) if s.strip() or t.strip()]
+    if not pairs:
+        raise ValueError(f"{src_file}: empty corpus (only blank lines)")
+    name = f"{prefix.parent.name}/{prefix.name}" if prefix.parent.name else prefix.name
+    return Parallel([s for s, _ in pairs], [t for _, t in pairs], f"{name}.{src}-{tgt}")
+
+
+def load_corpus(
+    name: str, data_dir: str | Path | None, src: str, tgt: str, split: str, download: bool = True
+) -> Parallel:
+    """One split ("train", "valid" or "test") of the named corpus in the direction ``src`` -> ``tgt``.
+
+    Files absent from ``data_dir`` (default: see the module docstring) are downloaded when
+    ``download`` is true; otherwise :class:`FileNotFoundError` names the file and its URL.
+    """
+    info = _corpus(name)
+    if split not in SPLITS:
+        raise ValueError(f"{info.name}: unknown split {split!r}; known: {', '.join(SPLITS)}")
+    for lang in (src, tgt):
+        if lang not in info.languages:
+            raise ValueError(f"{info.name} has no language {lang!r}; known: {', '.join(info.languages)}")
+    root = Path(data_dir).expanduser() if data_dir is not None else default_data_dir(info.name)
+    prefix = root / info.stems[split]
+    for lang in (src, tgt):
+        if _locate(prefix, lang) is not None:
+            continue
+        dest, url = root / info.remote_name(split, lang), info.url(split, lang)
+        if not download:
+            raise FileNotFoundError(f"{dest} not found; download {url} into {root}, or load with download=True")
+        fetch(url, dest)
+    return replace(read_parallel(prefix, src, tgt), name=f"{info.name}/{split}.{src}-{tgt}")
+
+
+def default_data_dir(name: str) -> Path:
+    """``$SKIPLAB_DATA/<name>`` when that variable is set, else ``~/.cache/skiplab/<name>``."""
+    env = os.environ.get("SKIPLAB_DATA")
+    return (Path(env).expanduser() if env else Path("~/.cache/skiplab").expanduser()) / name
+
+
+def fetch(url: str, dest: Path, timeout: float = TIMEOUT_S) -> Path:
+    """Download ``url`` to ``dest`` unless it exists; unchecked (no published checksums for these).
+
+    Like :func:`skiplab.data.download.download` but without the md5: the bytes go to a hidden
+    temporary file beside ``dest`` that is renamed into place only when complete, so nothing partial
+    is ever left, and a file present at ``dest`` is never replaced. Network failures raise
+    :class:`~skiplab.data.download.DownloadError` saying which file to put where.
+    """
+    dest = Path(dest)
+    if dest.exists():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            try:
+                # Looked up on the module at call time, so tests can monkeypatch urllib.request.urlopen.
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    while chunk := response.read(1 << 20):
+                        out.write(chunk)
+            except _NETWORK_ERRORS as exc:
+                raise _offline(url, dest, exc) from None
+        try:
+            os.link(tmp, dest)  # fails rather than overwrite a file that appeared meanwhile
+        except FileExistsError:
+            pass
+        except OSError:  # no hard links on this file system: rename, still atomic
+            if not dest.exists():
+                os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def _corpus(name: str) -> CorpusInfo:
+    key = name.strip().lower().replace("_", "-")
+    if key not in CORPORA:
+        raise ValueError(f"unknown corpus {name!r}; known: {', '.join(CORPORA)}")
+    return CORPORA[key]
+
+
+def _locate(prefix: Path, lang: str) -> Path | None:
+    # The plain file first: a user who un-gzipped a file may have fixed something in it.
+    for path in (prefix.with_name(f"{prefix.name}.{lang}"), prefix.with_name(f"{prefix.name}.{lang}.gz")):
+        if path.is_file():
+            return path
+    return None
+
+
+def _find_side(prefix: Path, lang: str) -> Path:
+    path = _locate(prefix, lang)
+    if path is None:
+        raise FileNotFoundError(f"{prefix}.{lang}: no such file (nor {prefix}.{lang}.gz)")
+    return path
+
+
+def _offline(url: str, dest: Path, exc: BaseException) -> DownloadError:
+    # URLError wraps the real cause in .reason; HTTPError's str() already says "HTTP Error 404: ...".
+    cause = exc.reason if isinstance(exc, URLError) and not isinstance(exc, HTTPError) else exc
+    return DownloadError(
+        f"could not download {url} ({_one_line(cause)}); this machine seems offline: "
+        f"fetch that file elsewhere and put it at {dest}"
+    )
+
+
+def _one_line(exc: object) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__

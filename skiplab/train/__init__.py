@@ -1,0 +1,1 @@
+"""Training loops (linear, one file per task), comparisons, and the run-directory contract."""

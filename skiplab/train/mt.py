@@ -1,0 +1,246 @@
+"""Machine translation with any connection: the Transformer recipe of Vaswani et al. (2017) as the papers use it.
+
+Adam (β = 0.9, 0.98, ε = 1e-9), inverse-square-root schedule after a linear warm-up (4000 steps; 8000 in
+the depth-wise LSTM paper), label-smoothed cross-entropy (ε = 0.1), batches of about ``max_tokens``
+tokens with ``update_freq`` accumulation, optional gradient clipping; training by steps or epochs;
+a checkpoint every ``save_every`` steps (the last ``keep_checkpoints`` kept, for averaging). A joint
+sentencepiece model is trained on the training side and stored in every checkpoint, so a checkpoint
+translates raw text on its own. The loop below is the whole of training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ..models import build_model, model_config
+from ..text import Tokenizer, encode_parallel, filter_long, load_corpus, make_batches, read_parallel
+from ..text.corpus import Parallel
+from . import run_dir
+from .image import pick_device
+from .recipe_mt import inverse_sqrt_lr, label_smoothed_loss
+
+
+@dataclass(frozen=True)
+class MTTrainConfig:
+    """Everything that decides a translation run; saved as config.json beside its results."""
+
+    model: str = field(default="transformer-small", metadata={"help": "model preset"})
+    connection: str = field(default="PostLN", metadata={"help": "connection spec on every sub-layer"})
+    encoder_layers: int = field(default=0, metadata={"help": "override the preset's encoder layers (0 = preset)"})
+    decoder_layers: int = field(default=0, metadata={"help": "override the preset's decoder layers (0 = preset)"})
+    d_model: int = field(default=0, metadata={"help": "override the preset's width (0 = preset)"})
+    ffn_dim: int = field(default=0, metadata={"help": "override the preset's FFN width (0 = preset)"})
+    heads: int = field(default=0, metadata={"help": "override the preset's heads (0 = preset)"})
+    dropout: float = field(default=-1.0, metadata={"help": "override the preset's dropout (-1 = preset)"})
+    corpus: str = field(default="multi30k", metadata={"help": "multi30k, iwslt15-en-vi, or '' to use --*-prefix files"})
+    data_dir: str = field(default="", metadata={"help": "where the corpus files are ('' = the default place)"})
+    train_prefix: str = field(default="", metadata={"help": "with --corpus '': PREFIX.SRC / PREFIX.TGT for training"})
+    valid_prefix: str = field(default="", metadata={"help": "with --corpus '': validation files"})
+    test_prefix: str = field(default="", metadata={"help": "with --corpus '': test files"})
+    src: str = field(default="en", metadata={"help": "source language"})
+    tgt: str = field(default="de", metadata={"help": "target language"})
+    train_subset: int = field(default=0, metadata={"help": "train on the first N pairs (0 = all)"})
+    vocab_size: int = field(default=8000, metadata={"help": "joint subword vocabulary size (an upper bound)"})
+    subword: str = field(default="bpe", metadata={"help": "sentencepiece model type: bpe or unigram"})
+    max_len: int = field(default=256, metadata={"help": "drop training pairs with a side longer than this (tokens)"})
+    max_tokens: int = field(default=4096, metadata={"help": "tokens per batch (padding included)"})
+    update_freq: int = field(default=1, metadata={"help": "batches accumulated per update"})
+    lr: float = field(default=5e-4, metadata={"help": "peak learning rate, reached at the end of warm-up"})
+    warmup: int = field(default=4000, metadata={"help": "linear warm-up steps (8000 in the depth-wise LSTM paper)"})
+    adam_betas: tuple[float, ...] = field(default=(0.9, 0.98), metadata={"help": "Adam β1, β2"})
+    adam_eps: float = field(default=1e-9, metadata={"help": "Adam ε"})
+    weight_decay: float = field(default=0.0, metadata={"help": "decoupled weight decay (AdamW); 0 = plain Adam"})
+    label_smoothing: float = field(default=0.1, metadata={"help": "ε of the label-smoothed cross-entropy"})
+    clip_norm: float = field(default=0.0, metadata={"help": "clip the gradient norm to this (0 = off)"})
+    max_steps: int = field(default=0, metadata={"help": "updates to train for (0 = use --epochs)"})
+    epochs: int = field(default=0, metadata={"help": "epochs to train for when --max-steps is 0"})
+    save_every: int = field(default=1000, metadata={"help": "validate and save a checkpoint every N updates"})
+    keep_checkpoints: int = field(default=10, metadata={"help": "step checkpoints kept (for averaging)"})
+    seed: int = field(default=1, metadata={"help": "seed for initialisation, batch order and dropout"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
+    amp: bool = field(default=True, metadata={"help": "bf16 autocast on CUDA (ignored on CPU)"})
+    out: str = field(default="runs/mt", metadata={"help": "run directory"})
+
+    def __post_init__(self):
+        if (self.max_steps > 0) == (self.epochs > 0):
+            raise ValueError("give exactly one of --max-steps and --epochs (> 0)")
+        if self.max_tokens < 1 or self.update_freq < 1 or self.save_every < 1 or self.lr <= 0:
+            raise ValueError("max_tokens, update_freq and save_every must be >= 1 and lr > 0")
+        if len(self.adam_betas) != 2:
+            raise ValueError(f"adam_betas takes two values, got {self.adam_betas}")
+        if not self.corpus and not (self.train_prefix and self.valid_prefix):
+            raise ValueError("with --corpus '' give --train-prefix and --valid-prefix")
+
+
+def load_split(cfg: MTTrainConfig, split: str) -> Parallel:
+    """The ``split`` ("train", "valid", "test") of the configured corpus or files."""
+    if cfg.corpus:
+        return load_corpus(cfg.corpus, cfg.data_dir or None, cfg.src, cfg.tgt, split)
+    prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
+    if not prefix:
+        raise ValueError(f"no --{split}-prefix given")
+    return read_parallel(prefix, cfg.src, cfg.tgt)
+
+
+def model_settings(cfg: MTTrainConfig, vocab_size: int):
+    over = {k: getattr(cfg, k) or None for k in ("encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads")}
+    if cfg.dropout >= 0:
+        over["dropout"] = cfg.dropout
+    return model_config(cfg.model, connection=cfg.connection, vocab_size=vocab_size, pad_id=Tokenizer.PAD, **over)
+
+
+@torch.no_grad()
+def validate(model, batches, eps: float, device, amp: bool) -> dict[str, float]:
+    model.eval()
+    loss = nll = tokens = 0.0
+    for b in batches:
+        b = b.to(device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(b.src, b.tgt_in)
+        l, n = label_smoothed_loss(logits, b.tgt_out, eps, Tokenizer.PAD)
+        loss, nll, tokens = loss + l.item(), nll + n.item(), tokens + b.ntokens
+    model.train()
+    return {"valid_loss": loss / tokens, "valid_nll": nll / tokens, "valid_ppl": math.exp(min(nll / tokens, 50))}
+
+
+def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Train as ``cfg`` says, writing the run directory; return the summary."""
+    model_settings(cfg, 100)  # a bad model, spec or override fails before anything is written
+    device = pick_device(cfg.device)
+    amp = cfg.amp and device.type == "cuda"
+    train_data, valid_data = load_split(cfg, "train"), load_split(cfg, "valid")
+    if cfg.train_subset:
+        train_data = Parallel(train_data.src[: cfg.train_subset], train_data.tgt[: cfg.train_subset], train_data.name)
+    out = run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite)
+
+    if resume:
+        ckpt = run_dir.load_checkpoint(out / "last.pt", kind="mt")
+        if ckpt["config"] != dataclasses.asdict(cfg):
+            raise run_dir.RunDirError(f"{out} holds a run with another config; resume it with that config or use --overwrite")
+        tok = Tokenizer.from_bytes(ckpt["tokenizer"])
+    else:
+        tok = Tokenizer.train(train_data.src + train_data.tgt, out / "spm", cfg.vocab_size, cfg.subword)
+    train_src, train_tgt = encode_parallel(tok, train_data)
+    kept, dropped = filter_long(train_src, train_tgt, cfg.max_len)
+    valid_src, valid_tgt = encode_parallel(tok, valid_data)
+    valid_kept, _ = filter_long(valid_src, valid_tgt, cfg.max_len)
+    valid_batches = make_batches(valid_src, valid_tgt, cfg.max_tokens, valid_kept)
+
+    mcfg = model_settings(cfg, tok.vocab_size)
+    torch.manual_seed(cfg.seed)
+    model = build_model(mcfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
+                            weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed)  # batch order
+    step, epoch, batch_pos, best = 0, 0, 0, math.inf
+    epoch_rng = gen.get_state()
+
+    if resume:
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        step, epoch, batch_pos, best = ckpt["step"], ckpt["epoch"], ckpt["batch_pos"], ckpt["best_valid_loss"]
+        epoch_rng = ckpt["rng"]["epoch"]
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        run_dir.truncate_metrics(out, step, key="step")
+    else:
+        print(f"{train_data.name}: {len(kept)} training pairs, {dropped} dropped as longer than {cfg.max_len} tokens; "
+              f"vocabulary {tok.vocab_size}")
+        run_dir.write_json(out / "config.json", {
+            "config": dataclasses.asdict(cfg), "model": {"class": type(model).__name__, **dataclasses.asdict(mcfg)},
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "data": {"train": train_data.name, "train_pairs": len(kept), "dropped_long": dropped,
+                     "valid": valid_data.name, "valid_pairs": len(valid_data), "vocab_size": tok.vocab_size},
+            "device": str(device), "amp": amp, "environment": run_dir.environment()})
+
+    def checkpoint() -> dict[str, Any]:
+        return {"kind": "mt", "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
+                "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
+                "batch_pos": batch_pos, "best_valid_loss": best, "tokenizer": tok.to_bytes(),
+                "rng": {"epoch": epoch_rng, "torch": torch.get_rng_state()}}
+
+    batches_per_epoch = len(make_batches(train_src, train_tgt, cfg.max_tokens, kept))
+    total = cfg.max_steps or math.ceil(cfg.epochs * batches_per_epoch / cfg.update_freq)
+    bar = tqdm(total=total, initial=step, desc=Path(cfg.out).name, unit="step", disable=not progress)
+    window = {"loss": 0.0, "tokens": 0, "time": time.time()}
+    record: dict[str, Any] = {}
+    model.train()
+    while step < total:
+        gen.set_state(epoch_rng)  # the epoch's batch order follows from its starting RNG state alone
+        order = make_batches(train_src, train_tgt, cfg.max_tokens, kept, shuffle=True, generator=gen)
+        next_epoch_rng = gen.get_state()
+        while batch_pos + cfg.update_freq <= len(order) and step < total:
+            group = order[batch_pos : batch_pos + cfg.update_freq]
+            lr = inverse_sqrt_lr(step + 1, cfg.lr, cfg.warmup)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            opt.zero_grad(set_to_none=True)
+            ntokens, loss_sum = 0, 0.0
+            for b in group:
+                b = b.to(device)
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                    logits = model(b.src, b.tgt_in)
+                loss, _ = label_smoothed_loss(logits, b.tgt_out, cfg.label_smoothing, Tokenizer.PAD)
+                if not torch.isfinite(loss):
+                    message = f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, step {step + 1}: the run diverged"
+                    summary = {"status": "diverged", "message": message, "epoch": epoch + 1, "step": step + 1,
+                               "config": dataclasses.asdict(cfg)}
+                    run_dir.write_json(out / "summary.json", summary)
+                    bar.close()
+                    print(f"{out}: {message}")
+                    return summary
+                loss.backward()
+                ntokens, loss_sum = ntokens + b.ntokens, loss_sum + loss.item()
+            for p in model.parameters():  # the loss is a sum: normalise by the update's target tokens
+                if p.grad is not None:
+                    p.grad.div_(ntokens)
+            if cfg.clip_norm > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+            opt.step()
+            step, batch_pos = step + 1, batch_pos + cfg.update_freq
+            window["loss"], window["tokens"] = window["loss"] + loss_sum, window["tokens"] + ntokens
+            bar.update(1)
+            if step % cfg.save_every == 0 or step == total:
+                elapsed = time.time() - window["time"]
+                record = {"step": step, "epoch": epoch + batch_pos / len(order), "lr": lr,
+                          "train_loss": window["loss"] / max(window["tokens"], 1),
+                          **validate(model, valid_batches, cfg.label_smoothing, device, amp),
+                          "tokens_per_s": window["tokens"] / max(elapsed, 1e-9), "time": elapsed}
+                improved = record["valid_loss"] < best
+                best = min(best, record["valid_loss"])
+                if batch_pos + cfg.update_freq > len(order):  # the epoch is over: a resume starts the next
+                    epoch, batch_pos, epoch_rng = epoch + 1, 0, next_epoch_rng
+                state = checkpoint()
+                run_dir.save_checkpoint(out / f"checkpoint_{step}.pt", state)
+                run_dir.save_checkpoint(out / "last.pt", state)
+                if improved:
+                    run_dir.save_checkpoint(out / "best.pt", state)
+                for old in sorted(out.glob("checkpoint_*.pt"), key=checkpoint_step)[: -cfg.keep_checkpoints]:
+                    old.unlink()
+                run_dir.append_metrics(out, record)
+                bar.set_postfix(loss=f"{record['train_loss']:.3f}", valid=f"{record['valid_loss']:.3f}",
+                                ppl=f"{record['valid_ppl']:.1f}")
+                window = {"loss": 0.0, "tokens": 0, "time": time.time()}
+        if batch_pos + cfg.update_freq > len(order):
+            epoch, batch_pos, epoch_rng = epoch + 1, 0, next_epoch_rng
+    bar.close()
+
+    history = run_dir.read_metrics(out)
+    summary = {"status": "finished", "steps": step, "epochs": round(epoch + batch_pos / max(batches_per_epoch, 1), 3),
+               "final_valid_loss": history[-1]["valid_loss"], "final_valid_ppl": history[-1]["valid_ppl"],
+               "best_valid_loss": best, "train_time_s": sum(r["time"] for r in history),
+               "config": dataclasses.asdict(cfg)}
+    run_dir.write_json(out / "summary.json", summary)
+    return summary
+
+
+def checkpoint_step(path: Path) -> int:
+    """The step in ``checkpoint_<step>.pt``."""
+    return int(path.stem.split("_")[-1])

@@ -1,0 +1,60 @@
+"""The pieces of the Transformer recipe that are formulas: schedule, loss, checkpoint averaging."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
+    """Linear warm-up to ``peak`` over ``warmup`` steps, then decay with the inverse square root of the step:
+
+        lr(s) = peak · min(s / warmup, sqrt(warmup / s))       (s = 1, 2, ...)
+
+    This is Vaswani et al.'s d^-0.5 · min(s^-0.5, s · warmup^-1.5) with the constant d^-0.5 · warmup^-0.5
+    named ``peak`` (the lr reached at s = warmup), as fairseq's ``inverse_sqrt`` schedule writes it.
+    """
+    s = max(step, 1)
+    if warmup <= 0:
+        return peak / math.sqrt(s)
+    return peak * min(s / warmup, math.sqrt(warmup / s))
+
+
+def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed cross-entropy and summed NLL over the non-pad targets.
+
+        loss = Σ_t [ (1 - ε) · (-log p(y_t)) + ε · (1/V) Σ_v (-log p(v)) ]
+
+    (Szegedy et al. 2016; ε = 0.1 in Vaswani et al. 2017, Section 5.4). ``logits`` (..., V), ``target`` (...).
+    """
+    lprobs = F.log_softmax(logits.float(), dim=-1).reshape(-1, logits.shape[-1])
+    target = target.reshape(-1)
+    keep = target != pad_id
+    nll = -lprobs.gather(1, target[:, None]).squeeze(1)
+    smooth = -lprobs.mean(dim=1)
+    loss = ((1.0 - eps) * nll + eps * smooth)[keep].sum()
+    return loss, nll[keep].sum()
+
+
+def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Element-wise mean of model state dicts (floating tensors); other tensors are taken from the last.
+
+    Averaging the last N checkpoints is how all three papers evaluate (Vaswani et al. 2017, Section 6.1).
+    """
+    if not states:
+        raise ValueError("no checkpoints to average")
+    keys = list(states[-1])
+    for i, s in enumerate(states):
+        if list(s) != keys or any(s[k].shape != states[-1][k].shape for k in keys):
+            raise ValueError(f"checkpoint {i} holds another model (its parameters differ in names or shapes)")
+    out = {}
+    for k in keys:
+        if torch.is_floating_point(states[-1][k]):
+            out[k] = torch.stack([s[k].double() for s in states]).mean(0).to(states[-1][k].dtype)
+        else:
+            out[k] = states[-1][k].clone()
+    return out

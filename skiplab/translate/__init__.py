@@ -1,0 +1,38 @@
+"""Machine translation decoding and scoring.
+
+:mod:`~skiplab.translate.search`: greedy and batched beam search over any :class:`IncrementalDecoder`
+(encode once, one cached ``step`` per position). :mod:`~skiplab.translate.metrics`: sacrebleu BLEU and
+chrF with their signatures, and Koehn's paired bootstrap resampling.
+"""
+
+from .metrics import bleu, chrf, paired_bootstrap, score_from_stats, sentence_stats
+from .search import (
+    BOS,
+    EOS,
+    PAD,
+    UNK,
+    Hypothesis,
+    IncrementalDecoder,
+    beam_search,
+    greedy_search,
+    length_penalty,
+    max_lengths,
+)
+
+__all__ = [
+    "BOS",
+    "EOS",
+    "PAD",
+    "UNK",
+    "Hypothesis",
+    "IncrementalDecoder",
+    "beam_search",
+    "bleu",
+    "chrf",
+    "greedy_search",
+    "length_penalty",
+    "max_lengths",
+    "paired_bootstrap",
+    "score_from_stats",
+    "sentence_stats",
+]
