@@ -55,17 +55,16 @@ def cmd_gradient_flow(args: argparse.Namespace) -> None:
 
 def _train_config(cls, args: argparse.Namespace):
     """The config from the options; with --resume, the stored run's config with only the options given changed."""
-    cfg = config.from_arguments(cls, args)
-    if getattr(args, "resume", False):
-        try:
-            stored = run_dir.read_json(f"{cfg.out}/config.json")["config"]
-        except FileNotFoundError:
-            raise run_dir.RunDirError(f"nothing to resume in {cfg.out}: no config.json there") from None
-        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        given = {k: v for k, v in dataclasses.asdict(cfg).items() if v != defaults[k]}
-        stored = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
-        cfg = cls(**{**stored, **given})
-    return cfg
+    if not getattr(args, "resume", False):
+        return config.from_arguments(cls, args)
+    out = getattr(args, "out")
+    try:
+        stored = run_dir.read_json(Path(out) / "config.json")["config"]
+    except FileNotFoundError:
+        raise run_dir.RunDirError(f"nothing to resume in {out}: no config.json there") from None
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name) != f.default}
+    stored = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
+    return cls(**{**stored, **given})
 
 
 def _print_summary(summary: dict) -> None:
