@@ -60,8 +60,9 @@ def compare(task: str, base, connections: tuple[str, ...], seeds: int, progress:
     train, metric, label, keys, higher = TASKS[task]
     if not connections or seeds < 1:
         raise ValueError("give at least one connection and seeds >= 1")
-    specs = tuple(connection(c, 4).spec for c in connections)  # canonical; a bad spec fails before any run
-    if len(set(specs)) != len(specs):
+    specs = tuple(c.strip() for c in connections)  # as the user names them (PostLN stays PostLN)
+    canonical = [connection(c, 4).spec for c in specs]  # a bad spec fails before any run
+    if len(set(canonical)) != len(canonical):
         raise ValueError(f"a connection is listed twice: {', '.join(connections)}")
     root = Path(base.out)
     root.mkdir(parents=True, exist_ok=True)

@@ -156,3 +156,22 @@ def test_config_needs_steps_or_epochs():
     with pytest.raises(ValueError, match="exactly one"):
         MTTrainConfig(max_steps=5, epochs=1)
     assert train  # the loop is importable beside its config
+
+
+def test_compare_mt_writes_a_bleu_table(corpus, tmp_path, capsys):
+    args = tiny_args(corpus, tmp_path / "cmp")[2:]  # the training options, without "train mt"
+    assert main(["compare", "mt", *args, "--connections", "PostLN,2rSkip+LN", "--seeds", "1"]) == 0
+    table = (tmp_path / "cmp" / "table.md").read_text()
+    assert "BLEU (mean ± std)" in table and "| 2rSkip+LN" in table
+    summary = json.loads((tmp_path / "cmp" / "PostLN" / "seed1" / "summary.json").read_text())
+    assert summary["averaged"] == 2 and 0 <= summary["test_bleu"] <= 100
+
+
+def test_a_non_finite_loss_stops_mt_training(corpus, tmp_path, monkeypatch, capsys):
+    from skiplab.models import Transformer
+
+    real = Transformer.forward
+    monkeypatch.setattr(Transformer, "forward", lambda self, src, tgt: real(self, src, tgt) * float("inf"))
+    assert main(tiny_args(corpus, tmp_path / "run")) == 0
+    assert "non-finite loss (nan) at epoch 1, step 1" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "diverged"
