@@ -27,8 +27,9 @@ class DownloadError(ConnectionError):
     """The file could not be fetched (no network, server error); the message says where to put it."""
 
 
-def download(url: str, dest: Path, md5: str, timeout: float = TIMEOUT_S) -> Path:
-    """Fetch ``url`` to ``dest`` unless ``dest`` exists; check its md5; return ``dest``.
+def download(url: str, dest: Path, md5: str | None, timeout: float = TIMEOUT_S) -> Path:
+    """Fetch ``url`` to ``dest`` unless ``dest`` exists; check its md5 (``None``: no published checksum);
+    return ``dest``.
 
     Raises :class:`DownloadError` when the network fails and ``ValueError`` on a checksum mismatch;
     either way nothing is left at ``dest`` or beside it.
@@ -42,7 +43,7 @@ def download(url: str, dest: Path, md5: str, timeout: float = TIMEOUT_S) -> Path
     try:
         with os.fdopen(fd, "wb") as out:
             actual = _fetch(url, dest, out, timeout)
-        if actual != md5:
+        if md5 is not None and actual != md5:
             raise ValueError(
                 f"{url}: checksum mismatch for {dest.name}: expected md5 {md5}, got {actual}; the download was deleted"
             )

@@ -12,21 +12,16 @@ file already present is never overwritten.
 from __future__ import annotations
 
 import gzip
-import http.client
 import os
-import tempfile
-import urllib.request
 import zlib
 from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.error import HTTPError, URLError
 
-from ..data.download import DownloadError
+from ..data.download import download
 
 SPLITS = ("train", "valid", "test")
 TIMEOUT_S = 30.0
 _GZIP_MAGIC = b"\x1f\x8b"
-_NETWORK_ERRORS = (OSError, http.client.HTTPException)  # URLError and socket timeouts are OSErrors
 
 
 @dataclass(frozen=True)
@@ -171,38 +166,13 @@ def default_data_dir(name: str) -> Path:
 
 
 def fetch(url: str, dest: Path, timeout: float = TIMEOUT_S) -> Path:
-    """Download ``url`` to ``dest`` unless it exists; unchecked (no published checksums for these).
+    """Download ``url`` to ``dest`` unless it exists; unchecked (no published checksums for these files).
 
-    Like :func:`skiplab.data.download.download` but without the md5: the bytes go to a hidden
-    temporary file beside ``dest`` that is renamed into place only when complete, so nothing partial
-    is ever left, and a file present at ``dest`` is never replaced. Network failures raise
+    :func:`skiplab.data.download.download` without the md5: nothing partial is ever left, a file
+    present at ``dest`` is never replaced, and network failures raise
     :class:`~skiplab.data.download.DownloadError` saying which file to put where.
     """
-    dest = Path(dest)
-    if dest.exists():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            try:
-                # Looked up on the module at call time, so tests can monkeypatch urllib.request.urlopen.
-                with urllib.request.urlopen(url, timeout=timeout) as response:
-                    while chunk := response.read(1 << 20):
-                        out.write(chunk)
-            except _NETWORK_ERRORS as exc:
-                raise _offline(url, dest, exc) from None
-        try:
-            os.link(tmp, dest)  # fails rather than overwrite a file that appeared meanwhile
-        except FileExistsError:
-            pass
-        except OSError:  # no hard links on this file system: rename, still atomic
-            if not dest.exists():
-                os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return dest
+    return download(url, dest, None, timeout)
 
 
 def _corpus(name: str) -> CorpusInfo:
@@ -225,15 +195,6 @@ def _find_side(prefix: Path, lang: str) -> Path:
     if path is None:
         raise FileNotFoundError(f"{prefix}.{lang}: no such file (nor {prefix}.{lang}.gz)")
     return path
-
-
-def _offline(url: str, dest: Path, exc: BaseException) -> DownloadError:
-    # URLError wraps the real cause in .reason; HTTPError's str() already says "HTTP Error 404: ...".
-    cause = exc.reason if isinstance(exc, URLError) and not isinstance(exc, HTTPError) else exc
-    return DownloadError(
-        f"could not download {url} ({_one_line(cause)}); this machine seems offline: "
-        f"fetch that file elsewhere and put it at {dest}"
-    )
 
 
 def _one_line(exc: object) -> str:

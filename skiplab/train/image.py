@@ -172,13 +172,8 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
                 logits = model(xb)
             loss = F.cross_entropy(logits.float(), yb)
             if not torch.isfinite(loss):
-                message = f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, step {step + 1}: the run diverged"
-                summary = {"status": "diverged", "message": message, "epoch": epoch + 1, "step": step + 1,
-                           "config": dataclasses.asdict(cfg)}
-                run_dir.write_json(out / "summary.json", summary)
                 bar.close()
-                print(f"{out}: {message}")
-                return summary
+                return run_dir.stop_diverged(out, dataclasses.asdict(cfg), loss.item(), epoch + 1, step + 1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

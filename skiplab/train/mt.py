@@ -189,13 +189,8 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
                     logits = model(b.src, b.tgt_in)
                 loss, _ = label_smoothed_loss(logits, b.tgt_out, cfg.label_smoothing, Tokenizer.PAD)
                 if not torch.isfinite(loss):
-                    message = f"non-finite loss ({loss.item()}) at epoch {epoch + 1}, step {step + 1}: the run diverged"
-                    summary = {"status": "diverged", "message": message, "epoch": epoch + 1, "step": step + 1,
-                               "config": dataclasses.asdict(cfg)}
-                    run_dir.write_json(out / "summary.json", summary)
                     bar.close()
-                    print(f"{out}: {message}")
-                    return summary
+                    return run_dir.stop_diverged(out, dataclasses.asdict(cfg), loss.item(), epoch + 1, step + 1)
                 loss.backward()
                 ntokens, loss_sum = ntokens + b.ntokens, loss_sum + loss.item()
             for p in model.parameters():  # the loss is a sum: normalise by the update's target tokens

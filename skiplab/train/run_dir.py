@@ -127,3 +127,12 @@ def load_checkpoint(path: str | Path, kind: str) -> dict[str, Any]:
         found = state.get("kind") if isinstance(state, dict) else type(state).__name__
         raise RunDirError(f"{path}: not a skiplab {kind} checkpoint (found {found!r})")
     return state
+
+
+def stop_diverged(out: Path, config: dict[str, Any], loss: float, epoch: int, step: int) -> dict[str, Any]:
+    """A non-finite loss: record the run as diverged (a result, not a crash), say where, return the summary."""
+    message = f"non-finite loss ({loss}) at epoch {epoch}, step {step}: the run diverged"
+    summary = {"status": "diverged", "message": message, "epoch": epoch, "step": step, "config": config}
+    write_json(out / "summary.json", summary)
+    print(f"{out}: {message}")
+    return summary
