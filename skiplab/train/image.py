@@ -134,7 +134,7 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["rng"]["data"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
+        run_dir.restore_rng(ckpt["rng"])
         start_epoch, step, best = ckpt["epoch"], ckpt["step"], ckpt["best_error"]
         run_dir.truncate_metrics(out, start_epoch)
     else:
@@ -150,7 +150,7 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
     def checkpoint(epoch: int) -> dict[str, Any]:
         return {"kind": "image", "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "step": step,
-                "best_error": best, "rng": {"data": gen.get_state(), "torch": torch.get_rng_state()},
+                "best_error": best, "rng": {"data": gen.get_state(), **run_dir.rng_state()},
                 "data_stats": {"mean": list(data.mean), "std": list(data.std)}}
 
     steps_per_epoch = math.ceil(len(train_y) / cfg.batch_size)

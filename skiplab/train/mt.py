@@ -148,7 +148,7 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
         opt.load_state_dict(ckpt["optimizer"])
         step, epoch, batch_pos, best = ckpt["step"], ckpt["epoch"], ckpt["batch_pos"], ckpt["best_valid_loss"]
         epoch_rng = ckpt["rng"]["epoch"]
-        torch.set_rng_state(ckpt["rng"]["torch"])
+        run_dir.restore_rng(ckpt["rng"])
         run_dir.truncate_metrics(out, step, key="step")
     else:
         print(f"{train_data.name}: {len(kept)} training pairs, {dropped} dropped as longer than {cfg.max_len} tokens; "
@@ -164,13 +164,12 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
         return {"kind": "mt", "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
                 "batch_pos": batch_pos, "best_valid_loss": best, "tokenizer": tok.to_bytes(),
-                "rng": {"epoch": epoch_rng, "torch": torch.get_rng_state()}}
+                "rng": {"epoch": epoch_rng, **run_dir.rng_state()}}
 
     batches_per_epoch = len(make_batches(train_src, train_tgt, cfg.max_tokens, kept))
-    total = cfg.max_steps or math.ceil(cfg.epochs * batches_per_epoch / cfg.update_freq)
+    total = cfg.max_steps or cfg.epochs * (batches_per_epoch // cfg.update_freq)  # a partial last group is dropped
     bar = tqdm(total=total, initial=step, desc=Path(cfg.out).name, unit="step", disable=not progress)
     window = {"loss": 0.0, "tokens": 0, "time": time.time()}
-    record: dict[str, Any] = {}
     model.train()
     while step < total:
         gen.set_state(epoch_rng)  # the epoch's batch order follows from its starting RNG state alone

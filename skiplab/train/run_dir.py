@@ -105,6 +105,20 @@ def truncate_metrics(out: Path, upto: int, key: str = "epoch") -> None:
     os.replace(tmp, out / "metrics.jsonl")
 
 
+def rng_state() -> dict[str, Any]:
+    """The global RNG states (CPU, and every CUDA device where present) that dropout draws from."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     tmp = path.with_suffix(".pt.tmp")
     torch.save(state, tmp)
