@@ -22,6 +22,7 @@ from tqdm import tqdm
 from ..data import ImageData, augment_batch, load_image_dataset, normalise
 from ..models import build_model, model_config
 from . import run_dir
+from .device import pick_device
 
 PAPER_EPOCHS, PAPER_MILESTONES = 164, (81, 122)
 
@@ -67,15 +68,6 @@ def learning_rate(cfg: ImageTrainConfig, depth: int, epoch: int, step: int) -> f
     if step < warmup:
         return 0.01 if cfg.lr > 0.01 else cfg.lr
     return cfg.lr * 0.1 ** sum(epoch >= m for m in milestones(cfg.epochs))
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r} asked for, but CUDA is not available here")
-    return device
 
 
 def subset(n: int, k: int, seed: int) -> torch.Tensor | None:

@@ -24,7 +24,7 @@ from ..models import build_model, model_config
 from ..text import Tokenizer, encode_parallel, filter_long, load_corpus, make_batches, read_parallel
 from ..text.corpus import Parallel
 from . import run_dir
-from .image import pick_device
+from .device import pick_device
 from .recipe_mt import inverse_sqrt_lr, label_smoothed_loss
 
 

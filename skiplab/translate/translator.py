@@ -12,6 +12,7 @@ import torch
 from ..models import Transformer, build_model, model_config
 from ..text import Tokenizer, make_batches
 from ..train import run_dir
+from ..train.device import pick_device
 from ..train.recipe_mt import average_state_dicts
 from .search import beam_search
 
@@ -45,8 +46,6 @@ class Translator:
 
     @classmethod
     def load(cls, path: str | Path, average: int = 0, device: str = "auto") -> "Translator":
-        from ..train.image import pick_device
-
         ckpt = average_checkpoints(path, average)[0] if average > 1 else run_dir.load_checkpoint(path, kind="mt")
         try:
             mcfg = model_config(ckpt["config"]["model"], **ckpt["model_config"])

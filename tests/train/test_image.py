@@ -160,3 +160,15 @@ def test_evaluate_matches_a_direct_computation(fashion_dir, tmp_path):
         logits = model(normalise(data.test_x, data.mean, data.std))
     error = 100.0 * (logits.argmax(1) != data.test_y).float().mean().item()
     assert image_train.evaluate_checkpoint(out)["test_error"] == pytest.approx(error)
+
+
+def test_device_choice():
+    from skiplab.train.device import pick_device
+
+    assert pick_device("cpu").type == "cpu"
+    assert pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="unknown device 'gpu0'"):
+        pick_device("gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            pick_device("cuda")
