@@ -34,17 +34,38 @@ def layout(request):
     return request.param
 
 
-def write_idx(path, array) -> None:
-    """Write a uint8 array as a gzipped IDX file (the MNIST / Fashion-MNIST format)."""
-    import gzip
+def idx_bytes(array, dims=None, magic=None) -> bytes:
+    """An IDX file of uint8 ``array``; ``dims``/``magic`` override the header to make bad files."""
     import struct
 
     import numpy as np
 
-    array = np.ascontiguousarray(array, dtype=np.uint8)
-    header = struct.pack(">HBB", 0, 0x08, array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
-    with gzip.open(path, "wb") as f:
-        f.write(header + array.tobytes())
+    dims = array.shape if dims is None else dims
+    magic = (0x0800 | len(dims)) if magic is None else magic
+    return struct.pack(f">I{len(dims)}I", magic, *dims) + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+
+
+def write_idx(path, raw: bytes):
+    """Write ``raw`` to ``path``, gzipped when the name ends in .gz."""
+    import gzip
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(raw) if path.suffix == ".gz" else raw)
+    return path
+
+
+@pytest.fixture
+def offline(tmp_path, monkeypatch):
+    """Keep a test off the real ~/.cache and $SKIPLAB_DATA, and off the network."""
+    import urllib.request
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SKIPLAB_DATA", raising=False)
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a test tried to reach the network")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
 
 
 def write_fashion_mnist(root, n_train: int = 256, n_test: int = 64, seed: int = 0):
@@ -56,8 +77,8 @@ def write_fashion_mnist(root, n_train: int = 256, n_test: int = 64, seed: int = 
     for split, n in (("train", n_train), ("t10k", n_test)):
         labels = rng.integers(0, 10, n)
         images = rng.integers(0, 80, (n, 28, 28)) + labels[:, None, None] * 17
-        write_idx(root / f"{split}-images-idx3-ubyte.gz", images)
-        write_idx(root / f"{split}-labels-idx1-ubyte.gz", labels)
+        write_idx(root / f"{split}-images-idx3-ubyte.gz", idx_bytes(images))
+        write_idx(root / f"{split}-labels-idx1-ubyte.gz", idx_bytes(labels))
     return root
 
 

@@ -148,7 +148,6 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
     steps_per_epoch = math.ceil(len(train_y) / cfg.batch_size)
     bar = tqdm(range(start_epoch, cfg.epochs), initial=start_epoch, total=cfg.epochs, desc=Path(cfg.out).name,
                unit="epoch", disable=not progress)
-    record: dict[str, Any] = {}
     model.train()
     for epoch in bar:
         t0, loss_sum, wrong, seen = time.time(), 0.0, 0, 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from ..models import Transformer, build_model, model_config
 from ..text import Tokenizer, make_batches
@@ -68,8 +69,6 @@ class Translator:
         ids = [s[:limit] for s in self.tok.encode_batch(lines)]
         out: list[str] = [""] * len(lines)
         batches = make_batches(ids, None, max_tokens)
-        from tqdm import tqdm
-
         for b in tqdm(batches, desc="translate", unit="batch", disable=not progress):
             hyps = beam_search(self.model, b.src.to(self.device), beam=beam, alpha=alpha, max_len_b=max_len_b)
             for i, h in zip(b.index.tolist(), hyps):

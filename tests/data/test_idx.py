@@ -10,20 +10,7 @@ import numpy as np
 import pytest
 
 from skiplab.data.idx import IDX_FILES, IMAGES_MAGIC, LABELS_MAGIC, find_idx_file, read_idx, read_idx_split
-
-
-def idx_bytes(array: np.ndarray, dims: tuple[int, ...] | None = None, magic: int | None = None) -> bytes:
-    """An IDX file of uint8 ``array``; ``dims``/``magic`` override the header to make bad files."""
-    dims = array.shape if dims is None else dims
-    magic = (0x0800 | len(dims)) if magic is None else magic
-    return struct.pack(f">I{len(dims)}I", magic, *dims) + np.ascontiguousarray(array, dtype=np.uint8).tobytes()
-
-
-def write_idx(path: Path, raw: bytes) -> Path:
-    """Write ``raw`` to ``path``, gzipped when the name ends in .gz."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(gzip.compress(raw) if path.suffix == ".gz" else raw)
-    return path
+from tests.conftest import idx_bytes, write_idx
 
 
 def write_idx_dataset(root: Path, n_train: int = 6, n_test: int = 3, seed: int = 0, gz: bool = True) -> dict:

@@ -33,16 +33,7 @@ def write_dataset(root: Path, name: str) -> None:
         write_idx_dataset(root, n_train=6, n_test=3)
 
 
-@pytest.fixture(autouse=True)
-def _no_default_places(tmp_path, monkeypatch):
-    """Keep every test off the real ~/.cache and $SKIPLAB_DATA, and off the network."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("SKIPLAB_DATA", raising=False)
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("a test tried to reach the network")
-
-    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+pytestmark = pytest.mark.usefixtures("offline")  # off ~/.cache, $SKIPLAB_DATA and the network
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

@@ -25,16 +25,7 @@ LINES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _no_default_places(tmp_path, monkeypatch):
-    """Keep every test off the real ~/.cache and $SKIPLAB_DATA, and off the network."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("SKIPLAB_DATA", raising=False)
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("a test tried to use the network")
-
-    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+pytestmark = pytest.mark.usefixtures("offline")  # off ~/.cache, $SKIPLAB_DATA and the network
 
 
 def write(path: Path, lines: list[str], gz: bool = False, newline: str = "\n") -> Path:
