@@ -10,6 +10,7 @@
     skiplab average --checkpoint RUN     average the last N checkpoints into one file
     skiplab bootstrap REF A B            paired bootstrap resampling between two systems' outputs
     skiplab compare mt [...]             connections x seeds, then a BLEU table
+    skiplab curves RUN [RUN ...]         learning curves of runs in one figure
     skiplab demo                         the main job: a small comparison on Fashion-MNIST
     skiplab demo gradient-flow [...]     the tutorial's gradient-flow demo (table + plot)
 
@@ -124,6 +125,15 @@ def cmd_bootstrap(args: argparse.Namespace) -> None:
     print(json.dumps(paired_bootstrap(refs, a, b, args.samples, args.seed, args.metric), indent=2))
 
 
+def cmd_curves(args: argparse.Namespace) -> None:
+    from .analysis.curves import plot_runs
+
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
+    print(f"wrote {plot_runs(args.runs, out, args.keys, args.labels, args.title)}")
+
+
 def cmd_compare(args: argparse.Namespace) -> None:
     from .train.compare import compare
 
@@ -200,6 +210,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=12345, help="seed (default: 12345)")
     p.add_argument("--metric", default="bleu", choices=("bleu", "chrf"), help="metric (default: bleu)")
     p.set_defaults(func=cmd_bootstrap)
+
+    p = sub.add_parser("curves", help="learning curves of runs in one figure (seeds of a connection: mean ± std)")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories")
+    p.add_argument("--keys", type=config.parse_list, default=(), metavar="KEYS",
+                   help="metrics to plot, comma-separated (default: the task's losses and perplexity or error)")
+    p.add_argument("--labels", type=config.parse_list, default=(), metavar="LABELS",
+                   help="one label per run, comma-separated (default: each run's connection)")
+    p.add_argument("--title", default="", help="figure title (default: the run names)")
+    p.add_argument("--out", default="curves.png", help="figure file (default: curves.png)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.set_defaults(func=cmd_curves)
 
     cmp = sub.add_parser("compare", help="compare connections over seeds").add_subparsers(dest="task", required=True, metavar="TASK")
     _add_compare(cmp, "image", "image", "image classification: every connection x seed, then a table",

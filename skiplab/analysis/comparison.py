@@ -103,6 +103,8 @@ def plot_curves(curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, 
             ax.fill_between(epochs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=f"C{i}", alpha=0.2)
         ax.set_xlabel(x)
         ax.set_ylabel(key.replace("_", " "))
+        if key.endswith("ppl"):  # perplexity spans orders of magnitude early in training
+            ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)

@@ -123,8 +123,11 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
 
     if resume:
         ckpt = run_dir.load_checkpoint(out / "last.pt", kind="mt")
-        if ckpt["config"] != dataclasses.asdict(cfg):
-            raise run_dir.RunDirError(f"{out} holds a run with another config; resume it with that config or use --overwrite")
+        extended = budget_changes(ckpt["config"], cfg)
+        if extended:
+            print(f"{out}: extending the run: {extended}")
+            stored = run_dir.read_json(out / "config.json")
+            run_dir.write_json(out / "config.json", {**stored, "config": dataclasses.asdict(cfg)})
         tok = Tokenizer.from_bytes(ckpt["tokenizer"])
     else:
         tok = Tokenizer.train(train_data.src + train_data.tgt, out / "spm", cfg.vocab_size, cfg.subword)
@@ -233,6 +236,24 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
                "config": dataclasses.asdict(cfg)}
     run_dir.write_json(out / "summary.json", summary)
     return summary
+
+
+BUDGET = ("max_steps", "epochs", "keep_checkpoints")
+
+
+def budget_changes(stored: dict[str, Any], cfg: MTTrainConfig) -> str:
+    """How ``cfg`` changes a stored run's budget ('' if not at all); any other change is refused.
+
+    Nothing in the recipe depends on the budget (the inverse-square-root schedule has no end), so a run
+    resumed with a larger ``--max-steps`` follows exactly the updates a run given that budget from the
+    start would have made.
+    """
+    new = dataclasses.asdict(cfg)
+    other = sorted(k for k in new if k not in BUDGET and stored.get(k) != new[k])
+    if other:
+        raise run_dir.RunDirError(f"{cfg.out} holds a run with another config (different {', '.join(other)}); resume it "
+                                  "with that config, or use --overwrite")
+    return ", ".join(f"{k} {stored.get(k)} -> {new[k]}" for k in BUDGET if stored.get(k) != new[k])
 
 
 def checkpoint_step(path: Path) -> int:

@@ -119,6 +119,24 @@ def test_mt_resume_continues_exactly(corpus, tmp_path, monkeypatch):
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
 
 
+def test_resume_with_a_larger_budget_equals_the_longer_run(corpus, tmp_path, capsys):
+    straight, short = tmp_path / "a", tmp_path / "b"
+    assert main(tiny_args(corpus, straight)) == 0  # 4 steps
+    assert main([*tiny_args(corpus, short), "--max-steps", "2"]) == 0
+    assert main(["train", "mt", "--resume", "--out", str(short), "--max-steps", "4"]) == 0
+    assert "extending the run: max_steps 2 -> 4" in capsys.readouterr().out
+    assert json.loads((short / "config.json").read_text())["config"]["max_steps"] == 4
+    assert [json.loads(x)["step"] for x in (short / "metrics.jsonl").read_text().splitlines()] == [2, 4]
+    a = torch.load(straight / "last.pt", weights_only=True)["model"]
+    b = torch.load(short / "last.pt", weights_only=True)["model"]
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
+
+    assert main(["train", "mt", "--resume", "--out", str(short), "--max-steps", "6", "--lr", "0.5"]) == 2
+    assert "another config (different lr)" in capsys.readouterr().err
+    assert json.loads((short / "config.json").read_text())["config"]["max_steps"] == 4  # nothing rewritten
+
+
 def test_bad_corpora_and_checkpoints(corpus, tmp_path, capsys):
     (tmp_path / "empty.en").write_text("")
     (tmp_path / "empty.de").write_text("")

@@ -1,0 +1,64 @@
+"""``skiplab curves``: runs grouped by connection, plotted against step or epoch; bad input refused."""
+
+import pytest
+
+from skiplab.analysis import curves
+from skiplab.cli import main
+from skiplab.train import run_dir
+
+
+def fake_run(path, connection, records):
+    path.mkdir(parents=True)
+    run_dir.write_json(path / "config.json", {"config": {"connection": connection}})
+    for r in records:
+        run_dir.append_metrics(path, r)
+    return str(path)
+
+
+def mt_records(scale):
+    return [{"step": s, "train_loss": scale / s, "valid_loss": scale / s, "valid_ppl": 2.0 ** (scale / s)}
+            for s in (10, 20, 30)]
+
+
+def test_runs_are_grouped_by_connection_against_the_step(tmp_path, monkeypatch):
+    a1 = fake_run(tmp_path / "a1", "PostLN", mt_records(40))
+    a2 = fake_run(tmp_path / "a2", "PostLN", mt_records(50))
+    b = fake_run(tmp_path / "b", "2rSkip+LN", mt_records(30))
+    seen = {}
+    monkeypatch.setattr(curves, "plot_curves", lambda groups, keys, path, title, x: seen.update(
+        groups=groups, keys=keys, x=x))
+    curves.plot_runs([a1, a2, b], tmp_path / "f.png")
+    assert seen["x"] == "step" and seen["keys"] == ("train_loss", "valid_loss", "valid_ppl")
+    assert list(seen["groups"]) == ["PostLN", "2rSkip+LN"]
+    assert [len(v) for v in seen["groups"].values()] == [2, 1]
+    assert seen["groups"]["PostLN"][1][0]["train_loss"] == 5.0
+
+    curves.plot_runs([a1, b], tmp_path / "g.png", keys=("valid_ppl",), labels=("x", "y"))
+    assert list(seen["groups"]) == ["x", "y"] and seen["keys"] == ("valid_ppl",)
+
+
+def test_image_runs_use_the_epoch_and_the_cli_writes_a_png(tmp_path, capsys):
+    runs = [fake_run(tmp_path / f"r{i}", "1xSkip", [{"epoch": e, "train_loss": 1 / e, "test_error": 50 / e + i}
+                                                     for e in (1, 2, 3)]) for i in range(2)]
+    out = tmp_path / "fig" / "c.png"
+    assert main(["curves", *runs, "--out", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    first = out.read_bytes()
+    assert main(["curves", *runs, "--out", str(out)]) == 2  # an existing figure is not replaced silently
+    assert "exists; use --overwrite" in capsys.readouterr().err and out.read_bytes() == first
+    assert main(["curves", *runs, "--out", str(out), "--overwrite", "--keys", "test_error"]) == 0
+
+
+def test_bad_runs_and_keys_are_named(tmp_path, capsys):
+    run = fake_run(tmp_path / "r", "PostLN", mt_records(40))
+    (tmp_path / "empty").mkdir()
+    for argv, message in [
+        ([str(tmp_path / "empty")], "is not a run directory: no metrics.jsonl there"),
+        ([run, "--keys", "bleu"], "has no bleu in its metrics; it has: step, train_loss"),
+        ([run, "--labels", "a,b"], "2 labels for 1 runs"),
+    ]:
+        assert main(["curves", *argv, "--out", str(tmp_path / "x.png")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
+    with pytest.raises(ValueError, match="at least one run"):
+        curves.plot_runs([], tmp_path / "x.png")
