@@ -36,14 +36,15 @@ def _metric(metric: str) -> BLEU | CHRF:
     raise ValueError(f"unknown metric {metric!r}; expected one of {METRICS}")
 
 
-def bleu(hyps: list[str], refs: list[str]) -> tuple[float, str]:
+def bleu(hyps: list[str], refs: list[str], lowercase: bool = False) -> tuple[float, str]:
     """Corpus BLEU (0-100) of ``hyps`` against one reference each, and sacrebleu's signature.
 
     BLEU = BP · exp(1/4 Σ_n log p_n), BP = min(1, exp(1 - r/c)) (Papineni et al. 2002), with the
-    statistics summed over the corpus, not averaged over sentences.
+    statistics summed over the corpus, not averaged over sentences. ``lowercase`` compares lowercased
+    text (signature ``case:lc``), as much of the Multi30k literature reports.
     """
     _check(refs, hyps=hyps)
-    scorer = BLEU()
+    scorer = BLEU(lowercase=lowercase)
     return scorer.corpus_score(list(hyps), [list(refs)]).score, scorer.get_signature().format()
 
 

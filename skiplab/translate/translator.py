@@ -83,7 +83,7 @@ class Translator:
 
 def evaluate_split(path: str | Path, split: str = "test", average: int = 0, beam: int = 4, alpha: float = 0.6,
                    data_dir: str = "", device: str = "auto", progress: bool = True) -> dict[str, Any]:
-    """Translate a split of the run's corpus; BLEU and chrF (sacrebleu, detokenised) with their signatures.
+    """Translate a split of the run's corpus; BLEU (cased and lowercased) and chrF, with their signatures.
 
     The translations are written beside the run: ``<run>/<split>.beam<k>[.avg<n>].hyp``.
     """
@@ -96,9 +96,10 @@ def evaluate_split(path: str | Path, split: str = "test", average: int = 0, beam
     data = load_split(cfg, split)
     hyps = tr.translate(data.src, beam=beam, alpha=alpha, progress=progress)
     b, b_sig = bleu(hyps, data.tgt)
+    b_lc, b_lc_sig = bleu(hyps, data.tgt, lowercase=True)
     c, c_sig = chrf(hyps, data.tgt)
     run = Path(path) if Path(path).is_dir() else Path(path).parent
     hyp_file = run / f"{split}.beam{beam}{f'.avg{average}' if average > 1 else ''}.hyp"
     hyp_file.write_text("".join(h + "\n" for h in hyps))
     return {**tr.describe(), "split": data.name, "sentences": len(hyps), "beam": beam, "alpha": alpha,
-            "bleu": b, "bleu_signature": b_sig, "chrf": c, "chrf_signature": c_sig, "hypotheses": str(hyp_file)}
+            "bleu": b, "bleu_signature": b_sig, "bleu_lowercase": b_lc, "bleu_lowercase_signature": b_lc_sig, "chrf": c, "chrf_signature": c_sig, "hypotheses": str(hyp_file)}

@@ -88,6 +88,7 @@ def test_train_translate_score_average_end_to_end(corpus, tmp_path, capsys, monk
     assert main(["eval", "mt", "--checkpoint", str(out), "--split", "test", "--average", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["sentences"] == 10 and 0 <= result["bleu"] <= 100 and "tok:13a" in result["bleu_signature"]
+    assert result["bleu_lowercase"] >= result["bleu"] and "case:lc" in result["bleu_lowercase_signature"]
     assert result["averaged"] == ["checkpoint_2.pt", "checkpoint_4.pt"]
     assert len(Path(result["hypotheses"]).read_text().splitlines()) == 10
 

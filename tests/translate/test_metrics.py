@@ -35,6 +35,14 @@ def test_bleu_by_hand():
     assert score == pytest.approx(100 * (1 / 12) ** 0.25, abs=1e-9)
 
 
+def test_lowercased_bleu_ignores_case_only():
+    # Cased, "The" and "Cat" match nothing; lowercased, the sentences are identical.
+    cased, sig = bleu(["The Cat sat on the mat"], ["the cat sat on the mat"])
+    lower, lc_sig = bleu(["The Cat sat on the mat"], ["the cat sat on the mat"], lowercase=True)
+    assert lower == pytest.approx(100.0) and cased < 60
+    assert "case:mixed" in sig and "case:lc" in lc_sig
+
+
 def test_bleu_and_chrf_match_sacrebleu():
     hyps = ["The cat is on the mat.", "There is a dog here", "completely different", ""]
     refs = ["The cat sat on the mat.", "A dog is here.", "nothing in common?", "empty hypothesis"]
