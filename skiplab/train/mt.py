@@ -124,6 +124,9 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
     if resume:
         ckpt = run_dir.load_checkpoint(out / "last.pt", kind="mt")
         extended = budget_changes(ckpt["config"], cfg)
+        if (cfg.max_steps and cfg.max_steps < ckpt["step"]) or (cfg.epochs and cfg.epochs < ckpt["epoch"]):
+            raise run_dir.RunDirError(f"{out} has already trained {ckpt['step']} updates ({ckpt['epoch']} epochs); "
+                                      "a resumed run can only be given a larger budget")
         if extended:
             print(f"{out}: extending the run: {extended}")
             stored = run_dir.read_json(out / "config.json")

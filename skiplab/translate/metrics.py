@@ -41,7 +41,7 @@ def bleu(hyps: list[str], refs: list[str], lowercase: bool = False) -> tuple[flo
 
     BLEU = BP · exp(1/4 Σ_n log p_n), BP = min(1, exp(1 - r/c)) (Papineni et al. 2002), with the
     statistics summed over the corpus, not averaged over sentences. ``lowercase`` compares lowercased
-    text (signature ``case:lc``), as much of the Multi30k literature reports.
+    text (signature ``case:lc``), the way some published results are scored.
     """
     _check(refs, hyps=hyps)
     scorer = BLEU(lowercase=lowercase)

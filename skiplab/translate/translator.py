@@ -102,4 +102,5 @@ def evaluate_split(path: str | Path, split: str = "test", average: int = 0, beam
     hyp_file = run / f"{split}.beam{beam}{f'.avg{average}' if average > 1 else ''}.hyp"
     hyp_file.write_text("".join(h + "\n" for h in hyps))
     return {**tr.describe(), "split": data.name, "sentences": len(hyps), "beam": beam, "alpha": alpha,
-            "bleu": b, "bleu_signature": b_sig, "bleu_lowercase": b_lc, "bleu_lowercase_signature": b_lc_sig, "chrf": c, "chrf_signature": c_sig, "hypotheses": str(hyp_file)}
+            "bleu": b, "bleu_signature": b_sig, "bleu_lowercase": b_lc, "bleu_lowercase_signature": b_lc_sig,
+            "chrf": c, "chrf_signature": c_sig, "hypotheses": str(hyp_file)}

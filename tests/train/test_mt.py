@@ -136,6 +136,8 @@ def test_resume_with_a_larger_budget_equals_the_longer_run(corpus, tmp_path, cap
     assert main(["train", "mt", "--resume", "--out", str(short), "--max-steps", "6", "--lr", "0.5"]) == 2
     assert "another config (different lr)" in capsys.readouterr().err
     assert json.loads((short / "config.json").read_text())["config"]["max_steps"] == 4  # nothing rewritten
+    assert main(["train", "mt", "--resume", "--out", str(short), "--max-steps", "3"]) == 2
+    assert "has already trained 4 updates" in capsys.readouterr().err
 
 
 def test_bad_corpora_and_checkpoints(corpus, tmp_path, capsys):
