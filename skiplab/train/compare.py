@@ -102,9 +102,9 @@ def compare(task: str, base, connections: tuple[str, ...], seeds: int, progress:
 def _existing(out: Path, cfg) -> dict[str, Any] | None:
     """The summary of a run already done as ``cfg`` asks; an error if ``out`` holds a different run."""
     if (out / "config.json").is_file():
-        stored = run_dir.read_json(out / "config.json").get("config")
-        if stored != dataclasses.asdict(cfg):
-            diff = sorted(k for k in dataclasses.asdict(cfg) if stored.get(k) != getattr(cfg, k))
+        stored = run_dir.read_json(out / "config.json").get("config") or {}
+        diff = run_dir.changed_settings(stored, dataclasses.asdict(cfg))
+        if diff:
             raise run_dir.RunDirError(f"{out} holds a run with other settings ({', '.join(diff)}); use another --out")
     if (out / "summary.json").is_file():
         return run_dir.read_json(out / "summary.json")

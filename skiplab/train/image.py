@@ -121,8 +121,7 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
 
     if resume:
         ckpt = run_dir.load_checkpoint(out / "last.pt", kind="image")
-        if ckpt["config"] != dataclasses.asdict(cfg):
-            raise run_dir.RunDirError(f"{out} holds a run with another config; resume it with that config or use --overwrite")
+        run_dir.check_resumable(out, ckpt["config"], dataclasses.asdict(cfg))
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["rng"]["data"])

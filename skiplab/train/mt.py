@@ -80,6 +80,11 @@ class MTTrainConfig:
             raise ValueError("with --corpus '' give --train-prefix and --valid-prefix")
 
 
+# Nothing in the recipe depends on these (the inverse-square-root schedule has no end), so a run resumed
+# with a larger budget makes exactly the updates a run given that budget from the start would have made.
+BUDGET = ("max_steps", "epochs", "keep_checkpoints")
+
+
 def load_split(cfg: MTTrainConfig, split: str) -> Parallel:
     """The ``split`` ("train", "valid", "test") of the configured corpus or files."""
     if cfg.corpus:
@@ -123,12 +128,13 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
 
     if resume:
         ckpt = run_dir.load_checkpoint(out / "last.pt", kind="mt")
-        extended = budget_changes(ckpt["config"], cfg)
+        extended = run_dir.check_resumable(out, ckpt["config"], dataclasses.asdict(cfg), extendable=BUDGET)
         if (cfg.max_steps and cfg.max_steps < ckpt["step"]) or (cfg.epochs and cfg.epochs < ckpt["epoch"]):
             raise run_dir.RunDirError(f"{out} has already trained {ckpt['step']} updates ({ckpt['epoch']} epochs); "
                                       "a resumed run can only be given a larger budget")
         if extended:
-            print(f"{out}: extending the run: {extended}")
+            changes = ", ".join(f"{k} {ckpt['config'][k]} -> {getattr(cfg, k)}" for k in extended)
+            print(f"{out}: extending the run: {changes}")
             stored = run_dir.read_json(out / "config.json")
             run_dir.write_json(out / "config.json", {**stored, "config": dataclasses.asdict(cfg)})
         tok = Tokenizer.from_bytes(ckpt["tokenizer"])
@@ -239,24 +245,6 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
                "config": dataclasses.asdict(cfg)}
     run_dir.write_json(out / "summary.json", summary)
     return summary
-
-
-BUDGET = ("max_steps", "epochs", "keep_checkpoints")
-
-
-def budget_changes(stored: dict[str, Any], cfg: MTTrainConfig) -> str:
-    """How ``cfg`` changes a stored run's budget ('' if not at all); any other change is refused.
-
-    Nothing in the recipe depends on the budget (the inverse-square-root schedule has no end), so a run
-    resumed with a larger ``--max-steps`` follows exactly the updates a run given that budget from the
-    start would have made.
-    """
-    new = dataclasses.asdict(cfg)
-    other = sorted(k for k in new if k not in BUDGET and stored.get(k) != new[k])
-    if other:
-        raise run_dir.RunDirError(f"{cfg.out} holds a run with another config (different {', '.join(other)}); resume it "
-                                  "with that config, or use --overwrite")
-    return ", ".join(f"{k} {stored.get(k)} -> {new[k]}" for k in BUDGET if stored.get(k) != new[k])
 
 
 def checkpoint_step(path: Path) -> int:

@@ -105,6 +105,25 @@ def truncate_metrics(out: Path, upto: int, key: str = "epoch") -> None:
     os.replace(tmp, out / "metrics.jsonl")
 
 
+def changed_settings(stored: dict[str, Any], new: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
+    """The fields of config ``new`` whose value differs from ``stored``'s, ``ignore`` aside, sorted.
+
+    Both are compared as JSON, so a config read back from config.json (lists) equals the dataclass it
+    was written from (tuples).
+    """
+    stored, new = json.loads(json.dumps(stored)), json.loads(json.dumps(new))
+    return sorted(k for k in new if k not in ignore and stored.get(k) != new[k])
+
+
+def check_resumable(out: Path, stored: dict[str, Any], new: dict[str, Any], extendable: tuple[str, ...] = ()) -> list[str]:
+    """Refuse to resume ``out`` with settings other than ``stored``'s, except ``extendable`` ones; return those."""
+    other = changed_settings(stored, new, ignore=extendable)
+    if other:
+        raise RunDirError(f"{out} holds a run with another config (different {', '.join(other)}); resume it with "
+                          "that config, or use --overwrite")
+    return [k for k in extendable if k in changed_settings(stored, new)]
+
+
 def rng_state() -> dict[str, Any]:
     """The global RNG states (CPU, and every CUDA device where present) that dropout draws from."""
     state: dict[str, Any] = {"torch": torch.get_rng_state()}

@@ -186,6 +186,11 @@ def test_compare_mt_writes_a_bleu_table(corpus, tmp_path, capsys):
     assert "BLEU (mean ± std)" in table and "| 2rSkip+LN" in table
     summary = json.loads((tmp_path / "cmp" / "PostLN" / "seed1" / "summary.json").read_text())
     assert summary["averaged"] == 2 and 0 <= summary["test_bleu"] <= 100
+    last = tmp_path / "cmp" / "PostLN" / "seed1" / "last.pt"
+    trained = last.stat().st_mtime_ns
+    # Given again, the comparison finds its finished runs (config.json holds lists where the config has tuples).
+    assert main(["compare", "mt", *args, "--connections", "PostLN,2rSkip+LN", "--seeds", "1"]) == 0
+    assert last.stat().st_mtime_ns == trained
 
 
 def test_a_non_finite_loss_stops_mt_training(corpus, tmp_path, monkeypatch, capsys):
