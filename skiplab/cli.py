@@ -4,18 +4,21 @@
     skiplab train image [...]            train a PreAct-ResNet with any connection (the CIFAR recipe)
     skiplab eval image --checkpoint RUN  test error of a trained run
     skiplab compare image [...]          connections x seeds, then a Table-1-style table and curves
-    skiplab train mt [...]               train a Transformer with any connection (the Transformer recipe)
+    skiplab train mt [...]               train a translation model (any family, any connection; Transformer recipe)
     skiplab translate --checkpoint RUN   translate stdin to stdout (beam search, optional averaging)
     skiplab eval mt --checkpoint RUN     BLEU and chrF (sacrebleu) of a split, with signatures
     skiplab average --checkpoint RUN     average the last N checkpoints into one file
     skiplab bootstrap REF A B            paired bootstrap resampling between two systems' outputs
-    skiplab compare mt [...]             connections x seeds, then a BLEU table
+    skiplab compare mt [...]             models x connections x seeds, then a BLEU table
     skiplab curves RUN [RUN ...]         learning curves of runs in one figure
     skiplab demo                         the main job: a small comparison on Fashion-MNIST
     skiplab demo gradient-flow [...]     the tutorial's gradient-flow demo (table + plot)
 
-Every training option is a field of a typed config (``ImageTrainConfig``, ``MTTrainConfig``); the
-options here are derived from them, and the resolved config is saved beside every result.
+Every training option is a field of a typed config (``ImageTrainConfig``, ``MTTrainConfig``) and every
+model option of MT a field of a family's config (``TransformerConfig``, ``DepthWiseLSTMConfig``); the
+options here are derived from them. Model options given on the command line add to the model spec
+(``--model dwlstm-small --share all`` is ``dwlstm-small(share=all)``); one the family lacks is an error.
+The resolved config is saved beside every result.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ import argparse
 import dataclasses
 import json
 import sys
+import typing
+import warnings
 from pathlib import Path
 
 from . import config
 from .analysis import gradient_flow
 from .connections import available_connections, connection, parse_spec
-from .train import run_dir
+from .models import options_of, seq2seq_families, with_options
+from . import run_dir
 from .train.image import ImageTrainConfig
 from .train.mt import MTTrainConfig
 
@@ -64,8 +70,43 @@ def _train_config(cls, args: argparse.Namespace):
     except FileNotFoundError:
         raise run_dir.RunDirError(f"nothing to resume in {out}: no config.json there") from None
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name) != f.default}
+    stale = sorted(set(stored) - {f.name for f in dataclasses.fields(cls)})
+    if stale:
+        raise run_dir.RunDirError(f"{out} was written by an older skiplab (its config has {', '.join(stale)}); "
+                                  "it cannot be resumed by this one")
     stored = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
     return cls(**{**stored, **given})
+
+
+# The MT model options: every field of every translation family but those the data decides.
+MODEL_OPTION_SKIP = ("vocab_size", "pad_id")
+
+
+def _model_options() -> dict[str, tuple[dataclasses.Field, type, list[str]]]:
+    """name -> (field, type, the families that have it), over the translation families' configs."""
+    options: dict[str, tuple[dataclasses.Field, type, list[str]]] = {}
+    for cls in seq2seq_families():
+        hints = typing.get_type_hints(cls)
+        for name, f in options_of(cls).items():
+            if name not in MODEL_OPTION_SKIP:
+                options.setdefault(name, (f, hints[name], []))[2].append(cls.__name__.removesuffix("Config"))
+    return options
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    group = p.add_argument_group("model options", "fields of the model's config; each adds to --model's spec "
+                                                  "(default: the preset's value)")
+    every = len(seq2seq_families())
+    for name, (f, tp, families) in _model_options().items():
+        only = "" if len(families) == every else f" [{', '.join(families)} only]"
+        group.add_argument("--" + name.replace("_", "-"), dest=name, type=config.parser_for(tp), default=None,
+                           metavar=name.upper(), help=f"{f.metadata.get('help', '')}{only}")
+
+
+def _with_model_options(spec: str, args: argparse.Namespace) -> str:
+    """``spec`` with the model options given on the command line added."""
+    given = {name: getattr(args, name) for name in _model_options() if getattr(args, name, None) is not None}
+    return with_options(spec, **given) if given else spec
 
 
 def _print_summary(summary: dict) -> None:
@@ -81,7 +122,9 @@ def cmd_train_image(args: argparse.Namespace) -> None:
 def cmd_train_mt(args: argparse.Namespace) -> None:
     from .train.mt import train
 
-    _print_summary(train(_train_config(MTTrainConfig, args), resume=args.resume, overwrite=args.overwrite))
+    cfg = _train_config(MTTrainConfig, args)
+    cfg = dataclasses.replace(cfg, model=_with_model_options(cfg.model, args))
+    _print_summary(train(cfg, resume=args.resume, overwrite=args.overwrite))
 
 
 def cmd_eval_image(args: argparse.Namespace) -> None:
@@ -98,18 +141,17 @@ def cmd_eval_mt(args: argparse.Namespace) -> None:
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
+    from .text import decode_lines
     from .translate.translator import Translator
 
     tr = Translator.load(args.checkpoint, args.average, args.device)
-    lines = sys.stdin.read().splitlines()
+    lines = decode_lines(sys.stdin.buffer.read(), "standard input")
     for line in tr.translate(lines, beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens, progress=True):
         print(line)
 
 
 def cmd_average(args: argparse.Namespace) -> None:
-    from .translate.translator import average_checkpoints
-
-    state, files = average_checkpoints(args.checkpoint, args.last)
+    state, files = run_dir.average_checkpoints(args.checkpoint, args.last)
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
@@ -135,20 +177,38 @@ def cmd_curves(args: argparse.Namespace) -> None:
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from .train.compare import compare
+    from .train.compare import compare, connection_variants, model_variants
 
-    cls = ImageTrainConfig if args.task == "image" else MTTrainConfig
-    compare(args.task, config.from_arguments(cls, args), args.connections, args.seeds)
+    if args.task == "image":
+        compare("image", config.from_arguments(ImageTrainConfig, args), connection_variants(args.connections), args.seeds)
+        return
+    base = config.from_arguments(MTTrainConfig, args)
+    base = dataclasses.replace(base, model=_with_model_options(base.model, args))
+    connections = args.connections if args.connections is not None else () if args.models else MT_CONNECTIONS
+    compare("mt", base, model_variants(base.model, args.models, connections), args.seeds)
+
+
+MT_CONNECTIONS = ("PostLN", "2xSkip+LN", "2rSkip+LN")
 
 
 def _add_compare(sub, task: str, name: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
     cls = ImageTrainConfig if task == "image" else MTTrainConfig
     p = sub.add_parser(name, help=help, description=help)
     config.add_arguments(p, cls, skip=("connection", "seed"))
-    p.add_argument("--connections", type=config.parse_list, default=connections, metavar="SPECS",
-                   help=f"connection specs, comma-separated (default: {','.join(connections)})")
-    p.add_argument("--seeds", type=int, default=seeds, help=f"seeds 1..N per connection (default: {seeds})")
-    p.set_defaults(func=cmd_compare, task=task, connection=connections[0], seed=1, **defaults)
+    if task == "mt":
+        p.add_argument("--models", type=config.parse_list, default=(), metavar="SPECS",
+                       help="model specs to compare, comma-separated, e.g. transformer-small,dwlstm-small(share=all) "
+                            "(default: --model alone)")
+        p.add_argument("--connections", type=config.parse_list, default=None, metavar="SPECS",
+                       help=f"connection specs to compare, comma-separated (default: {','.join(connections)} without "
+                            "--models; with --models, each model's own)")
+        _add_model_options(p)
+    else:
+        p.add_argument("--connections", type=config.parse_list, default=connections, metavar="SPECS",
+                       help=f"connection specs, comma-separated (default: {','.join(connections)})")
+    p.add_argument("--seeds", type=int, default=seeds, help=f"seeds 1..N per variant (default: {seeds})")
+    first = {"connection": connections[0]} if task == "image" else {}  # the base's; each run sets its own
+    p.set_defaults(func=cmd_compare, task=task, seed=1, **first, **defaults)
     return p
 
 
@@ -174,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
                                   ("mt", MTTrainConfig, cmd_train_mt, "machine translation (Transformer recipe)")]:
         p = train.add_parser(task, help=help, description=help)
         config.add_arguments(p, cls)
+        if task == "mt":
+            _add_model_options(p)
         p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
         p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
         p.set_defaults(func=func)
@@ -225,8 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="compare connections over seeds").add_subparsers(dest="task", required=True, metavar="TASK")
     _add_compare(cmp, "image", "image", "image classification: every connection x seed, then a table",
                  {"out": "runs/compare"}, DEMO_CONNECTIONS, 3)
-    _add_compare(cmp, "mt", "mt", "machine translation: every connection x seed, then a BLEU table",
-                 {"out": "runs/compare-mt"}, ("PostLN", "2xSkip+LN", "2rSkip+LN"), 2)
+    _add_compare(cmp, "mt", "mt", "machine translation: every model x connection x seed, then a BLEU table",
+                 {"out": "runs/compare-mt"}, MT_CONNECTIONS, 2)
 
     demo = sub.add_parser("demo", help="the main job (a small comparison) or a named demo")
     demo_sub = demo.add_subparsers(dest="demo", metavar="DEMO")
@@ -243,6 +305,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"skiplab: warning: {message}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
@@ -250,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["demo", "image"]
     args = parser.parse_args(argv)
     try:
-        args.func(args)
+        with warnings.catch_warnings():  # restores the default display when done
+            warnings.showwarning = _one_line_warning
+            args.func(args)
     except (ValueError, OSError) as err:  # bad input, absent data, no network: one clear line, no traceback
         print(f"skiplab: error: {err}", file=sys.stderr)
         return 2

@@ -35,7 +35,7 @@ def parse_list(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in items + [cur] if v.strip())
 
 
-def _parser_for(tp: Any):
+def parser_for(tp: Any):
     if typing.get_origin(tp) is tuple:
         item = _scalar_parser(typing.get_args(tp)[0])
         return lambda s: tuple(item(v) for v in parse_list(s))
@@ -53,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
-            type=_parser_for(hints[f.name]),
+            type=parser_for(hints[f.name]),
             default=default,
             metavar=f.name.upper(),
             help=f"{f.metadata.get('help', '')} (default: {shown})",

@@ -1,6 +1,9 @@
-"""Comparison tables across connections and seeds, in the form of Table 1 of the rSkip+LN paper.
+"""Comparison tables across variants (connections, models) and seeds, in the form of Table 1 of the rSkip+LN paper.
 
     connection | λ | G | error mean ± std over seeds | Δ to the first connection | diverged runs
+
+The columns before the metric describe each variant (for connections: the spec, λ and G; for models:
+the model spec and its parameter count); they are given per variant, so one table serves every comparison.
 
 Mean and sample standard deviation (n - 1) are taken over the runs that finished; a diverged run is
 counted, never averaged in. Also: learning curves (mean over seeds, ± std shaded) as a plot.
@@ -43,31 +46,49 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
-def summarise(results: dict[str, list[dict[str, Any]]], metric: str, higher_is_better: bool = False) -> list[dict[str, Any]]:
-    """One row per connection from its runs' summaries (each with ``status`` and ``metric``)."""
+def connection_columns(spec: str) -> dict[str, str]:
+    """The describing columns of a connection's row: its spec, λ and G."""
+    lam, norm = lambda_and_norm(spec)
+    return {"connection": spec, "lambda": lam, "G": norm}
+
+
+_STATS = ("mean", "std", "delta", "runs", "finished", "diverged")
+_HEADS = {"lambda": "λ"}
+
+
+def summarise(results: dict[str, list[dict[str, Any]]], metric: str,
+              columns: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per variant from its runs' summaries (each with ``status`` and ``metric``).
+
+    ``columns`` gives each variant's describing columns; by default the variants are connection specs.
+    """
+    columns = columns if columns is not None else {spec: connection_columns(spec) for spec in results}
     rows, first = [], None
-    for spec, runs in results.items():
+    for label, runs in results.items():
         values = [r[metric] for r in runs if r.get("status") == "finished"]
         mean, std = mean_std(values)
         first = mean if first is None else first
-        lam, norm = lambda_and_norm(spec)
-        rows.append({"connection": spec, "lambda": lam, "G": norm, "mean": mean, "std": std,
-                     "delta": mean - first, "runs": len(runs), "finished": len(values),
-                     "diverged": sum(r.get("status") == "diverged" for r in runs)})
+        rows.append({**columns[label], "mean": mean, "std": std, "delta": mean - first, "runs": len(runs),
+                     "finished": len(values), "diverged": sum(r.get("status") == "diverged" for r in runs)})
     return rows
 
 
-def _fmt(row: dict[str, Any], label: str) -> list[str]:
+def _describing(row: dict[str, Any]) -> list[str]:
+    return [k for k in row if k not in _STATS]
+
+
+def _fmt(row: dict[str, Any]) -> list[str]:
     ok = not math.isnan(row["mean"])
-    return [row["connection"], row["lambda"], row["G"],
+    return [*(str(row[k]) for k in _describing(row)),
             f"{row['mean']:.2f} ± {row['std']:.2f}" if ok else "all diverged",
             f"{row['delta']:+.2f}" if ok and not math.isnan(row["delta"]) else "-",
             f"{row['diverged']}/{row['runs']}"]
 
 
 def markdown(rows: list[dict[str, Any]], label: str) -> str:
-    head = ["connection", "λ", "G", f"{label} (mean ± std)", f"Δ vs {rows[0]['connection']}", "diverged"]
-    body = [_fmt(r, label) for r in rows]
+    names = _describing(rows[0])
+    head = [*(_HEADS.get(k, k) for k in names), f"{label} (mean ± std)", f"Δ vs {rows[0][names[0]]}", "diverged"]
+    body = [_fmt(r) for r in rows]
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in body])

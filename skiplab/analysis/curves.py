@@ -1,6 +1,6 @@
 """Learning curves of finished or running runs, read from their ``metrics.jsonl``, in one figure.
 
-Runs are grouped by their connection (from ``config.json``) unless labels are given; a group of
+Runs are grouped by their connection (image) or model spec (MT) (from ``config.json``) unless labels are given; a group of
 several seeds is drawn as mean ± std, as in ``compare``. Translation runs are plotted against the
 update step, image runs against the epoch.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..train import run_dir
+from .. import run_dir
 from .comparison import plot_curves
 
 DEFAULT_KEYS = {"step": ("train_loss", "valid_loss", "valid_ppl"), "epoch": ("train_loss", "test_error")}
@@ -25,8 +25,9 @@ def read_run(path: str | Path) -> tuple[str, list[dict[str, Any]]]:
     if not records:
         raise ValueError(f"{path} has no metrics yet")
     try:
-        label = run_dir.read_json(path / "config.json")["config"]["connection"]
-    except (FileNotFoundError, KeyError, TypeError):
+        cfg = run_dir.read_json(path / "config.json")["config"]
+        label = cfg.get("connection") or cfg["model"]  # image runs name a connection; MT runs a model spec
+    except (FileNotFoundError, KeyError, TypeError, AttributeError):
         label = path.name
     return label, records
 

@@ -30,6 +30,16 @@ class MultiheadAttention(nn.Module):
         """Keys and values of ``x``, split into heads: what a decoding cache stores."""
         return self.split(self.k_proj(x)), self.split(self.v_proj(x))
 
+    def cached_kv(self, x: Tensor, cache: dict[str, Tensor] | None) -> tuple[Tensor, Tensor]:
+        """Keys and values of ``x``; with a ``cache`` (incremental decoding), appended to the cached ones of the
+        earlier positions, which the cache then holds."""
+        k, v = self.project_kv(x)
+        if cache is not None:
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+            cache["k"], cache["v"] = k, v
+        return k, v
+
     def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None) -> Tensor:
         """``query`` (B, T, D) attends to projected keys/values (B, H, S, D/H); ``mask`` (B, 1|H, T|1, S) is
         True where attention is allowed."""

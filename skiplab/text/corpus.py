@@ -15,7 +15,9 @@ import gzip
 import os
 import zlib
 from dataclasses import dataclass, replace
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from ..data.download import download
 
@@ -95,12 +97,18 @@ def read_lines(path: str | Path) -> list[str]:
             data = gzip.decompress(data)
         except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError; truncation is EOFError
             raise ValueError(f"{path}: corrupt gzip file ({_one_line(exc)})") from None
+    return decode_lines(data, str(path))
+
+
+def decode_lines(data: bytes, source: str) -> list[str]:
+    """The lines of UTF-8 ``data`` as :func:`read_lines` splits them; a bad byte is an error naming
+    ``source`` and the line."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        # Decoding the whole file at once is fast; the line number is recovered from the error offset.
+        # Decoding the whole text at once is fast; the line number is recovered from the error offset.
         line = data.count(b"\n", 0, exc.start) + 1
-        raise ValueError(f"{path}: line {line} is not valid UTF-8") from None
+        raise ValueError(f"{source}: line {line} is not valid UTF-8") from None
     text = text.removeprefix("\ufeff")
     lines = text.split("\n")
     if lines[-1] == "":  # the final newline ends the last line rather than starting an empty one
@@ -157,6 +165,20 @@ def load_corpus(
             raise FileNotFoundError(f"{dest} not found; download {url} into {root}, or load with download=True")
         fetch(url, dest)
     return replace(read_parallel(prefix, src, tgt), name=f"{info.name}/{split}.{src}-{tgt}")
+
+
+def load_split(where: Mapping[str, Any], split: str) -> Parallel:
+    """The ``split`` ("train", "valid", "test") of a run's data, as its config names it.
+
+    ``where`` holds ``corpus``, ``data_dir``, ``src``, ``tgt`` and, for ``corpus=""``, the file prefixes
+    ``train_prefix``, ``valid_prefix``, ``test_prefix``: a training config, or the dict stored with a run.
+    """
+    if where["corpus"]:
+        return load_corpus(where["corpus"], where["data_dir"] or None, where["src"], where["tgt"], split)
+    prefix = where.get(f"{split}_prefix", "")
+    if not prefix:
+        raise ValueError(f"no --{split}-prefix given")
+    return read_parallel(prefix, where["src"], where["tgt"])
 
 
 def default_data_dir(name: str) -> Path:

@@ -1,6 +1,9 @@
-"""Compare connections across seeds: every connection x seed is one run, then one table.
+"""Compare variants across seeds: every variant x seed is one run, then one table.
 
-    OUT/<connection>/seed<k>/   a full run directory each (config, metrics, checkpoints, summary)
+A variant is what changes from the base config: a connection (image and MT), a model spec (MT: another
+family or its options, ``dwlstm-small(share=all)``), or both. Runs are labelled by what varied.
+
+    OUT/<label>/seed<k>/        a full run directory each (config, metrics, checkpoints, summary)
     OUT/table.md, table.csv     Table 1 of the rSkip+LN paper's form (see skiplab.analysis.comparison)
     OUT/curves.png              learning curves, mean ± std over seeds
     OUT/compare.json            the comparison's config, every run's summary, and the table rows
@@ -14,14 +17,27 @@ from __future__ import annotations
 import dataclasses
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from .. import run_dir
 from ..analysis import comparison
 from ..connections import connection
-from . import image, run_dir
+from ..models import parse_model_spec, with_options
+from ..translate.translator import evaluate_split
+from . import image, mt
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of a comparison: its ``label``, the config ``changes`` it makes, its describing ``columns``."""
+
+    label: str
+    changes: dict[str, Any]
+    columns: dict[str, Any] = field(default_factory=dict)
 
 
 def _train_image(cfg, resume: bool, overwrite: bool, progress: bool) -> dict[str, Any]:
@@ -30,12 +46,9 @@ def _train_image(cfg, resume: bool, overwrite: bool, progress: bool) -> dict[str
 
 def _train_mt(cfg, resume: bool, overwrite: bool, progress: bool) -> dict[str, Any]:
     """Train, then score the test set with the average of the last (up to) 5 checkpoints, beam 4."""
-    from ..translate.translator import evaluate_split, step_checkpoints
-    from .mt import train as train_mt
-
-    summary = train_mt(cfg, resume=resume, overwrite=overwrite, progress=progress)
+    summary = mt.train(cfg, resume=resume, overwrite=overwrite, progress=progress)
     if summary["status"] == "finished":
-        average = min(5, len(step_checkpoints(Path(cfg.out))))
+        average = min(5, len(run_dir.step_checkpoints(Path(cfg.out))))
         result = evaluate_split(cfg.out, "test", average=average, beam=4, progress=progress)
         summary.update(test_bleu=result["bleu"], test_chrf=result["chrf"], bleu_signature=result["bleu_signature"],
                        averaged=average)
@@ -51,46 +64,84 @@ TASKS = {
 
 
 def run_name(spec: str) -> str:
-    """A directory name for a spec: ``2rSkip+LN`` stays; characters a shell would mind become ``_``."""
+    """A directory name for a label: ``2rSkip+LN`` stays; characters a shell would mind become ``_``."""
     return re.sub(r"[^A-Za-z0-9+.=_-]", "_", spec)
 
 
-def compare(task: str, base, connections: tuple[str, ...], seeds: int, progress: bool = True) -> list[dict[str, Any]]:
-    """Train ``base`` once per connection and seed 1..``seeds`` under ``base.out``; print and write the table."""
-    train, metric, label, keys, higher = TASKS[task]
-    if not connections or seeds < 1:
-        raise ValueError("give at least one connection and seeds >= 1")
-    specs = tuple(c.strip() for c in connections)  # as the user names them (PostLN stays PostLN)
+def connection_variants(connections: tuple[str, ...]) -> list[Variant]:
+    """One variant per connection spec, kept as the user names it (PostLN stays PostLN)."""
+    specs = tuple(c.strip() for c in connections)
     canonical = [connection(c, 4).spec for c in specs]  # a bad spec fails before any run
     if len(set(canonical)) != len(canonical):
         raise ValueError(f"a connection is listed twice: {', '.join(connections)}")
+    return [Variant(s, {"connection": s}, comparison.connection_columns(s)) for s in specs]
+
+
+def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[str, ...]) -> list[Variant]:
+    """Every model spec x connection (either list may be empty: the base's model, the model's own connection).
+
+    Labels say what varies: the connection alone (``PostLN``), the model alone (``dwlstm-small``), or both.
+    """
+    models = tuple(m.strip() for m in models) or (base_model,)
+    for m in models:
+        parse_model_spec(m)
+    if len(set(models)) != len(models):
+        raise ValueError(f"a model is listed twice: {', '.join(models)}")
+    conns = [v.label for v in connection_variants(connections)] if connections else [None]
+    out = []
+    for m in models:
+        for c in conns:
+            spec = with_options(m, connection=c) if c else m  # a family without connections fails here
+            label = " ".join(x for x, varies in ((m, len(models) > 1), (c, len(conns) > 1)) if varies) or m
+            if len(models) > 1:
+                columns = {"model": m, **(comparison.connection_columns(c) if c else {})}
+            else:
+                columns = comparison.connection_columns(c) if c else {"model": m}
+            out.append(Variant(label, {"model": spec}, columns))
+    return out
+
+
+def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool = True) -> list[dict[str, Any]]:
+    """Train ``base`` once per variant and seed 1..``seeds`` under ``base.out``; print and write the table."""
+    train, metric, label, keys, higher = TASKS[task]
+    if not variants or seeds < 1:
+        raise ValueError("give at least one variant and seeds >= 1")
+    for v in variants:  # a bad combination fails before any run
+        dataclasses.replace(base, **v.changes)
     root = Path(base.out)
     root.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    results: dict[str, list[dict[str, Any]]] = {s: [] for s in specs}
-    curves: dict[str, list[list[dict[str, Any]]]] = {s: [] for s in specs}
-    jobs = [(s, k) for s in specs for k in range(1, seeds + 1)]
-    for spec, seed in tqdm(jobs, desc="compare", unit="run", disable=not progress):
-        out = root / run_name(spec) / f"seed{seed}"
-        cfg = dataclasses.replace(base, connection=spec, seed=seed, out=str(out))
+    results: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
+    curves: dict[str, list[list[dict[str, Any]]]] = {v.label: [] for v in variants}
+    columns = {v.label: dict(v.columns) for v in variants}
+    jobs = [(v, k) for v in variants for k in range(1, seeds + 1)]
+    for variant, seed in tqdm(jobs, desc="compare", unit="run", disable=not progress):
+        out = root / run_name(variant.label) / f"seed{seed}"
+        cfg = dataclasses.replace(base, **variant.changes, seed=seed, out=str(out))
         summary = _existing(out, cfg)
         if summary is None:
             resume = (out / "last.pt").is_file()
             summary = train(cfg, resume=resume, overwrite=not resume and out.exists(), progress=progress)
-        results[spec].append(summary)
+        results[variant.label].append(summary)
         if summary["status"] == "finished":
-            curves[spec].append(run_dir.read_metrics(out))
+            curves[variant.label].append(run_dir.read_metrics(out))
+        if task == "mt" and (out / "config.json").is_file():
+            columns[variant.label]["parameters"] = run_dir.read_json(out / "config.json")["parameters"]
+            times = [r["train_time_s"] / r["steps"] for r in results[variant.label] if r.get("status") == "finished"]
+            if times:
+                columns[variant.label]["s/update"] = f"{sum(times) / len(times):.2f}"
 
-    rows = comparison.summarise(results, metric)
+    rows = comparison.summarise(results, metric, columns)
     table = comparison.markdown(rows, label)
     (root / "table.md").write_text(table + "\n")
     (root / "table.csv").write_text(comparison.to_csv(rows))
     data = getattr(base, "dataset", None) or f"{getattr(base, 'corpus', '') or 'files'} {base.src}-{base.tgt}"
     length = f"{base.epochs} epochs" if base.epochs else f"{base.max_steps} steps"
-    title = f"{base.model} on {data}, {seeds} seed(s), {length}"
+    models = sorted({dataclasses.replace(base, **v.changes).model for v in variants})
+    title = f"{models[0] if len(models) == 1 else 'models'} on {data}, {seeds} seed(s), {length}"
     comparison.plot_curves(curves, keys, root / "curves.png", title, x="epoch" if task == "image" else "step")
     run_dir.write_json(root / "compare.json", {
-        "config": dataclasses.asdict(base), "connections": list(specs), "seeds": seeds,
+        "config": dataclasses.asdict(base), "variants": [dataclasses.asdict(v) for v in variants], "seeds": seeds,
         "rows": rows, "runs": results, "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
     })
     print(f"{title}; {label} over seeds ({'higher' if higher else 'lower'} is better)")

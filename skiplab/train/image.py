@@ -21,8 +21,8 @@ from tqdm import tqdm
 
 from ..data import ImageData, augment_batch, load_image_dataset, normalise
 from ..models import build_model, model_config
-from . import run_dir
-from .device import pick_device
+from .. import run_dir
+from ..device import pick_device
 
 PAPER_EPOCHS, PAPER_MILESTONES = 164, (81, 122)
 

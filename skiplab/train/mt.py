@@ -1,4 +1,4 @@
-"""Machine translation with any connection: the Transformer recipe of Vaswani et al. (2017) as the papers use it.
+"""Machine translation with any model: the Transformer recipe of Vaswani et al. (2017) as the papers use it.
 
 Adam (β = 0.9, 0.98, ε = 1e-9), inverse-square-root schedule after a linear warm-up (4000 steps; 8000 in
 the depth-wise LSTM paper), label-smoothed cross-entropy (ε = 0.1), batches of about ``max_tokens``
@@ -20,11 +20,11 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..models import build_model, model_config
-from ..text import Tokenizer, encode_parallel, filter_long, load_corpus, make_batches, read_parallel
+from ..models import PRESETS, Seq2SeqConfig, build_model, family_of, model_config
+from ..text import Tokenizer, encode_parallel, filter_long, load_split, make_batches
 from ..text.corpus import Parallel
-from . import run_dir
-from .device import pick_device
+from .. import run_dir
+from ..device import pick_device
 from .recipe_mt import inverse_sqrt_lr, label_smoothed_loss
 
 
@@ -32,14 +32,9 @@ from .recipe_mt import inverse_sqrt_lr, label_smoothed_loss
 class MTTrainConfig:
     """Everything that decides a translation run; saved as config.json beside its results."""
 
-    model: str = field(default="transformer-small", metadata={"help": "model preset"})
-    connection: str = field(default="PostLN", metadata={"help": "connection spec on every sub-layer"})
-    encoder_layers: int = field(default=0, metadata={"help": "override the preset's encoder layers (0 = preset)"})
-    decoder_layers: int = field(default=0, metadata={"help": "override the preset's decoder layers (0 = preset)"})
-    d_model: int = field(default=0, metadata={"help": "override the preset's width (0 = preset)"})
-    ffn_dim: int = field(default=0, metadata={"help": "override the preset's FFN width (0 = preset)"})
-    heads: int = field(default=0, metadata={"help": "override the preset's heads (0 = preset)"})
-    dropout: float = field(default=-1.0, metadata={"help": "override the preset's dropout (-1 = preset)"})
+    model: str = field(default="transformer-small", metadata={
+        "help": "model spec: a preset, optionally with options, e.g. dwlstm-small(share=all) or "
+                "transformer-small(connection=2rSkip+LN); the model options below add to it"})
     corpus: str = field(default="multi30k", metadata={"help": "multi30k, iwslt15-en-vi, or '' to use --*-prefix files"})
     data_dir: str = field(default="", metadata={"help": "where the corpus files are ('' = the default place)"})
     train_prefix: str = field(default="", metadata={"help": "with --corpus '': PREFIX.SRC / PREFIX.TGT for training"})
@@ -78,28 +73,19 @@ class MTTrainConfig:
             raise ValueError(f"adam_betas takes two values, got {self.adam_betas}")
         if not self.corpus and not (self.train_prefix and self.valid_prefix):
             raise ValueError("with --corpus '' give --train-prefix and --valid-prefix")
+        if not issubclass(family_of(self.model), Seq2SeqConfig):
+            raise ValueError(f"{self.model} is not a translation model; known: "
+                             f"{', '.join(n for n, (c, _) in PRESETS.items() if issubclass(c, Seq2SeqConfig))}")
+        self.model_config(100)  # a bad spec or option fails here, before anything is written
+
+    def model_config(self, vocab_size: int) -> Seq2SeqConfig:
+        """The model's config, resolved from the spec, for a subword vocabulary of ``vocab_size``."""
+        return model_config(self.model, vocab_size=vocab_size, pad_id=Tokenizer.PAD)
 
 
 # Nothing in the recipe depends on these (the inverse-square-root schedule has no end), so a run resumed
 # with a larger budget makes exactly the updates a run given that budget from the start would have made.
 BUDGET = ("max_steps", "epochs", "keep_checkpoints")
-
-
-def load_split(cfg: MTTrainConfig, split: str) -> Parallel:
-    """The ``split`` ("train", "valid", "test") of the configured corpus or files."""
-    if cfg.corpus:
-        return load_corpus(cfg.corpus, cfg.data_dir or None, cfg.src, cfg.tgt, split)
-    prefix = {"train": cfg.train_prefix, "valid": cfg.valid_prefix, "test": cfg.test_prefix}[split]
-    if not prefix:
-        raise ValueError(f"no --{split}-prefix given")
-    return read_parallel(prefix, cfg.src, cfg.tgt)
-
-
-def model_settings(cfg: MTTrainConfig, vocab_size: int):
-    over = {k: getattr(cfg, k) or None for k in ("encoder_layers", "decoder_layers", "d_model", "ffn_dim", "heads")}
-    if cfg.dropout >= 0:
-        over["dropout"] = cfg.dropout
-    return model_config(cfg.model, connection=cfg.connection, vocab_size=vocab_size, pad_id=Tokenizer.PAD, **over)
 
 
 @torch.no_grad()
@@ -118,10 +104,10 @@ def validate(model, batches, eps: float, device, amp: bool) -> dict[str, float]:
 
 def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
     """Train as ``cfg`` says, writing the run directory; return the summary."""
-    model_settings(cfg, 100)  # a bad model, spec or override fails before anything is written
     device = pick_device(cfg.device)
     amp = cfg.amp and device.type == "cuda"
-    train_data, valid_data = load_split(cfg, "train"), load_split(cfg, "valid")
+    where = dataclasses.asdict(cfg)
+    train_data, valid_data = load_split(where, "train"), load_split(where, "valid")
     if cfg.train_subset:
         train_data = Parallel(train_data.src[: cfg.train_subset], train_data.tgt[: cfg.train_subset], train_data.name)
     out = run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite)
@@ -146,7 +132,7 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
     valid_kept, _ = filter_long(valid_src, valid_tgt, cfg.max_len)
     valid_batches = make_batches(valid_src, valid_tgt, cfg.max_tokens, valid_kept)
 
-    mcfg = model_settings(cfg, tok.vocab_size)
+    mcfg = cfg.model_config(tok.vocab_size)
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,

@@ -1,10 +1,8 @@
-"""The pieces of the Transformer recipe that are formulas: schedule, loss, checkpoint averaging."""
+"""The pieces of the Transformer recipe that are formulas: schedule and loss (checkpoint averaging: ``skiplab.run_dir``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -38,23 +36,3 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float, pad_id: int)
     smooth = -lprobs.mean(dim=1)
     loss = ((1.0 - eps) * nll + eps * smooth)[keep].sum()
     return loss, nll[keep].sum()
-
-
-def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
-    """Element-wise mean of model state dicts (floating tensors); other tensors are taken from the last.
-
-    Averaging the last N checkpoints is how all three papers evaluate (Vaswani et al. 2017, Section 6.1).
-    """
-    if not states:
-        raise ValueError("no checkpoints to average")
-    keys = list(states[-1])
-    for i, s in enumerate(states):
-        if list(s) != keys or any(s[k].shape != states[-1][k].shape for k in keys):
-            raise ValueError(f"checkpoint {i} holds another model (its parameters differ in names or shapes)")
-    out = {}
-    for k in keys:
-        if torch.is_floating_point(states[-1][k]):
-            out[k] = torch.stack([s[k].double() for s in states]).mean(0).to(states[-1][k].dtype)
-        else:
-            out[k] = states[-1][k].clone()
-    return out

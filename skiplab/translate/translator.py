@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,36 +11,19 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from ..models import Transformer, build_model, model_config
-from ..text import Tokenizer, make_batches
-from ..train import run_dir
-from ..train.device import pick_device
-from ..train.recipe_mt import average_state_dicts
+from .. import run_dir
+from ..device import pick_device
+from ..models import EncoderDecoder, build_model, model_config
+from ..text import Tokenizer, load_split, make_batches
+from .metrics import bleu, chrf
 from .search import beam_search
-
-
-def step_checkpoints(run: Path) -> list[Path]:
-    """``checkpoint_<step>.pt`` files of a run directory, oldest first."""
-    return sorted(run.glob("checkpoint_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
-
-
-def average_checkpoints(run: str | Path, last: int) -> tuple[dict[str, Any], list[Path]]:
-    """A checkpoint whose model is the mean of the last ``last`` step checkpoints of ``run``."""
-    run = Path(run)
-    files = step_checkpoints(run)[-last:] if run.is_dir() else []
-    if len(files) < last:
-        raise ValueError(f"{run}: {last} step checkpoints asked to average, {len(files)} found")
-    states = [run_dir.load_checkpoint(f, kind="mt") for f in files]
-    if any(s["model_config"] != states[-1]["model_config"] for s in states):
-        raise ValueError(f"{run}: the checkpoints to average hold different models")
-    return dict(states[-1], model=average_state_dicts([s["model"] for s in states]), averaged=[f.name for f in files]), files
 
 
 @dataclass
 class Translator:
     """A model in evaluation mode with its tokenizer and the run's config."""
 
-    model: Transformer
+    model: EncoderDecoder
     tok: Tokenizer
     config: dict[str, Any]
     checkpoint: dict[str, Any]
@@ -47,7 +31,7 @@ class Translator:
 
     @classmethod
     def load(cls, path: str | Path, average: int = 0, device: str = "auto") -> "Translator":
-        ckpt = average_checkpoints(path, average)[0] if average > 1 else run_dir.load_checkpoint(path, kind="mt")
+        ckpt = run_dir.average_checkpoints(path, average)[0] if average > 1 else run_dir.load_checkpoint(path, kind="mt")
         try:
             mcfg = model_config(ckpt["config"]["model"], **ckpt["model_config"])
             model = build_model(mcfg)
@@ -64,9 +48,19 @@ class Translator:
     @torch.no_grad()
     def translate(self, lines: list[str], beam: int = 4, alpha: float = 0.6, max_tokens: int = 4096,
                   max_len_b: int = 50, progress: bool = False) -> list[str]:
-        """Detokenised translations of ``lines``, in order (beam 1 is greedy search)."""
-        limit = self.model.cfg.max_positions - max_len_b - 1  # leave room for the output (source + 50)
-        ids = [s[:limit] for s in self.tok.encode_batch(lines)]
+        """Detokenised translations of ``lines``, in order (beam 1 is greedy search).
+
+        A line longer than the model takes (its positions must cover the source and an output of up to
+        source + ``max_len_b`` tokens) is cut to that length, with a warning naming the line.
+        """
+        limit = self.model.cfg.max_positions - max_len_b - 1
+        ids = self.tok.encode_batch(lines)
+        for i, s in enumerate(ids):
+            if len(s) > limit:
+                warnings.warn(f"line {i + 1} has {len(s)} subword tokens, more than the {limit} this model takes "
+                              f"(max_positions {self.model.cfg.max_positions}); translating its first {limit}",
+                              stacklevel=2)
+                ids[i] = s[:limit]
         out: list[str] = [""] * len(lines)
         batches = make_batches(ids, None, max_tokens)
         for b in tqdm(batches, desc="translate", unit="batch", disable=not progress):
@@ -76,7 +70,8 @@ class Translator:
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"connection": self.config["connection"], "model": self.config["model"],
+        connection = getattr(self.model.cfg, "connection", None)
+        return {"model": self.config["model"], **({"connection": connection} if connection else {}),
                 "step": self.checkpoint["step"], "averaged": self.checkpoint.get("averaged"),
                 "model_config": dataclasses.asdict(self.model.cfg)}
 
@@ -87,13 +82,8 @@ def evaluate_split(path: str | Path, split: str = "test", average: int = 0, beam
 
     The translations are written beside the run: ``<run>/<split>.beam<k>[.avg<n>].hyp``.
     """
-    from ..train.mt import MTTrainConfig, load_split
-    from .metrics import bleu, chrf
-
     tr = Translator.load(path, average, device)
-    cfg = MTTrainConfig(**{**tr.config, "adam_betas": tuple(tr.config["adam_betas"]),
-                           **({"data_dir": data_dir} if data_dir else {})})
-    data = load_split(cfg, split)
+    data = load_split({**tr.config, **({"data_dir": data_dir} if data_dir else {})}, split)
     hyps = tr.translate(data.src, beam=beam, alpha=alpha, progress=progress)
     b, b_sig = bleu(hyps, data.tgt)
     b_lc, b_lc_sig = bleu(hyps, data.tgt, lowercase=True)

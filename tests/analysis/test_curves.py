@@ -4,7 +4,7 @@ import pytest
 
 from skiplab.analysis import curves
 from skiplab.cli import main
-from skiplab.train import run_dir
+from skiplab import run_dir
 
 
 def fake_run(path, connection, records):

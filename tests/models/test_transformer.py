@@ -5,7 +5,7 @@ from torch import nn
 
 import skiplab
 from skiplab.models import build_model, model_config
-from skiplab.models.transformer import sinusoid
+from skiplab.models.seq2seq import sinusoid
 
 V = 50
 
@@ -35,7 +35,7 @@ def test_forward_backward_with_every_kind_of_connection(spec):
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     conns = list(skiplab.iter_connections(model))
     assert len(conns) == 2 * 2 + 3 * 2  # every sub-layer of the encoder and the decoder
-    final = isinstance(model.encoder_norm, nn.Identity)
+    final = isinstance(model.encoder.norm, nn.Identity)
     assert final == (spec not in ("PreLN", "PreRMS"))  # pre-norm stacks end with their own norm
 
 
@@ -65,9 +65,9 @@ def test_postln_equals_pytorchs_own_post_norm_layers():
             getattr(ref, f"norm{i}").load_state_dict(conn.norm.state_dict())  # LN(x + F): the connection's LN
         return ref
 
-    enc = [reference(o, nn.TransformerEncoderLayer, {"self_attn": o.self_attn}) for o in model.encoder]
+    enc = [reference(o, nn.TransformerEncoderLayer, {"self_attn": o.self_attn}) for o in model.encoder.layers]
     dec = [reference(o, nn.TransformerDecoderLayer, {"self_attn": o.self_attn, "multihead_attn": o.cross_attn})
-           for o in model.decoder]
+           for o in model.decoder.layers]
 
     src, tgt = batch()
     d = cfg.d_model

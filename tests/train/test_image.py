@@ -8,7 +8,7 @@ import torch
 from skiplab.cli import main
 from skiplab.models import PreActResNet
 from skiplab.train import image as image_train
-from skiplab.train import run_dir
+from skiplab import run_dir
 from skiplab.train.image import ImageTrainConfig, learning_rate, milestones, train
 
 
@@ -163,7 +163,7 @@ def test_evaluate_matches_a_direct_computation(fashion_dir, tmp_path):
 
 
 def test_device_choice():
-    from skiplab.train.device import pick_device
+    from skiplab.device import pick_device
 
     assert pick_device("cpu").type == "cpu"
     assert pick_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")

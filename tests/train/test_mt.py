@@ -11,9 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from skiplab.cli import main
-from skiplab.train import run_dir
+from skiplab import run_dir
 from skiplab.train.mt import MTTrainConfig, train
-from skiplab.train.recipe_mt import average_state_dicts, inverse_sqrt_lr, label_smoothed_loss
+from skiplab.run_dir import average_state_dicts
+from skiplab.train.recipe_mt import inverse_sqrt_lr, label_smoothed_loss
 
 MULTI30K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "multi30k"
 
@@ -81,7 +82,7 @@ def test_train_translate_score_average_end_to_end(corpus, tmp_path, capsys, monk
     assert records[1]["valid_ppl"] == pytest.approx(math.exp(records[1]["valid_nll"]))
     capsys.readouterr()
 
-    monkeypatch.setattr("sys.stdin", io.StringIO("A man is riding a bike.\nTwo dogs play.\n"))
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A man is riding a bike.\nTwo dogs play.\n")))
     assert main(["translate", "--checkpoint", str(out), "--beam", "2"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
 
@@ -95,7 +96,7 @@ def test_train_translate_score_average_end_to_end(corpus, tmp_path, capsys, monk
     assert main(["average", "--checkpoint", str(out), "--last", "2", "--out", str(tmp_path / "avg.pt")]) == 0
     avg = torch.load(tmp_path / "avg.pt", weights_only=True)["model"]
     c2, c4 = (torch.load(out / f"checkpoint_{s}.pt", weights_only=True)["model"] for s in (2, 4))
-    key = "encoder.0.ffn.0.weight"
+    key = "encoder.layers.0.ffn.0.weight"
     torch.testing.assert_close(avg[key], (c2[key] + c4[key]) / 2)
     assert main(["average", "--checkpoint", str(out), "--last", "2", "--out", str(tmp_path / "avg.pt")]) == 2
 

@@ -5,6 +5,7 @@
     OUT/last.pt         the latest checkpoint: what --resume continues from; the final one after the run
     OUT/best.pt         the checkpoint with the best validation/test metric
     OUT/summary.json    written once the run ends: status "finished" or "diverged", final metrics
+    OUT/checkpoint_<step>.pt   step checkpoints of a translation run, averaged for evaluation
 
 A directory that holds a run is never overwritten silently: ``--resume`` continues it, ``--overwrite``
 replaces it, anything else is an error. Checkpoints are written atomically (temp file + rename) and
@@ -18,10 +19,12 @@ import os
 import platform
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 RUN_FILES = ("config.json", "metrics.jsonl", "last.pt", "best.pt", "summary.json")
 
@@ -169,3 +172,41 @@ def stop_diverged(out: Path, config: dict[str, Any], loss: float, epoch: int, st
     write_json(out / "summary.json", summary)
     print(f"{out}: {message}")
     return summary
+
+
+# -- checkpoint averaging (Vaswani et al. 2017, Section 6.1; how all three MT papers evaluate) ----------
+def step_checkpoints(run: Path) -> list[Path]:
+    """``checkpoint_<step>.pt`` files of a run directory, oldest first."""
+    return sorted(run.glob("checkpoint_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
+
+
+def average_checkpoints(run: str | Path, last: int, kind: str = "mt") -> tuple[dict[str, Any], list[Path]]:
+    """A checkpoint whose model is the mean of the last ``last`` step checkpoints of ``run``."""
+    run = Path(run)
+    files = step_checkpoints(run)[-last:] if run.is_dir() else []
+    if len(files) < last:
+        raise ValueError(f"{run}: {last} step checkpoints asked to average, {len(files)} found")
+    states = [load_checkpoint(f, kind=kind) for f in files]
+    if any(s["model_config"] != states[-1]["model_config"] for s in states):
+        raise ValueError(f"{run}: the checkpoints to average hold different models")
+    return dict(states[-1], model=average_state_dicts([s["model"] for s in states]), averaged=[f.name for f in files]), files
+
+
+def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
+    """Element-wise mean of model state dicts (floating tensors); other tensors are taken from the last.
+
+    Averaging the last N checkpoints is how all three papers evaluate (Vaswani et al. 2017, Section 6.1).
+    """
+    if not states:
+        raise ValueError("no checkpoints to average")
+    keys = list(states[-1])
+    for i, s in enumerate(states):
+        if list(s) != keys or any(s[k].shape != states[-1][k].shape for k in keys):
+            raise ValueError(f"checkpoint {i} holds another model (its parameters differ in names or shapes)")
+    out = {}
+    for k in keys:
+        if torch.is_floating_point(states[-1][k]):
+            out[k] = torch.stack([s[k].double() for s in states]).mean(0).to(states[-1][k].dtype)
+        else:
+            out[k] = states[-1][k].clone()
+    return out

@@ -1,0 +1,131 @@
+"""Named presets of every model family, and the model spec that picks one: ``name(field=value, ...)``.
+
+A model spec is a preset name with optional field overrides in the connection grammar's form:
+``transformer-small``, ``transformer-small(connection=2rSkip+LN)``, ``dwlstm-small(share=all,
+encoder_layers=12)``. Values are parsed by the field's type; a field the preset's family does not have is
+an error that lists the ones it has. A spec resolves, once, to the family's frozen config dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from torch import nn
+
+from ..config import parse_list
+from .preact_resnet import PreActResNet, PreActResNetConfig
+from .seq2seq import Seq2SeqConfig
+from .transformer import Transformer, TransformerConfig
+
+# config class -> the model it builds
+FAMILIES: dict[type, type[nn.Module]] = {
+    PreActResNetConfig: PreActResNet,
+    TransformerConfig: Transformer,
+}
+
+_BASE = dict(d_model=512, ffn_dim=2048, heads=8, encoder_layers=6, decoder_layers=6, dropout=0.1, attention_dropout=0.1)
+_BIG = dict(d_model=1024, ffn_dim=4096, heads=16, encoder_layers=6, decoder_layers=6, dropout=0.3, attention_dropout=0.1)
+_SMALL = dict(d_model=256, ffn_dim=1024, heads=4, encoder_layers=3, decoder_layers=3, dropout=0.1, attention_dropout=0.1)
+
+# name -> (config class, the fields the preset sets)
+PRESETS: dict[str, tuple[type, dict[str, Any]]] = {
+    **{f"preact-resnet{d}": (PreActResNetConfig, {"depth": d}) for d in (20, 32, 44, 56, 110)},
+    # Vaswani et al. 2017, Table 3: base and big
+    "transformer-base": (TransformerConfig, _BASE),
+    "transformer-big": (TransformerConfig, _BIG),
+    # the usual IWSLT shape (fairseq's transformer_iwslt_de_en), for the EN-VI experiments
+    "transformer-iwslt": (TransformerConfig, dict(_BASE, ffn_dim=1024, heads=4, dropout=0.3)),
+    # small enough to train on a CPU
+    "transformer-small": (TransformerConfig, _SMALL),
+}
+
+
+def parse_model_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``"dwlstm-small(share=all, merge=concat)"`` -> ``("dwlstm-small", {"share": "all", "merge": "concat"})``."""
+    text = spec.strip()
+    name, _, rest = text.partition("(")
+    name = name.strip()
+    options: dict[str, str] = {}
+    if rest:
+        if not rest.endswith(")"):
+            raise ValueError(f"bad model spec {spec!r}: options go in one pair of parentheses, name(key=value, ...)")
+        for item in parse_list(rest[:-1]):
+            key, eq, value = item.partition("=")
+            if not eq or not key.strip() or not value.strip():
+                raise ValueError(f"bad model spec {spec!r}: {item!r} is not key=value")
+            key = key.strip().replace("-", "_")
+            if key in options:
+                raise ValueError(f"bad model spec {spec!r}: {key} given twice")
+            options[key] = value.strip()
+    if name not in PRESETS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(PRESETS)}")
+    return name, options
+
+
+def format_model_spec(name: str, options: dict[str, Any]) -> str:
+    """The inverse of :func:`parse_model_spec`."""
+    if not options:
+        return name
+    return f"{name}(" + ",".join(f"{k}={_show(v)}" for k, v in options.items()) + ")"
+
+
+def _show(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def family_of(spec: str) -> type:
+    """The config class of the preset a spec names."""
+    return PRESETS[parse_model_spec(spec)[0]][0]
+
+
+def options_of(cls: type) -> dict[str, dataclasses.Field]:
+    """The fields of a family's config, by name."""
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _convert(cls: type, name: str, key: str, value: Any) -> Any:
+    if not isinstance(value, str):
+        return value
+    tp = typing.get_type_hints(cls)[key]
+    try:
+        if tp is bool:
+            return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[value.lower()]
+        return tp(value)
+    except (KeyError, ValueError):
+        raise ValueError(f"{name}: {key}={value!r} is not a valid {tp.__name__}") from None
+
+
+def model_config(spec: str, **overrides: Any):
+    """The config a model spec describes, with ``overrides`` (field=value) applied on top of its options."""
+    name, options = parse_model_spec(spec)
+    cls, fields = PRESETS[name]
+    known = options_of(cls)
+    unknown = sorted((set(options) | set(overrides)) - set(known))
+    if unknown:
+        raise ValueError(f"{name} has no option {', '.join(unknown)} (its options: {', '.join(known)})")
+    values = {k: _convert(cls, name, k, v) for k, v in {**options, **overrides}.items()}
+    return cls(**{**fields, **values})
+
+
+def with_options(spec: str, **options: Any) -> str:
+    """``spec`` with more options; one it already sets to another value is an error naming both."""
+    name, present = parse_model_spec(spec)
+    for key, value in options.items():
+        key = key.replace("-", "_")
+        if key in present and present[key] != _show(value):
+            raise ValueError(f"{key} is set twice: {key}={present[key]} in {spec!r} and {key}={_show(value)}")
+        present[key] = _show(value)
+    model_config(format_model_spec(name, present))  # an option the family lacks fails here, naming it
+    return format_model_spec(name, present)
+
+
+def build_model(cfg) -> nn.Module:
+    """The model a config describes."""
+    return FAMILIES[type(cfg)](cfg)
+
+
+def seq2seq_families() -> list[type]:
+    """The config classes of the translation families (their fields are the MT command line's model options)."""
+    return [cls for cls in FAMILIES if issubclass(cls, Seq2SeqConfig)]
