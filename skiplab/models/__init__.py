@@ -1,13 +1,15 @@
-"""Models that take any connection, and their named presets.
+"""Models that take any connection, a second family without them, and their named presets.
 
     preact_resnet   PreAct-ResNet for images (a connection on every block)
     seq2seq         the encoder-decoder shell: embedding, positions, tied output, incremental decoding
     transformer     the residual Transformer family (a connection on every sub-layer)
+    dwlstm          the depth-wise LSTM Transformer family (no residual connections)
     presets         presets as data, the model spec ``name(field=value, ...)``, ``build_model``
 """
 
 from __future__ import annotations
 
+from .dwlstm import DepthWiseLSTMConfig, DepthWiseLSTMTransformer
 from .preact_resnet import PreActBlock, PreActResNet, PreActResNetConfig
 from .presets import (
     FAMILIES,
@@ -24,7 +26,7 @@ from .presets import (
 from .seq2seq import DecoderState, EncoderDecoder, Memory, Seq2SeqConfig
 from .transformer import Transformer, TransformerConfig
 
-__all__ = ["FAMILIES", "PRESETS", "DecoderState", "EncoderDecoder",
+__all__ = ["FAMILIES", "PRESETS", "DecoderState", "DepthWiseLSTMConfig", "DepthWiseLSTMTransformer", "EncoderDecoder",
            "Memory", "PreActBlock", "PreActResNet", "PreActResNetConfig", "Seq2SeqConfig", "Transformer",
            "TransformerConfig", "build_model", "family_of", "format_model_spec", "model_config", "options_of",
            "parse_model_spec", "seq2seq_families", "with_options"]

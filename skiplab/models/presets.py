@@ -15,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from ..config import parse_list
+from .dwlstm import DepthWiseLSTMConfig, DepthWiseLSTMTransformer
 from .preact_resnet import PreActResNet, PreActResNetConfig
 from .seq2seq import Seq2SeqConfig
 from .transformer import Transformer, TransformerConfig
@@ -23,6 +24,7 @@ from .transformer import Transformer, TransformerConfig
 FAMILIES: dict[type, type[nn.Module]] = {
     PreActResNetConfig: PreActResNet,
     TransformerConfig: Transformer,
+    DepthWiseLSTMConfig: DepthWiseLSTMTransformer,
 }
 
 _BASE = dict(d_model=512, ffn_dim=2048, heads=8, encoder_layers=6, decoder_layers=6, dropout=0.1, attention_dropout=0.1)
@@ -39,6 +41,10 @@ PRESETS: dict[str, tuple[type, dict[str, Any]]] = {
     "transformer-iwslt": (TransformerConfig, dict(_BASE, ffn_dim=1024, heads=4, dropout=0.3)),
     # small enough to train on a CPU
     "transformer-small": (TransformerConfig, _SMALL),
+    # the depth-wise LSTM paper's Base and Big widths (Section 5.1), and transformer-small's shape
+    "dwlstm-base": (DepthWiseLSTMConfig, _BASE),
+    "dwlstm-big": (DepthWiseLSTMConfig, _BIG),
+    "dwlstm-small": (DepthWiseLSTMConfig, _SMALL),
 }
 
 

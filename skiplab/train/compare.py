@@ -8,8 +8,9 @@ family or its options, ``dwlstm-small(share=all)``), or both. Runs are labelled 
     OUT/curves.png              learning curves, mean ± std over seeds
     OUT/compare.json            the comparison's config, every run's summary, and the table rows
 
-Runs already finished (or diverged) are skipped and runs cut short are resumed, so an interrupted
-comparison continues where it stopped when the same command is given again.
+Runs already finished (or diverged) are skipped, finished runs not yet scored are scored, and runs cut
+short are resumed, so an interrupted comparison continues where it stopped when the same command is
+given again; runs trained with ``train`` into the same layout (in parallel, say) are picked up alike.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from tqdm import tqdm
 
@@ -40,26 +41,31 @@ class Variant:
     columns: dict[str, Any] = field(default_factory=dict)
 
 
-def _train_image(cfg, resume: bool, overwrite: bool, progress: bool) -> dict[str, Any]:
-    return image.train(cfg, resume=resume, overwrite=overwrite, progress=progress)
-
-
-def _train_mt(cfg, resume: bool, overwrite: bool, progress: bool) -> dict[str, Any]:
-    """Train, then score the test set with the average of the last (up to) 5 checkpoints, beam 4."""
-    summary = mt.train(cfg, resume=resume, overwrite=overwrite, progress=progress)
-    if summary["status"] == "finished":
-        average = min(5, len(run_dir.step_checkpoints(Path(cfg.out))))
-        result = evaluate_split(cfg.out, "test", average=average, beam=4, progress=progress)
-        summary.update(test_bleu=result["bleu"], test_chrf=result["chrf"], bleu_signature=result["bleu_signature"],
-                       averaged=average)
-        run_dir.write_json(Path(cfg.out) / "summary.json", summary)
+def _score_mt(cfg, summary: dict[str, Any], progress: bool) -> dict[str, Any]:
+    """Score the test set with the average of the last (up to) 5 checkpoints, beam 4, into the summary."""
+    average = min(5, len(run_dir.step_checkpoints(Path(cfg.out))))
+    result = evaluate_split(cfg.out, "test", average=average, beam=4, progress=progress)
+    summary = dict(summary, test_bleu=result["bleu"], test_chrf=result["chrf"],
+                   bleu_signature=result["bleu_signature"], averaged=average)
+    run_dir.write_json(Path(cfg.out) / "summary.json", summary)
     return summary
 
 
-# task -> (train function, the summary's metric, its label, curves to plot, higher is better)
+@dataclass(frozen=True)
+class Task:
+    """What ``compare`` needs of a task: how to train and score a run, its metric, and its curves."""
+
+    train: Callable[..., dict[str, Any]]
+    score: Callable[..., dict[str, Any]] | None  # adds the metric to a finished run's summary
+    metric: str
+    label: str
+    curves: tuple[str, ...]
+    higher_is_better: bool
+
+
 TASKS = {
-    "image": (_train_image, "final_test_error", "error %", ("train_loss", "test_error"), False),
-    "mt": (_train_mt, "test_bleu", "BLEU", ("train_loss", "valid_loss"), True),
+    "image": Task(image.train, None, "final_test_error", "error %", ("train_loss", "test_error"), False),
+    "mt": Task(mt.train, _score_mt, "test_bleu", "BLEU", ("train_loss", "valid_loss"), True),
 }
 
 
@@ -103,7 +109,8 @@ def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[
 
 def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool = True) -> list[dict[str, Any]]:
     """Train ``base`` once per variant and seed 1..``seeds`` under ``base.out``; print and write the table."""
-    train, metric, label, keys, higher = TASKS[task]
+    spec = TASKS[task]
+    metric, label = spec.metric, spec.label
     if not variants or seeds < 1:
         raise ValueError("give at least one variant and seeds >= 1")
     for v in variants:  # a bad combination fails before any run
@@ -121,7 +128,9 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
         summary = _existing(out, cfg)
         if summary is None:
             resume = (out / "last.pt").is_file()
-            summary = train(cfg, resume=resume, overwrite=not resume and out.exists(), progress=progress)
+            summary = spec.train(cfg, resume=resume, overwrite=not resume and out.exists(), progress=progress)
+        if summary["status"] == "finished" and metric not in summary and spec.score:  # trained, not yet scored
+            summary = spec.score(cfg, summary, progress)
         results[variant.label].append(summary)
         if summary["status"] == "finished":
             curves[variant.label].append(run_dir.read_metrics(out))
@@ -139,12 +148,12 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
     length = f"{base.epochs} epochs" if base.epochs else f"{base.max_steps} steps"
     models = sorted({dataclasses.replace(base, **v.changes).model for v in variants})
     title = f"{models[0] if len(models) == 1 else 'models'} on {data}, {seeds} seed(s), {length}"
-    comparison.plot_curves(curves, keys, root / "curves.png", title, x="epoch" if task == "image" else "step")
+    comparison.plot_curves(curves, spec.curves, root / "curves.png", title, x="epoch" if task == "image" else "step")
     run_dir.write_json(root / "compare.json", {
         "config": dataclasses.asdict(base), "variants": [dataclasses.asdict(v) for v in variants], "seeds": seeds,
         "rows": rows, "runs": results, "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
     })
-    print(f"{title}; {label} over seeds ({'higher' if higher else 'lower'} is better)")
+    print(f"{title}; {label} over seeds ({'higher' if spec.higher_is_better else 'lower'} is better)")
     print(table)
     print(f"wrote {root / 'table.md'}, {root / 'table.csv'}, {root / 'curves.png'}")
     return rows

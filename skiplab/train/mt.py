@@ -76,7 +76,10 @@ class MTTrainConfig:
         if not issubclass(family_of(self.model), Seq2SeqConfig):
             raise ValueError(f"{self.model} is not a translation model; known: "
                              f"{', '.join(n for n, (c, _) in PRESETS.items() if issubclass(c, Seq2SeqConfig))}")
-        self.model_config(100)  # a bad spec or option fails here, before anything is written
+        positions = self.model_config(100).max_positions  # a bad spec or option fails here, before anything is written
+        if self.max_len > positions:
+            raise ValueError(f"--max-len {self.max_len} is more than the model's positions cover (max_positions "
+                             f"{positions}); lower --max-len or raise --max-positions")
 
     def model_config(self, vocab_size: int) -> Seq2SeqConfig:
         """The model's config, resolved from the spec, for a subword vocabulary of ``vocab_size``."""

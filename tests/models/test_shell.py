@@ -19,7 +19,7 @@ def test_a_checkpoint_written_before_the_shell_gives_the_same_logits_and_transla
     assert isinstance(tr.model, Transformer) and tr.model.cfg.connection == "PreLN"
     with torch.no_grad():
         logits = tr.model(expected["src"], expected["tgt_in"])
-    torch.testing.assert_close(logits, expected["logits"], rtol=0, atol=0)
+    torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)  # thread counts reorder sums
     assert tr.translate(expected["lines"], beam=2) == expected["beam2"]
     assert tr.describe()["connection"] == "PreLN"
 

@@ -1,5 +1,6 @@
 """Machine translation: the recipe's formulas, and a tiny end-to-end CLI run on a Multi30k subset."""
 
+import csv
 import gzip
 import io
 import json
@@ -202,3 +203,73 @@ def test_a_non_finite_loss_stops_mt_training(corpus, tmp_path, monkeypatch, caps
     assert main(tiny_args(corpus, tmp_path / "run")) == 0
     assert "non-finite loss (nan) at epoch 1, step 1" in capsys.readouterr().out
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_dwlstm_trains_translates_and_scores_through_the_same_commands(corpus, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "dw"
+    argv = tiny_args(corpus, out, "--model", "dwlstm-small", "--share", "gates", "--merge", "concat",
+                     "--hidden-layers", "2", "--max-steps", "30", "--save-every", "10", "--lr", "3e-3")
+    assert main(argv) == 0
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["config"]["model"] == ("dwlstm-small(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,"
+                                         "hidden_layers=2,merge=concat,share=gates)")  # the options fold into the spec
+    assert stored["model"]["class"] == "DepthWiseLSTMTransformer" and stored["model"]["share"] == "gates"
+    losses = [json.loads(x)["train_loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert losses == sorted(losses, reverse=True) and losses[0] - losses[-1] > 0.4, losses  # the training loss falls
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A man is riding a bike.\n")))
+    assert main(["translate", "--checkpoint", str(out), "--beam", "2", "--average", "2"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+    assert main(["eval", "mt", "--checkpoint", str(out), "--split", "test", "--average", "3"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["model"].startswith("dwlstm-small(") and "connection" not in result and result["sentences"] == 10
+
+
+@pytest.mark.parametrize("extra,message", [
+    (("--model", "dwlstm-small", "--connection", "PreLN"), "dwlstm-small has no option connection (its options:"),
+    (("--model", "transformer-small", "--share", "all"), "transformer-small has no option share"),
+    (("--max-positions", "0"), "max_positions and the layer counts must be positive"),
+    (("--model", "transformer-small(heads=4)",), "heads is set twice: heads=4 in 'transformer-small(heads=4)' and heads=2"),
+    (("--model", "dwlstm-small(share=all)", "--share", "none"), "share is set twice"),
+    (("--model", "resnet",), "unknown model 'resnet'"),
+    (("--model", "preact-resnet20",), "preact-resnet20 is not a translation model"),
+])
+def test_an_option_the_family_lacks_is_a_one_line_error(corpus, tmp_path, capsys, extra, message):
+    out = tmp_path / "never"
+    assert main([*tiny_args(corpus, out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_translate_names_a_bad_line_and_warns_about_a_long_one(corpus, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "run"
+    assert main(tiny_args(corpus, out, "--max-positions", "64", "--max-steps", "2")) == 2
+    assert "--max-len 256 is more than the model's positions cover (max_positions 64)" in capsys.readouterr().err
+    assert main(tiny_args(corpus, out, "--max-positions", "64", "--max-len", "64", "--max-steps", "2")) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\n\xff\xfe runs\n")))
+    assert main(["translate", "--checkpoint", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "standard input: line 2 is not valid UTF-8" in err and err.count("\n") == 1
+    long = " ".join(["a man in a red shirt rides a bike"] * 6)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(f"A dog.\n{long}\n".encode())))
+    assert main(["translate", "--checkpoint", str(out), "--beam", "1"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 2
+    assert "skiplab: warning: line 2 has" in captured.err and "more than the 13 this model takes" in captured.err
+
+
+def test_compare_mt_varies_the_model(corpus, tmp_path, capsys):
+    args = tiny_args(corpus, tmp_path / "cmp")[2:]
+    models = "transformer-small(connection=PreLN),dwlstm-small(share=all)"
+    assert main(["compare", "mt", *args, "--models", models, "--seeds", "1"]) == 0
+    rows = list(csv.DictReader((tmp_path / "cmp" / "table.csv").open()))
+    assert [r["model"] for r in rows] == ["transformer-small(connection=PreLN)", "dwlstm-small(share=all)"]
+    assert all(int(r["parameters"]) > 0 and float(r["s/update"]) > 0 for r in rows)
+    run = tmp_path / "cmp" / "dwlstm-small_share=all_" / "seed1"
+    assert json.loads((run / "config.json").read_text())["model"]["share"] == "all"
+    assert "| model" in (tmp_path / "cmp" / "table.md").read_text()
+    # a model without connections cannot be crossed with connections
+    assert main(["compare", "mt", *args, "--models", "dwlstm-small", "--connections", "PostLN"]) == 2
+    assert "dwlstm-small has no option connection" in capsys.readouterr().err

@@ -1,0 +1,215 @@
+"""The Transformer with depth-wise LSTM (Xu, Liu, Xiong and van Genabith; the *depth-wise LSTM paper*).
+
+An LSTM with layer normalisation steps over depth instead of over time: layer i's output and cell feed
+layer i + 1. It replaces both the residual connections and the feed-forward sub-layer. At every position,
+independently, with x the layer's input (its attention result) and (out_{i-1}, cell_{i-1}) the previous
+layer's:
+
+    c      = [x ; out_{i-1}]                                        (Eq. 2)
+    i, f, o = σ(LN_i(W_i c + b_i)), σ(LN_f(W_f c + b_f)), σ(LN_o(W_o c + b_o))       (Eqs. 3-5)
+    h      = act(LN(W_h c + b_h))                    hidden_layers=1  (Eq. 6)
+    h      = W_h2 act(LN(W_h1 c + b_h1)) + b_h2      hidden_layers=2  (Eq. 8; inner width ffn_dim)
+    cell_i = cell_{i-1} ⊙ f + h ⊙ i                                 (Eq. 9)
+    out_i  = cell_i ⊙ o                    (no tanh on the cell)    (Eq. 10)
+
+LN(z) = (z - μ) / σ · w + b with w = 1, b = 0 at the start (Eq. 7); act is GeLU (Section 3.1) or tanh.
+
+Encoder layer (Fig. 3): a = Dropout(SelfAttn(LN(out_{i-1}))); (out_i, cell_i) = LSTM(a, out_{i-1}, cell_{i-1}).
+Decoder layer (Fig. 4): s = Dropout(CausalSelfAttn(LN(out_{i-1}))); a = Dropout(CrossAttn(LN(s + out_{i-1}),
+memory)) -- the cross-attention reads the sum of the self-attention output and the layer's input
+(Section 3.3); the LSTM's input is s + a (``merge=add``, the default) or [s ; a] (``merge=concat``,
+Table 3). The figures are not in the text; normalising the attention inputs first, as a pre-norm layer
+does, follows the authors' public code (Neutron). The first layer's (out, cell) both start from the
+embedded input; each stack ends with a LayerNorm. There is no FFN sub-layer and no residual connection.
+
+Sharing across the layers of a stack (Table 4): ``share=gates`` (default) binds W_{i,f,o}, b_{i,f,o} and
+the gates' LNs, the hidden computation stays per layer; ``share=all`` binds the whole LSTM unit;
+``share=none`` binds nothing. Attention is never shared. Two deviations from the authors' code, both to
+follow the equations as written: each gate has its own LN (Neutron normalises the three pre-activations
+jointly), and dropout acts on h (as on a Transformer's FFN output).
+
+Decoding: the LSTM runs over depth, so incremental decoding caches what the residual Transformer caches
+(self-attention keys/values, the source's cross-attention keys/values) and nothing for the LSTM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import MultiheadAttention
+from .seq2seq import EncoderDecoder, Seq2SeqConfig
+
+ACTIVATIONS = {"gelu": nn.GELU, "tanh": nn.Tanh}
+MERGES, SHARES = ("add", "concat"), ("gates", "all", "none")
+
+
+@dataclass(frozen=True)
+class DepthWiseLSTMConfig(Seq2SeqConfig):
+    """The depth-wise LSTM Transformer: the shared fields and the paper's options (Tables 2-4)."""
+
+    hidden_layers: int = field(default=2, metadata={"help": "LSTM hidden computation: 1 (Eq. 6) or 2 layers (Eq. 8)"})
+    merge: str = field(default="add", metadata={"help": "decoder: merge self- and cross-attention by add or concat"})
+    share: str = field(default="gates", metadata={"help": "LSTM parameters shared across a stack: gates, all or none"})
+    activation: str = field(default="gelu", metadata={"help": "act of the LSTM hidden computation: gelu or tanh"})
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name, value, allowed in (("hidden_layers", self.hidden_layers, (1, 2)), ("merge", self.merge, MERGES),
+                                     ("share", self.share, SHARES), ("activation", self.activation, tuple(ACTIVATIONS))):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+
+
+class GateNorm(nn.Module):
+    """LN over each of ``gates`` blocks of d features, with a gain and bias per gate (Eqs. 3-5 and 7)."""
+
+    def __init__(self, gates: int, d: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(gates, d))
+        self.bias = nn.Parameter(torch.zeros(gates, d))
+        self.eps = eps
+
+    def forward(self, z: Tensor) -> Tensor:  # (..., gates * d) -> (..., gates, d)
+        z = z.unflatten(-1, tuple(self.weight.shape))
+        return F.layer_norm(z, z.shape[-1:], eps=self.eps) * self.weight + self.bias
+
+
+class LSTMGates(nn.Module):
+    """i, f, o = σ(LN(W c + b)), one LN per gate (Eqs. 3-5)."""
+
+    def __init__(self, in_dim: int, d: int):
+        super().__init__()
+        self.proj = nn.Linear(in_dim, 3 * d)
+        self.norm = GateNorm(3, d)
+
+    def forward(self, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        i, f, o = torch.sigmoid(self.norm(self.proj(c))).unbind(-2)
+        return i, f, o
+
+
+class LSTMHidden(nn.Module):
+    """h = act(LN(W_h c + b_h)) (Eq. 6, ``layers=1``) or h = W_h2 act(LN(W_h1 c + b_h1)) + b_h2 (Eq. 8)."""
+
+    def __init__(self, in_dim: int, d: int, inner: int, layers: int, activation: str):
+        super().__init__()
+        width = inner if layers == 2 else d
+        self.proj = nn.Linear(in_dim, width)
+        self.norm = nn.LayerNorm(width)
+        self.act = ACTIVATIONS[activation]()
+        self.out = nn.Linear(inner, d) if layers == 2 else nn.Identity()
+
+    def forward(self, c: Tensor) -> Tensor:
+        return self.out(self.act(self.norm(self.proj(c))))
+
+
+class DepthWiseLSTM(nn.Module):
+    """One step over depth: (x, (out_{i-1}, cell_{i-1})) -> (out_i, cell_i) (Eqs. 2, 9, 10)."""
+
+    def __init__(self, gates: LSTMGates, hidden: LSTMHidden, dropout: float):
+        super().__init__()
+        self.gates, self.hidden = gates, hidden
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, state: tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor]:
+        out, cell = state
+        c = torch.cat([x, out], dim=-1)  # Eq. 2
+        i, f, o = self.gates(c)
+        h = self.drop(self.hidden(c))
+        cell = cell * f + h * i  # Eq. 9
+        return cell * o, cell  # Eq. 10
+
+
+def lstm_units(cfg: DepthWiseLSTMConfig, layers: int, input_dim: int) -> list[DepthWiseLSTM]:
+    """One LSTM unit per layer of a stack, sharing as ``cfg.share`` says (Table 4)."""
+    d = cfg.d_model
+    c_dim = input_dim + d
+
+    def gates() -> LSTMGates:
+        return LSTMGates(c_dim, d)
+
+    def hidden() -> LSTMHidden:
+        return LSTMHidden(c_dim, d, cfg.ffn_dim, cfg.hidden_layers, cfg.activation)
+
+    if cfg.share == "all":
+        return [DepthWiseLSTM(gates(), hidden(), cfg.dropout)] * layers
+    shared = gates() if cfg.share == "gates" else None
+    return [DepthWiseLSTM(shared or gates(), hidden(), cfg.dropout) for _ in range(layers)]
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: DepthWiseLSTMConfig, lstm: DepthWiseLSTM):
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.self_attn = MultiheadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.lstm = lstm
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, out: Tensor, cell: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:  # (B, S, D) each
+        h = self.attn_norm(out)
+        a = self.drop(self.self_attn(h, self.self_attn.project_kv(h), mask))
+        return self.lstm(a, (out, cell))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DepthWiseLSTMConfig, lstm: DepthWiseLSTM):
+        super().__init__()
+        d = cfg.d_model
+        self.self_norm = nn.LayerNorm(d)
+        self.self_attn = MultiheadAttention(d, cfg.heads, cfg.attention_dropout)
+        self.cross_norm = nn.LayerNorm(d)
+        self.cross_attn = MultiheadAttention(d, cfg.heads, cfg.attention_dropout)
+        self.lstm = lstm
+        self.drop = nn.Dropout(cfg.dropout)
+        self.merge = cfg.merge
+
+    def forward(self, out: Tensor, cell: Tensor, cross_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
+                self_mask: Tensor | None = None, cache: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+        h = self.self_norm(out)
+        s = self.drop(self.self_attn(h, self.self_attn.cached_kv(h, cache), self_mask))
+        a = self.drop(self.cross_attn(self.cross_norm(s + out), cross_kv, memory_mask))
+        merged = s + a if self.merge == "add" else torch.cat([s, a], dim=-1)
+        return self.lstm(merged, (out, cell))
+
+
+class DepthWiseLSTMEncoder(nn.Module):
+    def __init__(self, cfg: DepthWiseLSTMConfig):
+        super().__init__()
+        units = lstm_units(cfg, cfg.encoder_layers, cfg.d_model)
+        self.layers = nn.ModuleList(EncoderLayer(cfg, u) for u in units)
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        out = cell = x  # the first layer's (out, cell) start from the embedded input
+        for layer in self.layers:
+            out, cell = layer(out, cell, mask)
+        return self.norm(out)
+
+
+class DepthWiseLSTMDecoder(nn.Module):
+    def __init__(self, cfg: DepthWiseLSTMConfig):
+        super().__init__()
+        width = cfg.d_model * (2 if cfg.merge == "concat" else 1)
+        units = lstm_units(cfg, cfg.decoder_layers, width)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, u) for u in units)
+        self.norm = nn.LayerNorm(cfg.d_model)
+
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        return [layer.cross_attn.project_kv(memory) for layer in self.layers]
+
+    def forward(self, x: Tensor, cross: list[tuple[Tensor, Tensor]], memory_mask: Tensor,
+                self_mask: Tensor | None = None, caches: list[dict[str, Tensor]] | None = None) -> Tensor:
+        out = cell = x
+        for i, layer in enumerate(self.layers):
+            out, cell = layer(out, cell, cross[i], memory_mask, self_mask, None if caches is None else caches[i])
+        return self.norm(out)
+
+
+class DepthWiseLSTMTransformer(EncoderDecoder):
+    """The shell around :class:`DepthWiseLSTMEncoder` and :class:`DepthWiseLSTMDecoder`."""
+
+    def __init__(self, cfg: DepthWiseLSTMConfig):
+        super().__init__(cfg, DepthWiseLSTMEncoder(cfg), DepthWiseLSTMDecoder(cfg))
