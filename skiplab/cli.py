@@ -34,7 +34,7 @@ from pathlib import Path
 from . import config
 from .analysis import gradient_flow
 from .connections import available_connections, connection, parse_spec
-from .models import options_of, seq2seq_families, with_options
+from .models import family_of, options_of, seq2seq_families, with_options
 from . import run_dir
 from .train.image import ImageTrainConfig
 from .train.mt import MTTrainConfig
@@ -184,7 +184,10 @@ def cmd_compare(args: argparse.Namespace) -> None:
         return
     base = config.from_arguments(MTTrainConfig, args)
     base = dataclasses.replace(base, model=_with_model_options(base.model, args))
-    connections = args.connections if args.connections is not None else () if args.models else MT_CONNECTIONS
+    if args.connections is not None:
+        connections = args.connections
+    else:  # the default connections, for a single model that takes connections
+        connections = () if args.models or "connection" not in options_of(family_of(base.model)) else MT_CONNECTIONS
     compare("mt", base, model_variants(base.model, args.models, connections), args.seeds)
 
 
