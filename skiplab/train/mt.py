@@ -123,7 +123,7 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
                                       "a resumed run can only be given a larger budget")
         if extended:
             changes = ", ".join(f"{k} {ckpt['config'][k]} -> {getattr(cfg, k)}" for k in extended)
-            print(f"{out}: extending the run: {changes}")
+            print(f"{out}: a new budget for the run: {changes}")
             stored = run_dir.read_json(out / "config.json")
             run_dir.write_json(out / "config.json", {**stored, "config": dataclasses.asdict(cfg)})
         tok = Tokenizer.from_bytes(ckpt["tokenizer"])

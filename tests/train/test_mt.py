@@ -127,7 +127,7 @@ def test_resume_with_a_larger_budget_equals_the_longer_run(corpus, tmp_path, cap
     assert main(tiny_args(corpus, straight)) == 0  # 4 steps
     assert main([*tiny_args(corpus, short), "--max-steps", "2"]) == 0
     assert main(["train", "mt", "--resume", "--out", str(short), "--max-steps", "4"]) == 0
-    assert "extending the run: max_steps 2 -> 4" in capsys.readouterr().out
+    assert "a new budget for the run: max_steps 2 -> 4" in capsys.readouterr().out
     assert json.loads((short / "config.json").read_text())["config"]["max_steps"] == 4
     assert [json.loads(x)["step"] for x in (short / "metrics.jsonl").read_text().splitlines()] == [2, 4]
     a = torch.load(straight / "last.pt", weights_only=True)["model"]
