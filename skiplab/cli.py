@@ -11,6 +11,7 @@
     skiplab bootstrap REF A B            paired bootstrap resampling between two systems' outputs
     skiplab compare mt [...]             models x connections x seeds, then a BLEU table
     skiplab curves RUN [RUN ...]         learning curves of runs in one figure
+    skiplab analyze NAME RUN [...]       gradients, gates, ratios, activations of trained runs
     skiplab demo                         the main job: a small comparison on Fashion-MNIST
     skiplab demo gradient-flow [...]     the tutorial's gradient-flow demo (table + plot)
 
@@ -176,6 +177,17 @@ def cmd_curves(args: argparse.Namespace) -> None:
     print(f"wrote {plot_runs(args.runs, out, args.keys, args.labels, args.title)}")
 
 
+def cmd_analyze(args: argparse.Namespace) -> None:
+    from .analysis.analyze import analyze
+
+    options = {k: getattr(args, k) for k in ANALYZE_OPTIONS if getattr(args, k, None) is not None}
+    analyze(args.analysis, [args.run, *args.compare], overwrite=args.overwrite, **options)
+
+
+ANALYZE_OPTIONS = ("split", "examples", "seed", "mode", "near_zero", "large", "layers", "steps", "objective", "sample",
+                   "lr", "beam")
+
+
 def cmd_compare(args: argparse.Namespace) -> None:
     from .train.compare import compare, connection_variants, model_variants
 
@@ -286,6 +298,47 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="curves.png", help="figure file (default: curves.png)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=cmd_curves)
+
+    ana = sub.add_parser("analyze", help="look into trained runs").add_subparsers(dest="analysis", required=True,
+                                                                               metavar="ANALYSIS")
+    for name, help, split, examples in [
+            ("gradients", "per-block gradient norm ‖∂L_n/∂y_n‖ over random examples (Fig. 3 of the rSkip+LN paper)",
+             "train", 10000),
+            ("gates", "SAS α, β, γ, Highway T and wSkip w per block, over a split (Fig. 3 of the SAS paper)", "train", 10000),
+            ("ratios", "the recursive skip's learned x : F ratio per block (Appendix A of the rSkip+LN paper)",
+             "train", 10000),
+            ("activations", "per-block output distributions, and the sum h against G(h) (the tutorial)", "test", 2000),
+            ("linearity", "each chosen layer replaced by a linear map trained in its place: the metric lost "
+                          "(Section 4 of the depth-wise LSTM paper)", "", 0)]:
+        p = ana.add_parser(name, help=help, description=help)
+        p.add_argument("run", metavar="RUN", help="a run directory (its last.pt) or a checkpoint file")
+        p.add_argument("--compare", nargs="+", default=[], metavar="RUN", help="more runs, overlaid in one figure")
+        if split:
+            p.add_argument("--split", default=split, help=f"which split's examples (default: {split})")
+            p.add_argument("--examples", type=int, default=examples,
+                           help=f"random examples (sentences for MT) of the split (default: {examples})")
+        p.add_argument("--seed", type=int, default=0, help="seed of the random choice of examples (default: 0)")
+        if name == "gradients":
+            p.add_argument("--mode", default="eval", choices=("eval", "train"),
+                           help="the model's mode: eval (examples independent) or train (batch statistics, "
+                                "dropout) (default: eval)")
+        if name == "activations":
+            p.add_argument("--near-zero", type=float, default=0.01, help="|y| below this is near zero (default: 0.01)")
+            p.add_argument("--large", type=float, default=5.0, help="|y| above this is large (default: 5)")
+        if name == "linearity":
+            p.add_argument("--layers", type=config.parse_list, required=True, metavar="LAYERS",
+                           help="layers to replace, one at a time, comma-separated: block.3 (image), encoder.0, "
+                                "decoder.2 (MT)")
+            p.add_argument("--steps", type=int, default=100, help="updates of W_d, b_d after the least-squares start "
+                                                                  "(default: 100)")
+            p.add_argument("--objective", default="task", choices=("task", "regress"),
+                           help="train W_d on the task loss or on the layer's own output (default: task)")
+            p.add_argument("--sample", type=int, default=20000, help="positions for the least-squares start "
+                                                                     "(default: 20000)")
+            p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate for W_d, b_d (default: 1e-3)")
+            p.add_argument("--beam", type=int, default=4, help="beam size of the BLEU evaluation (default: 4)")
+        p.add_argument("--overwrite", action="store_true", help="replace the analysis files if they exist")
+        p.set_defaults(func=cmd_analyze)
 
     cmp = sub.add_parser("compare", help="compare connections over seeds").add_subparsers(dest="task", required=True, metavar="TASK")
     _add_compare(cmp, "image", "image", "image classification: every connection x seed, then a table",

@@ -147,8 +147,10 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def load_checkpoint(path: str | Path, kind: str) -> dict[str, Any]:
-    """Read a checkpoint with ``weights_only=True``; ``path`` may be the file or its run directory."""
+def load_checkpoint(path: str | Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
+    """Read a checkpoint with ``weights_only=True``; ``path`` may be the file or its run directory.
+
+    ``kind``: the task the checkpoint must be of ("image", "mt"), or a tuple of those accepted."""
     path = Path(path)
     if path.is_dir():
         path = path / "last.pt"
@@ -159,9 +161,10 @@ def load_checkpoint(path: str | Path, kind: str) -> dict[str, Any]:
     except Exception as err:  # corrupt, truncated, or holding objects that are not plain data
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise RunDirError(f"{path}: not a readable checkpoint ({first})") from None
-    if not isinstance(state, dict) or state.get("kind") != kind:
+    kinds = (kind,) if isinstance(kind, str) else kind
+    if not isinstance(state, dict) or state.get("kind") not in kinds:
         found = state.get("kind") if isinstance(state, dict) else type(state).__name__
-        raise RunDirError(f"{path}: not a skiplab {kind} checkpoint (found {found!r})")
+        raise RunDirError(f"{path}: not a skiplab {' or '.join(kinds)} checkpoint (found {found!r})")
     return state
 
 

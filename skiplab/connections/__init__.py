@@ -5,7 +5,7 @@ Importing this package registers the designs; see :mod:`skiplab.connections.spec
 
 # Import order is the order available_connections() lists the designs in.
 from . import expanded, recursive, learned, sas, highway, prenorm  # noqa: F401, I001  (register the designs)
-from .base import REGISTRY, Connection, available_connections, connection, iter_connections, parse_spec
+from .base import REGISTRY, Connection, available_connections, connection, iter_connections, parse_spec, recording
 from .spec import ALIASES, Spec, SpecError
 
 __all__ = [
@@ -18,4 +18,5 @@ __all__ = [
     "connection",
     "iter_connections",
     "parse_spec",
+    "recording",
 ]

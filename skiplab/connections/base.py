@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Callable, ClassVar
 
 from torch import Tensor, nn
@@ -43,6 +45,7 @@ class Connection(nn.Module):
         self.dim, self.layout = dim, layout
         self.in_dim = dim if in_dim is None else in_dim
         self.spec = _spec.format_spec(spec, type(self))
+        self.recording: list[dict[str, Tensor]] | None = None  # a list only inside recording(); see record()
 
     @staticmethod
     def check_number(number: float) -> float:
@@ -55,6 +58,15 @@ class Connection(nn.Module):
     def stats(self) -> dict[str, Any]:
         """The learned (or fixed) quantities behind the design; ``None`` where no forward pass ran yet."""
         return {}
+
+    def record(self, **values: Tensor) -> None:
+        """Keep this forward pass's per-position ``values`` (detached) for an analysis; a no-op outside
+        :func:`recording`, so training never pays for it. Designs record, where they have them: ``alpha``,
+        ``beta``, ``gamma`` (SAS), ``T`` (Highway), ``sigma_prods`` (krSkip: Π_{j<=i} σ_j, i < k), ``pre``
+        and ``post`` (the sum a normalising design normalises, and G of it)."""
+        if self.recording is not None:
+            self.recording.append({k: [t.detach() for t in v] if isinstance(v, list) else v.detach()
+                                   for k, v in values.items()})
 
     def extra_repr(self) -> str:
         return f"{self.spec!r}, dim={self.dim}, layout={self.layout!r}"
@@ -109,6 +121,20 @@ def connection(spec: str, dim: int, layout: str = "seq", in_dim: int | None = No
     in_dim = None if in_dim is None else _positive_int("in_dim", in_dim)
     parsed = parse_spec(spec)
     return REGISTRY[parsed.name](parsed, dim, layout, in_dim)
+
+
+@contextmanager
+def recording(model: nn.Module) -> Iterator[dict[str, list[dict[str, Tensor]]]]:
+    """Within the block, every connection of ``model`` appends what it records per forward pass to a list;
+    yields ``{qualified name: that list}`` (the caller empties the lists as it consumes them)."""
+    conns = dict(iter_connections(model))
+    for conn in conns.values():
+        conn.recording = []
+    try:
+        yield {name: conn.recording for name, conn in conns.items()}
+    finally:
+        for conn in conns.values():
+            conn.recording = None
 
 
 def iter_connections(model: nn.Module):

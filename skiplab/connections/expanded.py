@@ -56,7 +56,11 @@ class ExpandedSkip(Connection):
         s = x if skip is None else skip(x)
         fx = branch(x)
         h = (s if self.lam == 1.0 else self.lam * s) + (fx if self.f == 1.0 else self.f * fx)
-        return h if self.norm is None else self.norm(h)
+        if self.norm is None:
+            return h
+        y = self.norm(h)
+        self.record(pre=h, post=y)
+        return y
 
     def stats(self) -> dict[str, Any]:
         return {"lambda": self.lam, "f": self.f}

@@ -35,6 +35,7 @@ class Highway(Connection):
         s = x if skip is None else skip(x)
         t = unpool(torch.sigmoid(self.transform(pool_features(s, self.layout))), self.layout, s)
         self._t_mean = t.detach().mean()
+        self.record(T=t)
         return t * branch(x) + (1 - t) * s
 
     def stats(self) -> dict[str, Any]:

@@ -34,7 +34,11 @@ class WeightedSkip(Connection):
         s = x if skip is None else skip(x)
         w = self.weight if feature_axis(self.layout) == -1 else self.weight.view(-1, *([1] * (s.dim() - 2)))
         h = w * s + branch(x)
-        return h if self.norm is None else self.norm(h)
+        if self.norm is None:
+            return h
+        y = self.norm(h)
+        self.record(pre=h, post=y)
+        return y
 
     def stats(self) -> dict[str, Any]:
         w = self.weight.detach()

@@ -56,15 +56,18 @@ class RecursiveSkip(Connection):
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
         y = branch(x)
-        prods, prod = [], None
+        prods, prod, raw, first = [], None, [], None
         for i, norm in enumerate(self.norms):
             h = s + y
             if i < self.k - 1:  # σ_k never enters the ratio
                 sigma = norm_sigma(norm, h)
                 prod = sigma if prod is None else prod * sigma
                 prods.append(feature_mean(prod, self.layout, self.dim))
+                raw.append(prod)
             y = norm(h)
+            first = (h, y) if first is None else first
         self._sigma_prods = prods
+        self.record(sigma_prods=raw, pre=first[0], post=first[1])
         return y
 
     @torch.no_grad()
@@ -79,6 +82,21 @@ class RecursiveSkip(Connection):
             w = norm_gain(norm).cpu()
             gains = w if gains is None else gains * w
             ratio = ratio + sigma_prod.cpu() / gains
+        return ratio
+
+    @torch.no_grad()
+    def position_ratio(self, sigma_prods: list[Tensor]) -> Tensor:
+        """The x : F ratio at every position and feature, from σ products this block recorded:
+
+            ratio = 1 + Σ_{i=1}^{k-1} Π_{j<=i} σ_j / Π_{j<=i} w_j        (Appendix A, sum to k - 1)
+
+        broadcast to the recorded positions (a scalar 1 for k = 1)."""
+        ratio, gains = torch.ones(()), None
+        for norm, prod in zip(self.norms, sigma_prods):
+            w = norm_gain(norm).to(prod.device)
+            w = w if self.layout == "seq" else w.view(-1, *([1] * (prod.dim() - 2)))
+            gains = w if gains is None else gains * w
+            ratio = ratio.to(prod.device) + prod.float() / gains
         return ratio
 
     def stats(self) -> dict[str, Any]:

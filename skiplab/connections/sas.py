@@ -101,7 +101,10 @@ class SelfAdaptiveScaling(Connection):
         b = unpool(self.beta(ps, pf), self.layout, s)
         g = (1 - a) * (1 - b) if self.gamma is None else unpool(self.gamma(ps, pf), self.layout, s)
         self._last = {"alpha": a.detach().mean(), "beta": b.detach().mean(), "gamma": g.detach().mean()}
-        return a * s + b * fx + g * self.norm(s + fx)
+        h = s + fx
+        n = self.norm(h)
+        self.record(alpha=a, beta=b, gamma=g, pre=h, post=n)
+        return a * s + b * fx + g * n
 
     def stats(self) -> dict[str, Any]:
         return {k: (self._last[k].item() if self._last else None) for k in ("alpha", "beta", "gamma")}

@@ -1,0 +1,58 @@
+"""``skiplab analyze NAME RUN [--compare RUN ...]``: one analysis of trained runs, written beside each run.
+
+    gradients     per-block gradient norm (skiplab.analysis.gradients)
+    gates         SAS α, β, γ; Highway T; wSkip w (skiplab.analysis.learned)
+    ratios        the recursive skip's x : F ratio (skiplab.analysis.learned)
+    activations   per-block output distributions; h against G(h) (skiplab.analysis.activations)
+    linearity     each chosen layer replaced by a trained linear map: metric loss (skiplab.analysis.linearity)
+
+Each run gets ``analysis/<name>.json``, ``.md`` and ``.png``; with ``--compare`` the first run's
+``analysis/<name>_compare.png`` overlays them all. Nothing is overwritten without ``overwrite``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .. import run_dir
+from . import activations, gradients, learned, linearity
+from .report import outputs, pyplot, write
+from .trained import load_trained
+
+# name -> (compute(trained, **options), table(result), figure(results))
+ANALYSES: dict[str, tuple[Callable[..., dict[str, Any]], Callable, Callable]] = {
+    "gradients": (gradients.gradient_norms, gradients.table, gradients.figure),
+    "gates": (lambda tr, **kw: learned.learned(tr, "gates", **kw), learned.table, learned.figure),
+    "ratios": (lambda tr, **kw: learned.learned(tr, "ratios", **kw), learned.table, learned.figure),
+    "activations": (activations.activations, activations.table, activations.figure),
+    "linearity": (linearity.linearity, linearity.table, linearity.figure),
+}
+
+
+def analyze(name: str, runs: list[str], overwrite: bool = False, progress: bool = True,
+            **options: Any) -> list[dict[str, Any]]:
+    """Run analysis ``name`` on every run, write its files, print its table; return the results."""
+    compute, table, figure = ANALYSES[name]
+    trained = [load_trained(r) for r in runs]
+    kinds = {t.kind for t in trained}
+    if len(kinds) > 1:
+        raise ValueError(f"cannot overlay runs of different tasks ({', '.join(sorted(kinds))}) in one figure")
+    files = [outputs(t.path, name, overwrite) for t in trained]  # refuse before any work
+    overlay = trained[0].path / "analysis" / f"{name}_compare.png"
+    if len(trained) > 1 and overlay.exists() and not overwrite:
+        raise run_dir.RunDirError(f"{overlay} exists; use --overwrite to replace it")
+    results = []
+    for t, f in zip(trained, files):
+        result = compute(t, progress=progress, **options)
+        fig = figure([result])
+        write(f, result, table(result), fig)
+        pyplot().close(fig)
+        print(f"{t.path} ({result['label']}): {name}, {result['examples']} {result['split']} examples, "
+              f"{result['mode']} mode\n{table(result)}\nwrote {', '.join(str(p) for p in f.values())}")
+        results.append(result)
+    if len(results) > 1:
+        fig = figure(results)
+        fig.savefig(overlay, dpi=120)
+        print(f"wrote {overlay}")
+    return results
+

@@ -1,0 +1,141 @@
+"""What the connections of a trained model learned, averaged over the examples of a split.
+
+``gates``: SAS's α = σ(S_α), β = σ(S_β) and γ = (1−α)(1−β) or the free γ (Eqs. 2-4 of the SAS paper),
+the Highway transform gate T = σ(x W_T + b_T), and wSkip's learned vector w (its norm ‖w‖ and mean; the
+rSkip+LN paper reports ‖w‖ = 1.34, mean 0.24 for a middle-layer w ∈ R^32 initialised at 1).
+
+``ratios``: the recursive skip's x : F ratio (Appendix A of the rSkip+LN paper, the sum to k − 1):
+
+    ratio = 1 + Σ_{i=1}^{k-1} Π_{j<=i} σ_j / Π_{j<=i} w_j
+
+at every position, averaged over features; the paper reports 2.64 for 2rSkip+LN, averaged over the
+middle stage's blocks of its trained CIFAR-10 ResNet-110.
+
+Every value counts once per example (images: one row per example) or per real target/source position
+(MT: padding left out); the mean and std are over those. The connections record only inside
+:func:`skiplab.connections.recording`, so training never pays for this.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from ..connections import iter_connections, recording
+from .report import Moments, markdown, per_position, pyplot
+from .trained import Trained
+
+KINDS = {"gates": ("SAS", "Highway", "wSkip"), "ratios": ("rSkip",)}
+GATES = ("alpha", "beta", "gamma", "T")
+PAPER_RATIO = 2.64  # rSkip+LN paper, Section 4.3: 2rSkip+LN, middle stage of ResNet-110 on CIFAR-10
+
+
+def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000, seed: int = 0,
+            progress: bool = True) -> dict[str, Any]:
+    """Per connection of the designs ``what`` covers, the mean and std of what it learned over ``split``."""
+    chosen = {n: c for n, c in iter_connections(tr.model) if c.name in KINDS[what]}
+    if not chosen:
+        designs = sorted({c.spec for _, c in iter_connections(tr.model)}) or [tr.config["model"]]
+        raise ValueError(f"{tr.path}: {', '.join(designs)} has no {what} to analyze "
+                         f"({what} are those of {', '.join(KINDS[what]).replace('rSkip', 'krSkip+G')})")
+    moments: dict[str, dict[str, Moments]] = {n: {} for n in chosen}
+    seen, t0 = 0, time.time()
+    if any(c.name != "wSkip" for c in chosen.values()):  # a wSkip vector needs no data
+        tr.model.eval()
+        bar = tqdm(total=examples, desc=f"{what} {tr.path.name}", unit="ex", disable=not progress)
+        with torch.no_grad(), recording(tr.model) as logs:
+            for ex in tr.examples(split, examples, seed):
+                tr.forward(ex)
+                for name, conn in chosen.items():
+                    mask = ex.masks.get(name.split(".")[0] if tr.kind == "mt" else "")
+                    for entry in logs[name]:
+                        for key, value in _values(conn, entry).items():
+                            moments[name].setdefault(key, Moments()).add(per_position(value, mask, len(ex)))
+                for log in logs.values():
+                    log.clear()
+                seen += len(ex)
+                bar.update(len(ex))
+        bar.close()
+    rows = []
+    for name, conn in chosen.items():
+        row: dict[str, Any] = {"connection": name, "block": tr.block_of(name), "spec": conn.spec}
+        row["stage"] = tr.stage_of(row["block"])
+        for key, m in moments[name].items():
+            row[key], row[f"{key}_std"] = m.mean, m.std
+        if conn.name == "wSkip":
+            w = conn.weight.detach()
+            row.update(w_norm=w.norm().item(), w_mean=w.mean().item(), w_std=w.std(unbiased=False).item(), dim=w.numel())
+        rows.append(row)
+    result = {"analysis": what, "run": str(tr.path), "label": tr.label, "split": split, "examples": seen,
+              "mode": "eval", "seed": seed, "connections": rows, "time_s": time.time() - t0, "config": tr.config}
+    if what == "ratios":
+        result["stages"] = _by_stage(rows)
+        result["network"] = sum(r["ratio"] for r in rows) / len(rows)
+        result["paper"] = {"ratio": PAPER_RATIO, "where": "2rSkip+LN, middle stage of ResNet-110, CIFAR-10 "
+                                                          "(rSkip+LN paper, Section 4.3)"}
+    return result
+
+
+def _values(conn, entry: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The recorded quantities of one forward pass that this analysis averages."""
+    if conn.name == "rSkip":
+        r = conn.position_ratio(entry["sigma_prods"])
+        if r.dim() == 0:  # k = 1: the ratio is 1 everywhere
+            return {"ratio": entry["pre"].new_ones(()).expand(*entry["pre"].shape[:-1], 1)
+                    if conn.layout == "seq" else entry["pre"].new_ones(entry["pre"].shape[0], 1)}
+        return {"ratio": r.mean(-1 if conn.layout == "seq" else 1, keepdim=True)}
+    return {k: v for k, v in entry.items() if k in GATES}
+
+
+def _by_stage(rows: list[dict[str, Any]]) -> dict[str, float]:
+    stages: dict[str, list[float]] = {}
+    for r in rows:
+        stages.setdefault(r["stage"], []).append(r["ratio"])
+    return {s: sum(v) / len(v) for s, v in stages.items()}
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = result["connections"]
+    if result["analysis"] == "ratios":
+        body = [[r["connection"], r["stage"], r["spec"], r["ratio"], r["ratio_std"]] for r in rows]
+        text = markdown(["connection", "stage", "spec", "x : F ratio (mean)", "std"], body)
+        stages = ", ".join(f"{s} {v:.3f}" for s, v in result["stages"].items())
+        return (f"{text}\n\nper stage: {stages}; network: {result['network']:.3f}; "
+                f"the paper: {result['paper']['ratio']} ({result['paper']['where']})")
+    keys = [k for k in (*GATES, "w_norm", "w_mean") if any(k in r for r in rows)]
+    head = ["connection", "spec"] + [f"{k} (mean ± std)" if k in GATES else k for k in keys]
+    body = [[r["connection"], r["spec"]] + [(f"{r[k]:.4f} ± {r[k + '_std']:.4f}" if k in GATES else r[k])
+                                            if k in r else "-" for k in keys] for r in rows]
+    return markdown(head, body)
+
+
+def figure(results: list[dict[str, Any]]):
+    """Per block: α, β, γ (SAS), T (Highway), ‖w‖ (wSkip) or the x : F ratio, mean ± std, one line per run
+    and quantity (Fig. 3 of the SAS paper plots α and β per block this way)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    what = results[0]["analysis"]
+    for i, r in enumerate(results):
+        rows = r["connections"]
+        keys = ["ratio"] if what == "ratios" else [k for k in (*GATES, "w_norm") if any(k in x for x in rows)]
+        for j, key in enumerate(keys):
+            xs = [n for n, x in enumerate(rows, 1) if key in x]
+            ys = [x[key] for x in rows if key in x]
+            sd = [x.get(f"{key}_std", 0.0) for x in rows if key in x]
+            label = key if len(results) == 1 else f"{r['label']}: {key}"
+            line = ax.plot(xs, ys, marker="o", ms=3, label=label, color=f"C{i * len(keys) + j}")[0]
+            ax.fill_between(xs, [a - b for a, b in zip(ys, sd)], [a + b for a, b in zip(ys, sd)],
+                            color=line.get_color(), alpha=0.15)
+    if what == "ratios":
+        ax.axhline(PAPER_RATIO, ls="--", color="grey", lw=1, label=f"paper: {PAPER_RATIO} (2rSkip+LN, ResNet-110)")
+    ax.set_xlabel("connection (input side first)")
+    ax.set_ylabel("x : F ratio" if what == "ratios" else "learned value (mean ± std over examples)")
+    first = results[0]
+    ax.set_title(f"{what}, {first['examples']} {first['split']} examples")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,152 @@
+"""``skiplab analyze``: gradient norms, gates, ratios and activations of trained runs, against hand computation."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from skiplab.analysis.gradients import gradient_norms
+from skiplab.analysis.learned import learned
+from skiplab.analysis.report import per_position
+from skiplab.analysis.trained import load_trained
+from skiplab.cli import main
+from skiplab.connections import iter_connections
+
+
+@pytest.fixture(scope="module")
+def runs(fashion_dir, tmp_path_factory):
+    """Tiny PreAct-ResNet-20 runs (one epoch on 256 images) with a plain, a SAS and a recursive skip."""
+    root = tmp_path_factory.mktemp("runs")
+    for spec in ("1xSkip", "SAS", "2rSkip+LN", "Highway", "wSkip+LN"):
+        argv = ["train", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--epochs", "1",
+                "--batch-size", "64", "--connection", spec, "--out", str(root / spec)]
+        assert main(argv) == 0
+    return root
+
+
+def test_gradient_norms_equal_autograd_per_example(runs):
+    tr = load_trained(runs / "2rSkip+LN")
+    result = gradient_norms(tr, split="train", examples=40, progress=False)
+    assert result["examples"] == 40 and [b["block"] for b in result["blocks"]] == [f"block.{i}" for i in range(9)]
+    ex = next(tr.examples("train", 40))  # the same 40 examples, in one batch
+    for index in (1, 6):  # two chosen blocks, one example at a time
+        block, norms = tr.model.blocks[index], []
+        for n in range(len(ex)):
+            out = {}
+            handle = block.register_forward_hook(lambda m, i, o: out.__setitem__("y", o))
+            logits = tr.model(ex.inputs[0][n : n + 1])
+            handle.remove()
+            (grad,) = torch.autograd.grad(F.cross_entropy(logits, ex.target[n : n + 1]), out["y"])
+            norms.append(grad.norm().item())
+        assert result["blocks"][index]["grad_norm"] == pytest.approx(sum(norms) / len(norms), rel=1e-4)
+
+
+def test_gates_and_ratios_average_the_per_batch_values(runs):
+    for spec, what, key, stat in (("SAS", "gates", "alpha", "alpha"), ("SAS", "gates", "beta", "beta"),
+                                  ("2rSkip+LN", "ratios", "ratio", "ratio_mean"), ("Highway", "gates", "T", "T")):
+        tr = load_trained(runs / spec)
+        result = learned(tr, what, split="test", examples=60, progress=False)
+        assert result["examples"] == 60
+        conns = dict(iter_connections(tr.model))
+        by_hand = {name: 0.0 for name in conns}
+        with torch.no_grad():
+            for ex in tr.examples("test", 60, batch=25):  # batches of 25, 25, 10: weights by examples
+                tr.model(*ex.inputs)
+                for name, conn in conns.items():
+                    by_hand[name] += conn.stats()[stat] * len(ex) / 60
+        for row in result["connections"]:
+            assert row[key] == pytest.approx(by_hand[row["connection"]], rel=1e-5), (spec, row["connection"])
+    ratios = learned(load_trained(runs / "2rSkip+LN"), "ratios", examples=20, progress=False)
+    stage2 = [r["ratio"] for r in ratios["connections"] if r["stage"] == "stage 2"]
+    assert ratios["stages"]["stage 2"] == pytest.approx(sum(stage2) / len(stage2)) and ratios["paper"]["ratio"] == 2.64
+
+
+def test_wskip_reports_its_learned_vector(runs):
+    tr = load_trained(runs / "wSkip+LN")
+    result = learned(tr, "gates", examples=10, progress=False)
+    conns = dict(iter_connections(tr.model))
+    assert result["examples"] == 0 and len(result["connections"]) == 9  # a parameter: no data needed
+    for row in result["connections"]:
+        w = conns[row["connection"]].weight.detach()
+        assert row["w_norm"] == pytest.approx(w.norm().item()) and row["w_mean"] == pytest.approx(w.mean().item())
+        assert row["dim"] == w.numel()
+    assert any(abs(r["w_mean"] - 1.0) > 1e-4 for r in result["connections"])  # trained away from its start
+
+
+def test_per_position_drops_padding():
+    value = torch.arange(12.0).reshape(2, 3, 2)  # (B, T, features)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    assert per_position(value, mask, 2).tolist() == [[0.0, 1.0], [2.0, 3.0], [6.0, 7.0]]
+    gate = torch.tensor([[[0.5], [0.7], [9.0]], [[0.1], [9.0], [9.0]]])  # padding holds 9s
+    assert per_position(gate, mask, 2).mean().item() == pytest.approx((0.5 + 0.7 + 0.1) / 3)
+    assert per_position(torch.ones(1, 4, 1, 1), None, 3).shape == (3, 4)  # a broadcast batch axis
+
+
+def test_cli_writes_files_refuses_to_overwrite_and_names_missing_quantities(runs, capsys):
+    run = runs / "SAS"
+    argv = ["analyze", "gates", str(run), "--examples", "30", "--compare", str(runs / "Highway")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "alpha (mean ± std)" in out
+    for suffix in ("json", "md", "png"):
+        assert (run / "analysis" / f"gates.{suffix}").is_file()
+    assert (run / "analysis" / "gates_compare.png").is_file()
+    stored = json.loads((run / "analysis" / "gates.json").read_text())
+    assert stored["examples"] == 30 and stored["split"] == "train" and stored["config"]["connection"] == "SAS"
+    before = (run / "analysis" / "gates.json").read_bytes()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "gates.json exists; use --overwrite" in err and err.count("\n") == 1
+    assert (run / "analysis" / "gates.json").read_bytes() == before
+    assert main([*argv, "--overwrite"]) == 0
+    capsys.readouterr()
+
+    assert main(["analyze", "gates", str(runs / "1xSkip"), "--examples", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "1xSkip has no gates to analyze" in err and err.count("\n") == 1
+    assert not (runs / "1xSkip" / "analysis").exists()
+    assert main(["analyze", "ratios", str(runs / "SAS"), "--examples", "10"]) == 2
+    assert "SAS has no ratios to analyze" in capsys.readouterr().err
+    assert main(["analyze", "gradients", str(runs)]) == 2  # not a run
+    assert "no checkpoint at" in capsys.readouterr().err
+
+
+def test_gradients_and_activations_from_the_command_line(runs, capsys):
+    assert main(["analyze", "gradients", str(runs / "1xSkip"), "--examples", "20", "--compare",
+                 str(runs / "2rSkip+LN")]) == 0
+    assert "mean ‖∂L_n/∂y_n‖" in capsys.readouterr().out
+    assert main(["analyze", "activations", str(runs / "2rSkip+LN"), "--examples", "20"]) == 0
+    result = json.loads((runs / "2rSkip+LN" / "analysis" / "activations.json").read_text())
+    assert len(result["blocks"]) == 9 and len(result["normalised"]) == 9
+    post = result["normalised"][4]["post"]
+    assert sum(post["histogram"]) == pytest.approx(1.0)
+    assert result["blocks"][0]["count"] == 20 * 16 * 32 * 32  # every entry of the first stage's outputs
+
+
+def test_mt_gates_count_real_positions_only(mt_runs):
+    """The padded-batch average equals the one from each sentence alone (no padding), weighted by length."""
+    tr = load_trained(mt_runs / "sas")
+    result = learned(tr, "gates", split="train", examples=30, progress=False)
+    conns = dict(iter_connections(tr.model))
+    sums, counts = {n: 0.0 for n in conns}, {n: 0 for n in conns}
+    with torch.no_grad():
+        for ex in tr.examples("train", 30):
+            for i in range(len(ex)):
+                src = ex.inputs[0][i : i + 1][:, ex.masks["encoder"][i]]
+                tgt = ex.inputs[1][i : i + 1][:, ex.masks["decoder"][i]]
+                tr.model(src, tgt)
+                for name, conn in conns.items():
+                    n = src.shape[1] if name.startswith("encoder") else tgt.shape[1]
+                    sums[name] += conn.stats()["alpha"] * n
+                    counts[name] += n
+    assert len(result["connections"]) == 2 * 2 + 2 * 3
+    for row in result["connections"]:
+        assert row["alpha"] == pytest.approx(sums[row["connection"]] / counts[row["connection"]], rel=1e-4)
+
+
+def test_mt_gradients_cover_every_layer_of_both_families(mt_runs):
+    for name in ("sas", "dwlstm"):
+        result = gradient_norms(load_trained(mt_runs / name), split="valid", examples=8, progress=False)
+        assert [b["block"] for b in result["blocks"]] == ["encoder.0", "encoder.1", "decoder.0", "decoder.1"]
+        assert all(b["grad_norm"] > 0 for b in result["blocks"]) and result["examples"] == 8
