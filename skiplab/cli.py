@@ -185,7 +185,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
 
 
 ANALYZE_OPTIONS = ("split", "examples", "seed", "mode", "near_zero", "large", "layers", "steps", "objective", "sample",
-                   "lr", "beam")
+                   "lr", "beam", "score_start")
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
@@ -337,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                                      "(default: 20000)")
             p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate for W_d, b_d (default: 1e-3)")
             p.add_argument("--beam", type=int, default=4, help="beam size of the BLEU evaluation (default: 4)")
+            p.add_argument("--score-start", action="store_true",
+                           help="also score the model at the least-squares start, before the updates")
         p.add_argument("--overwrite", action="store_true", help="replace the analysis files if they exist")
         p.set_defaults(func=cmd_analyze)
 

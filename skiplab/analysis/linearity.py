@@ -75,7 +75,10 @@ def _rows(t: Tensor, mask: Tensor | None, stride: int = 1) -> Tensor:
 
 
 def linearity(tr: Trained, layers: list[str], steps: int = 100, objective: str = "task", sample: int = 20000,
-              lr: float = 1e-3, beam: int = 4, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+              lr: float = 1e-3, beam: int = 4, score_start: bool = False, seed: int = 0,
+              progress: bool = True) -> dict[str, Any]:
+    """Probe each of ``layers`` in turn (the others untouched); ``score_start`` also scores the model at the
+    least-squares start, before the ``steps`` updates."""
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be task or regress, got {objective!r}")
     blocks = tr.blocks()
@@ -96,7 +99,7 @@ def linearity(tr: Trained, layers: list[str], steps: int = 100, objective: str =
         residual = lin.fit(xs, ys)
         tr.replace_block(layer, lin)
         try:
-            before = _score(tr, beam, False)[0] if steps else None
+            before = _score(tr, beam, False)[0] if score_start else None
             _train(tr, layer, lin, original, steps, objective, lr, seed, progress)
             score = _score(tr, beam, progress)[0]
         finally:
@@ -189,10 +192,14 @@ def _score(tr: Trained, beam: int, progress: bool) -> tuple[float, str, int]:
 
 def table(result: dict[str, Any]) -> str:
     name = result["metric"]
+    dash = lambda v: "-" if v is None else v  # noqa: E731
     body = [["none", result["untouched"], 0.0, "-", "-"]]
-    body += [[r["layer"], r[name], "-" if r["delta_pct"] is None else r["delta_pct"], r[f"{name}_least_squares"] if r[f"{name}_least_squares"] is not None
-              else "-", r["lsq_relative_residual"]] for r in result["layers"]]
+    body += [[r["layer"], r[name], dash(r["delta_pct"]), dash(r[f"{name}_least_squares"]), r["lsq_relative_residual"]]
+             for r in result["layers"]]
     head = ["layer replaced", f"{name}", "Δ (%)", f"{name} at the least-squares start", "least-squares rel. residual"]
+    if all(r[f"{name}_least_squares"] is None for r in result["layers"]):
+        head.pop(3)
+        body = [r[:3] + r[4:] for r in body]
     return (markdown(head, body) + f"\n\n{result['steps']} updates of W_d, b_d ({result['objective']} objective, "
             f"lr {result['lr']:g}) after a least-squares start on {result['sample']} positions; {result['sign']}.")
 
