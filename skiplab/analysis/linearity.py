@@ -105,7 +105,8 @@ def linearity(tr: Trained, layers: list[str], steps: int = 100, objective: str =
         finally:
             tr.replace_block(layer, original)
         rows.append({"layer": layer, name: score, "delta_pct": 100.0 * (score - metric) / metric if metric else None,
-                     f"{name}_least_squares": before, "lsq_relative_residual": residual, "fit_rows": len(xs)})
+                     f"{name}_least_squares": before, "lsq_relative_residual": residual, "fit_rows": len(xs),
+                     "map": f"{type(lin.map).__name__} {xs.shape[1]} -> {ys.shape[1]}" + (f", stride {stride}" if stride else "")})
     for p in tr.model.parameters():
         p.requires_grad_(True)
     return {"analysis": "linearity", "run": str(tr.path), "label": tr.label, "metric": name, "untouched": metric,

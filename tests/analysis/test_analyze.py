@@ -150,3 +150,19 @@ def test_mt_gradients_cover_every_layer_of_both_families(mt_runs):
         result = gradient_norms(load_trained(mt_runs / name), split="valid", examples=8, progress=False)
         assert [b["block"] for b in result["blocks"]] == ["encoder.0", "encoder.1", "decoder.0", "decoder.1"]
         assert all(b["grad_norm"] > 0 for b in result["blocks"]) and result["examples"] == 8
+
+
+def test_linearity_on_a_strided_image_block(runs, capsys):
+    """block.3 halves the resolution and doubles the channels: its linear stand-in is a strided 1x1 conv."""
+    from skiplab.analysis.linearity import linearity
+
+    tr = load_trained(runs / "1xSkip")
+    result = linearity(tr, ["block.3"], steps=2, sample=2000, progress=False)
+    row = result["layers"][0]
+    assert result["metric"] == "error" and result["examples"] == 64 and row["fit_rows"] == 2000
+    assert row["map"] == "Conv2d 16 -> 32, stride 2"
+    assert 0 <= row["error"] <= 100 and row["delta_pct"] == pytest.approx(
+        100 * (row["error"] - result["untouched"]) / result["untouched"])
+    assert type(tr.model.blocks[3]).__name__ == "PreActBlock"  # put back
+    assert main(["analyze", "gradients", str(runs / "1xSkip"), "--compare", str(runs.parent)]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err
