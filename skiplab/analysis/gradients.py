@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .report import markdown, pyplot
+from .report import Moments, markdown, pyplot
 from .trained import Trained
 
 MODES = ("eval", "train")
@@ -32,8 +32,7 @@ def gradient_norms(tr: Trained, split: str = "train", examples: int = 10000, mod
     outputs: dict[str, Any] = {}
     hooks = [b.register_forward_hook(lambda m, i, o, name=name: outputs.__setitem__(name, o))
              for name, b in blocks.items()]
-    sums = {name: 0.0 for name in blocks}
-    sumsq = {name: 0.0 for name in blocks}
+    norms = {name: Moments() for name in blocks}  # of ‖∂L_n/∂y_{b,n}‖ over examples
     seen, t0 = 0, time.time()
     tr.model.train(mode == "train")
     bar = tqdm(total=examples, desc=f"gradients {tr.path.name}", unit="ex", disable=not progress)
@@ -48,9 +47,7 @@ def gradient_norms(tr: Trained, split: str = "train", examples: int = 10000, mod
             for name, p in zip(names, parts):
                 sq = sum((g.flatten(1).pow(2).sum(1) if g is not None else torch.zeros(len(ex)))
                          for g in (next(grads) for _ in p))
-                norms = sq.double().sqrt()
-                sums[name] += norms.sum().item()
-                sumsq[name] += norms.pow(2).sum().item()
+                norms[name].add(sq.double().sqrt())
             seen += len(ex)
             bar.update(len(ex))
     finally:
@@ -58,11 +55,7 @@ def gradient_norms(tr: Trained, split: str = "train", examples: int = 10000, mod
         for h in hooks:
             h.remove()
         tr.model.eval()
-    rows = []
-    for name in blocks:
-        mean = sums[name] / seen
-        rows.append({"block": name, "stage": tr.stage_of(name), "grad_norm": mean,
-                     "std": max(sumsq[name] / seen - mean**2, 0.0) ** 0.5})
+    rows = [{"block": name, "stage": tr.stage_of(name), "grad_norm": m.mean, "std": m.std} for name, m in norms.items()]
     return {"analysis": "gradients", "run": str(tr.path), "label": tr.label, "split": split, "examples": seen,
             "mode": mode, "seed": seed, "loss": "L_n: the example's cross-entropy (MT: summed over its tokens)",
             "blocks": rows, "time_s": time.time() - t0, "config": tr.config}

@@ -85,30 +85,34 @@ def linearity(tr: Trained, layers: list[str], steps: int = 100, objective: str =
     unknown = [name for name in layers if name not in blocks]
     if unknown or not layers:
         raise ValueError(f"{tr.path}: no layer {', '.join(unknown) or '(none given)'}; its layers: {', '.join(blocks)}")
-    for p in tr.model.parameters():
+    frozen = [p for p in tr.model.parameters() if p.requires_grad]
+    for p in frozen:  # everything but W_d, b_d; given back below, whatever happens
         p.requires_grad_(False)
     tr.model.eval()
-    t0 = time.time()
-    metric, name, scored = _score(tr, beam, progress)
-    rows = []
-    for layer in layers:
-        original = blocks[layer]
-        xs, ys, shapes = _capture(tr, layer, original, sample, seed)
-        stride = shapes["stride"]
-        lin = LinearLayer(original, xs.shape[1], ys.shape[1], shapes["n_state"], shapes["widths"], stride)
-        residual = lin.fit(xs, ys)
-        tr.replace_block(layer, lin)
-        try:
-            before = _score(tr, beam, False)[0] if score_start else None
-            _train(tr, layer, lin, original, steps, objective, lr, seed, progress)
-            score = _score(tr, beam, progress)[0]
-        finally:
-            tr.replace_block(layer, original)
-        rows.append({"layer": layer, name: score, "delta_pct": 100.0 * (score - metric) / metric if metric else None,
-                     f"{name}_least_squares": before, "lsq_relative_residual": residual, "fit_rows": len(xs),
-                     "map": f"{type(lin.map).__name__} {xs.shape[1]} -> {ys.shape[1]}" + (f", stride {stride}" if stride else "")})
-    for p in tr.model.parameters():
-        p.requires_grad_(True)
+    try:
+        t0 = time.time()
+        metric, name, scored = _score(tr, beam, progress)
+        rows = []
+        for layer in layers:
+            original = blocks[layer]
+            xs, ys, shapes = _capture(tr, layer, original, sample, seed)
+            stride = shapes["stride"]
+            lin = LinearLayer(original, xs.shape[1], ys.shape[1], shapes["n_state"], shapes["widths"], stride)
+            residual = lin.fit(xs, ys)
+            tr.replace_block(layer, lin)
+            try:
+                before = _score(tr, beam, False)[0] if score_start else None
+                _train(tr, layer, lin, original, steps, objective, lr, seed, progress)
+                score = _score(tr, beam, progress)[0]
+            finally:
+                tr.replace_block(layer, original)
+            kind = f"{type(lin.map).__name__} {xs.shape[1]} -> {ys.shape[1]}" + (f", stride {stride}" if stride else "")
+            rows.append({"layer": layer, name: score, "delta_pct": 100.0 * (score - metric) / metric if metric else None,
+                         f"{name}_least_squares": before, "lsq_relative_residual": residual, "fit_rows": len(xs),
+                         "map": kind})
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
     return {"analysis": "linearity", "run": str(tr.path), "label": tr.label, "metric": name, "untouched": metric,
             "split": "test", "examples": scored,
             "mode": "eval", "objective": objective, "steps": steps, "lr": lr, "sample": sample, "beam": beam,

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .. import run_dir
 from ..data import load_image_dataset, normalise
-from ..models import build_model, model_config
+from ..models import model_from_checkpoint
 from ..text import Tokenizer, encode_parallel, filter_long, load_split, make_batches
 
 PAD = Tokenizer.PAD
@@ -121,12 +121,7 @@ def load_trained(path: str | Path) -> Trained:
     """The run at ``path`` (a run directory or a checkpoint file) in evaluation mode, on the CPU."""
     ckpt = run_dir.load_checkpoint(path, kind=("image", "mt"))
     kind = ckpt["kind"]
-    try:
-        cfg = ckpt["config"]
-        model = build_model(model_config(cfg["model"], **ckpt["model_config"]))
-        model.load_state_dict(ckpt["model"])
-    except (TypeError, KeyError, RuntimeError, ValueError) as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise run_dir.RunDirError(f"{path}: checkpoint does not match the model it names ({first})") from None
+    model = model_from_checkpoint(ckpt, path)
+    cfg = ckpt["config"]
     run = Path(path) if Path(path).is_dir() else Path(path).parent
     return Trained(run, kind, model.eval(), cfg, ckpt)

@@ -18,6 +18,7 @@ from .presets import (
     family_of,
     format_model_spec,
     model_config,
+    model_from_checkpoint,
     options_of,
     parse_model_spec,
     seq2seq_families,
@@ -28,5 +29,5 @@ from .transformer import Transformer, TransformerConfig
 
 __all__ = ["FAMILIES", "PRESETS", "DecoderState", "DepthWiseLSTMConfig", "DepthWiseLSTMTransformer", "EncoderDecoder",
            "Memory", "PreActBlock", "PreActResNet", "PreActResNetConfig", "Seq2SeqConfig", "Transformer",
-           "TransformerConfig", "build_model", "family_of", "format_model_spec", "model_config", "options_of",
+           "TransformerConfig", "build_model", "family_of", "format_model_spec", "model_config", "model_from_checkpoint", "options_of",
            "parse_model_spec", "seq2seq_families", "with_options"]

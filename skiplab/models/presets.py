@@ -14,7 +14,8 @@ from typing import Any
 
 from torch import nn
 
-from ..config import parse_list
+from .. import run_dir
+from ..config import parse_list, parser_for
 from .dwlstm import DepthWiseLSTMConfig, DepthWiseLSTMTransformer
 from .preact_resnet import PreActResNet, PreActResNetConfig
 from .seq2seq import Seq2SeqConfig
@@ -96,9 +97,7 @@ def _convert(cls: type, name: str, key: str, value: Any) -> Any:
         return value
     tp = typing.get_type_hints(cls)[key]
     try:
-        if tp is bool:
-            return {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[value.lower()]
-        return tp(value)
+        return parser_for(tp)(value)
     except (KeyError, ValueError):
         raise ValueError(f"{name}: {key}={value!r} is not a valid {tp.__name__}") from None
 
@@ -130,6 +129,18 @@ def with_options(spec: str, **options: Any) -> str:
 def build_model(cfg) -> nn.Module:
     """The model a config describes."""
     return FAMILIES[type(cfg)](cfg)
+
+
+def model_from_checkpoint(ckpt: dict[str, Any], path: Any) -> nn.Module:
+    """The model a checkpoint holds (its spec and resolved config), weights loaded; a checkpoint whose
+    weights do not fit the model it names is a one-line :class:`~skiplab.run_dir.RunDirError`."""
+    try:
+        model = build_model(model_config(ckpt["config"]["model"], **ckpt["model_config"]))
+        model.load_state_dict(ckpt["model"])
+    except (TypeError, KeyError, RuntimeError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise run_dir.RunDirError(f"{path}: checkpoint does not match the model it names ({first})") from None
+    return model
 
 
 def seq2seq_families() -> list[type]:

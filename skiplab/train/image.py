@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..data import ImageData, augment_batch, load_image_dataset, normalise
-from ..models import build_model, model_config
 from .. import run_dir
+from ..models import build_model, model_config, model_from_checkpoint
 from ..device import pick_device
 
 PAPER_EPOCHS, PAPER_MILESTONES = 164, (81, 122)
@@ -196,14 +196,11 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
 def load_trained(path: str | Path):
     """(config, model in eval mode, checkpoint) from a run directory or checkpoint file."""
     ckpt = run_dir.load_checkpoint(path, kind="image")
+    model = model_from_checkpoint(ckpt, path)
     try:
         cfg = ImageTrainConfig(**ckpt["config"])
-        mcfg = model_config(cfg.model, **ckpt["model_config"])
-        model = build_model(mcfg)
-        model.load_state_dict(ckpt["model"])
-    except (TypeError, KeyError, RuntimeError) as err:
-        first = str(err).strip().splitlines()[0]
-        raise run_dir.RunDirError(f"{path}: checkpoint does not match the model it names ({first})") from None
+    except (TypeError, ValueError) as err:
+        raise run_dir.RunDirError(f"{path}: the checkpoint's config is not an image run's ({err})") from None
     return cfg, model.eval(), ckpt
 
 

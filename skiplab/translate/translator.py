@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 from .. import run_dir
 from ..device import pick_device
-from ..models import EncoderDecoder, build_model, model_config
+from ..models import EncoderDecoder, model_from_checkpoint
 from ..text import Tokenizer, load_split, make_batches
 from .metrics import bleu, chrf
 from .search import beam_search
@@ -32,14 +32,12 @@ class Translator:
     @classmethod
     def load(cls, path: str | Path, average: int = 0, device: str = "auto") -> "Translator":
         ckpt = run_dir.average_checkpoints(path, average)[0] if average > 1 else run_dir.load_checkpoint(path, kind="mt")
+        model = model_from_checkpoint(ckpt, path)
+        mcfg = model.cfg
         try:
-            mcfg = model_config(ckpt["config"]["model"], **ckpt["model_config"])
-            model = build_model(mcfg)
-            model.load_state_dict(ckpt["model"])
             tok = Tokenizer.from_bytes(ckpt["tokenizer"])
-        except (TypeError, KeyError, RuntimeError, ValueError) as err:
-            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            raise run_dir.RunDirError(f"{path}: checkpoint does not match the model it names ({first})") from None
+        except (KeyError, RuntimeError, ValueError) as err:
+            raise run_dir.RunDirError(f"{path}: no usable tokenizer in the checkpoint ({err})") from None
         if tok.vocab_size != mcfg.vocab_size:
             raise run_dir.RunDirError(f"{path}: tokenizer has {tok.vocab_size} pieces, the model {mcfg.vocab_size}")
         dev = pick_device(device)
