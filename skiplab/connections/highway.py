@@ -29,14 +29,14 @@ class Highway(Connection):
         super().__init__(spec, dim, layout, in_dim)
         self.transform = nn.Linear(dim, dim)
         nn.init.constant_(self.transform.bias, spec.options["bias"])
-        self._t_mean: Tensor | None = None
+        self._t: Tensor | None = None
 
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
         t = unpool(torch.sigmoid(self.transform(pool_features(s, self.layout))), self.layout, s)
-        self._t_mean = t.detach().mean()
+        self._t = t.detach()  # averaged only when stats() asks; autograd keeps t anyway
         self.record(T=t)
         return t * branch(x) + (1 - t) * s
 
     def stats(self) -> dict[str, Any]:
-        return {"T": None if self._t_mean is None else self._t_mean.item()}
+        return {"T": None if self._t is None else self._t.float().mean().item()}

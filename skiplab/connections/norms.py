@@ -3,7 +3,8 @@
 A normalisation G maps h to ``w * (h - mu) / sigma + b`` (RMS: ``w * h / sigma``). With the statistics
 mu, sigma held fixed, G is affine in h; the recursive skip's learned ratio (Appendix A of the rSkip+LN
 paper) is read off that form, so besides building the layers this module gives, for any layer it
-built, ``norm_sigma`` (the sigma of the last input, broadcastable to it) and ``norm_gain`` (w).
+built, ``normalize`` (G(h) together with the 1/sigma that G computed anyway: no extra pass over h),
+``norm_sigma`` (sigma recomputed from h, for layers ``normalize`` cannot see into) and ``norm_gain`` (w).
 
 Layouts:
 
@@ -67,6 +68,48 @@ def make_norm(kind: str, dim: int, layout: str = "seq") -> nn.Module:
 def feature_axis(layout: str) -> int:
     """The axis that holds the C features: the last for ``seq``, 1 for ``conv``."""
     return -1 if layout == "seq" else 1
+
+
+def normalize(norm: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
+    """``(norm(h), 1/sigma)``: the output and the detached 1/sigma the layer divided by, broadcastable to h.
+
+    The statistics come out of the same fused kernel that normalises (``native_layer_norm``,
+    ``native_group_norm``, ``native_batch_norm``; RMS computes its rsqrt once and multiplies), so keeping
+    them costs no pass over memory. Under autocast the layer runs in float32 as ``F.layer_norm`` would.
+    Layers it does not know (e.g. a SyncBatchNorm swapped in for multi-process training) are called as
+    they are and their sigma is recomputed by :func:`norm_sigma`.
+    """
+    if torch.is_autocast_enabled(h.device.type):
+        with torch.autocast(h.device.type, enabled=False):
+            return normalize(norm, h.float())
+    kind = type(norm)
+    if kind is nn.LayerNorm:
+        y, _, rstd = torch.native_layer_norm(h, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+        return y, rstd.detach()
+    if kind is nn.GroupNorm and norm.num_groups == 1:
+        n, c = h.shape[:2]
+        y, _, rstd = torch.native_group_norm(h, norm.weight, norm.bias, n, c, h[0, 0].numel(), 1, norm.eps)
+        return y, rstd.detach().view(n, *([1] * (h.dim() - 1)))
+    if kind in (nn.RMSNorm, ChannelRMSNorm):
+        dims = tuple(range(-len(norm.normalized_shape), 0)) if kind is nn.RMSNorm else tuple(range(1, h.dim()))
+        eps = norm.eps if norm.eps is not None else torch.finfo(h.dtype).eps
+        rstd = torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)
+        w = norm.weight if kind is nn.RMSNorm else norm.weight.view(-1, *([1] * (h.dim() - 2)))
+        y = h * rstd if w is None else h * rstd * w
+        return y, rstd.detach()
+    if kind in (nn.BatchNorm2d, FeatureBatchNorm) and norm.track_running_stats and norm.training:
+        flat = h.reshape(-1, h.shape[-1]) if kind is FeatureBatchNorm else h
+        factor = 0.0 if norm.momentum is None else norm.momentum
+        norm.num_batches_tracked.add_(1)
+        if norm.momentum is None:  # cumulative moving average, as nn.BatchNorm does
+            factor = 1.0 / float(norm.num_batches_tracked)
+        y, _, invstd = torch.native_batch_norm(flat, norm.weight, norm.bias, norm.running_mean, norm.running_var,
+                                               True, factor, norm.eps)
+        shape = [1] * h.dim()
+        shape[-1 if kind is FeatureBatchNorm else 1] = -1
+        return y.reshape(h.shape), invstd.detach().view(shape)
+    y = norm(h)
+    return y, 1.0 / norm_sigma(norm, h)
 
 
 @torch.no_grad()

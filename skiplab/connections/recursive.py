@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import Branch, Connection, register
-from .norms import NORMS, feature_mean, make_norm, norm_gain, norm_sigma
+from .norms import NORMS, feature_mean, make_norm, normalize, norm_gain
 from .spec import Spec
 
 
@@ -29,6 +29,9 @@ class RecursiveSkip(Connection):
 
     The paper's general form sums to λ (= k); unrolling y_3 shows the sum stops at k-1. ``stats()``
     reports this ratio per feature, averaged over the positions (and examples) of the last forward pass.
+    The σ_j are the ones the norms compute anyway (:func:`~skiplab.connections.norms.normalize`); a forward
+    pass keeps references to them (one number per position) and ``stats()`` does the arithmetic, so
+    training pays nothing for the statistics.
     """
 
     name = "rSkip"
@@ -45,7 +48,7 @@ class RecursiveSkip(Connection):
         super().__init__(spec, dim, layout, in_dim)
         self.k = int(spec.number)
         self.norms = nn.ModuleList(make_norm(spec.norm, dim, layout) for _ in range(self.k))
-        self._sigma_prods: list[Tensor] = []  # mean over positions of Π_{j<=i} σ_j, i = 1..k-1
+        self._inv_sigmas: list[Tensor] = []  # 1/σ_i of the last forward pass, i = 1..k-1 (σ_k never enters)
 
     @staticmethod
     def check_number(number: float) -> float:
@@ -56,32 +59,39 @@ class RecursiveSkip(Connection):
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
         y = branch(x)
-        prods, prod, raw, first = [], None, [], None
-        for i, norm in enumerate(self.norms):
+        inv_sigmas, first = [], None
+        for norm in self.norms:
             h = s + y
-            if i < self.k - 1:  # σ_k never enters the ratio
-                sigma = norm_sigma(norm, h)
-                prod = sigma if prod is None else prod * sigma
-                prods.append(feature_mean(prod, self.layout, self.dim))
-                raw.append(prod)
-            y = norm(h)
+            y, inv_sigma = normalize(norm, h)
+            inv_sigmas.append(inv_sigma)
             first = (h, y) if first is None else first
-        self._sigma_prods = prods
-        self.record(sigma_prods=raw, pre=first[0], post=first[1])
+        self._inv_sigmas = inv_sigmas[:-1]
+        if self.recording is not None:
+            self.record(sigma_prods=self.sigma_prods(), pre=first[0], post=first[1])
         return y
+
+    @torch.no_grad()
+    def sigma_prods(self) -> list[Tensor]:
+        """Π_{j<=i} σ_j, i = 1..k-1, of the last forward pass, per position (broadcastable to it)."""
+        prods, prod = [], None
+        for inv in self._inv_sigmas:
+            sigma = 1.0 / inv.float()
+            prod = sigma if prod is None else prod * sigma
+            prods.append(prod)
+        return prods
 
     @torch.no_grad()
     def ratio(self) -> Tensor | None:
         """Per-feature skip-to-residual ratio x : F of the last forward pass, shape ``(dim,)``."""
         if self.k == 1:
             return torch.ones(self.dim)
-        if not self._sigma_prods:
+        if not self._inv_sigmas:
             return None
         ratio, gains = torch.ones(self.dim), None
-        for norm, sigma_prod in zip(self.norms, self._sigma_prods):
+        for norm, prod in zip(self.norms, self.sigma_prods()):
             w = norm_gain(norm).cpu()
             gains = w if gains is None else gains * w
-            ratio = ratio + sigma_prod.cpu() / gains
+            ratio = ratio + feature_mean(prod, self.layout, self.dim).cpu() / gains
         return ratio
 
     @torch.no_grad()

@@ -100,11 +100,12 @@ class SelfAdaptiveScaling(Connection):
         a = unpool(self.alpha(ps, pf), self.layout, s)
         b = unpool(self.beta(ps, pf), self.layout, s)
         g = (1 - a) * (1 - b) if self.gamma is None else unpool(self.gamma(ps, pf), self.layout, s)
-        self._last = {"alpha": a.detach().mean(), "beta": b.detach().mean(), "gamma": g.detach().mean()}
+        self._last = {"alpha": a.detach(), "beta": b.detach(), "gamma": g.detach()}  # one value per position
         h = s + fx
         n = self.norm(h)
         self.record(alpha=a, beta=b, gamma=g, pre=h, post=n)
         return a * s + b * fx + g * n
 
     def stats(self) -> dict[str, Any]:
-        return {k: (self._last[k].item() if self._last else None) for k in ("alpha", "beta", "gamma")}
+        """Mean α, β, γ of the last forward pass (averaged here, not in the forward pass: training pays nothing)."""
+        return {k: (self._last[k].float().mean().item() if self._last else None) for k in ("alpha", "beta", "gamma")}

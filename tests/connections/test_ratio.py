@@ -1,7 +1,7 @@
 """The learned skip-to-residual ratio of krSkip+G (Appendix A of the rSkip+LN paper).
 
-The reference here never uses the ratio formula: it records every norm's input during a real forward
-pass, freezes those statistics, and reads the coefficients of x and F off the resulting affine map
+The reference here never uses the ratio formula: it replays the recursion of Eq. 4 on the inputs of a real
+forward pass to get every norm's input, freezes those statistics, and reads the coefficients of x and F off the resulting affine map
 y = A·x + B·F + C by evaluation at unit inputs. The ratio is A / B, averaged over positions.
 """
 
@@ -38,13 +38,13 @@ def frozen_stats(norm, h):
 
 
 def affine_coefficients(conn, x, branch):
-    """Run ``conn`` once, recording each norm's statistics; return (A, B, y, y_frozen)."""
-    inputs = []
-    hooks = [n.register_forward_pre_hook(lambda m, a: inputs.append((m, a[0]))) for n in conn.norms]
+    """Run ``conn`` once, then each norm's statistics at its input; return (A, B, y, y_frozen)."""
     y = conn(x, branch)
-    for hk in hooks:
-        hk.remove()
-    stats = [frozen_stats(m, h) for m, h in inputs]
+    stats, out = [], branch(x).detach()
+    for m in conn.norms:  # h_i = x + y_{i-1} (y_0 = F), normalised with the statistics of h_i itself
+        stats.append(frozen_stats(m, x + out))
+        mu, sigma, w, b = stats[-1]
+        out = w * (x + out - mu) / sigma + b
 
     def frozen(xv, fv):
         out = fv
