@@ -2,6 +2,14 @@
 
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V,   heads concatenated, then W_O
     (Vaswani et al. 2017, Eqs. 1-2). Dropout acts on the attention weights.
+
+Self-attention projects Q, K and V with one matmul (``qkv_proj``, the three d x d matrices stacked);
+cross-attention projects Q from the decoder and K, V from the encoder output with one matmul
+(``kv_proj``), once per sentence. Each slice is initialised as its own d x d ``nn.Linear`` would be,
+drawing the random numbers in the order three separate layers did, so a seed gives the model it gave
+before the projections were stacked. Checkpoints with separate ``q_proj``/``k_proj``/``v_proj`` load:
+their keys are stacked on loading. A causal self-attention passes ``is_causal=True`` instead of a
+materialised mask, so that the fused kernels (flash, memory-efficient) may run on a GPU.
 """
 
 from __future__ import annotations
@@ -11,50 +19,100 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-class MultiheadAttention(nn.Module):
-    def __init__(self, d_model: int, heads: int, dropout: float = 0.0):
+def stacked_linear(d_in: int, d_out: int, parts: int) -> nn.Linear:
+    """``nn.Linear(d_in, parts * d_out)`` whose ``parts`` row blocks are initialised, one after the other,
+    as separate ``nn.Linear(d_in, d_out)`` layers (the same distribution and the same random draws)."""
+    layers = [nn.Linear(d_in, d_out) for _ in range(parts)]
+    stacked = nn.utils.skip_init(nn.Linear, d_in, parts * d_out)
+    with torch.no_grad():
+        stacked.weight.copy_(torch.cat([lin.weight for lin in layers]))
+        stacked.bias.copy_(torch.cat([lin.bias for lin in layers]))
+    return stacked
+
+
+class _Attention(nn.Module):
+    """Heads, dropout and the output projection W_O shared by self- and cross-attention."""
+
+    # checkpoint keys of separate projections -> the stacked one that replaces them (see _stack_old_keys)
+    stacks: dict[str, tuple[str, ...]] = {}
+
+    def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by the number of heads ({heads})")
         self.heads, self.dropout = heads, dropout
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
+        self._register_load_state_dict_pre_hook(self._stack_old_keys)
 
     def split(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, H, T, D/H)
         b, t, d = x.shape
         return x.view(b, t, self.heads, d // self.heads).transpose(1, 2)
 
-    def project_kv(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys and values of ``x``, split into heads: what a decoding cache stores."""
-        return self.split(self.k_proj(x)), self.split(self.v_proj(x))
-
-    def cached_kv(self, x: Tensor, cache: dict[str, Tensor] | None) -> tuple[Tensor, Tensor]:
-        """Keys and values of ``x``; with a ``cache`` (incremental decoding), appended to the cached ones of the
-        earlier positions, which the cache then holds."""
-        k, v = self.project_kv(x)
-        if cache is not None:
-            if "k" in cache:
-                k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
-            cache["k"], cache["v"] = k, v
-        return k, v
-
-    def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None) -> Tensor:
-        """``query`` (B, T, D) attends to projected keys/values (B, H, S, D/H); ``mask`` (B, 1|H, T|1, S) is
-        True where attention is allowed."""
-        q = self.split(self.q_proj(query))
-        k, v = kv
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
+        """Heads (B, H, T, D/H) attend; ``mask`` (B, 1|H, T|1, S) is True where attention is allowed."""
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                             dropout_p=self.dropout if self.training else 0.0)
         b, h, t, dh = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, h * dh))
+
+    def _stack_old_keys(self, state: dict, prefix: str, *args) -> None:
+        """Stack ``q_proj``/``k_proj``/``v_proj`` entries of a checkpoint written before the projections were
+        stacked into the one layer that replaces them."""
+        for stacked, parts in self.stacks.items():
+            for kind in ("weight", "bias"):
+                old = [f"{prefix}{p}.{kind}" for p in parts]
+                if all(k in state for k in old) and f"{prefix}{stacked}.{kind}" not in state:
+                    state[f"{prefix}{stacked}.{kind}"] = torch.cat([state.pop(k) for k in old])
+
+
+class SelfAttention(_Attention):
+    """Queries, keys and values from the same sequence, through one stacked projection ``qkv_proj``."""
+
+    stacks = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0):
+        super().__init__(d_model, heads, dropout)
+        self.qkv_proj = stacked_linear(d_model, d_model, 3)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
+                cache: dict[str, Tensor] | None = None) -> Tensor:
+        """``x`` (B, T, D) attends to itself: under the padding ``mask`` (encoder) or ``causal``ly (decoder:
+        position i sees positions <= i). With a ``cache`` (incremental decoding) x holds the new positions;
+        their keys and values are appended to the cached ones of the earlier positions."""
+        q, k, v = (self.split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
+        past = 0
+        if cache is not None:
+            if "k" in cache:
+                past = cache["k"].shape[2]
+                k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+            cache["k"], cache["v"] = k, v
+        t = q.shape[2]
+        if causal and past and t > 1:  # new positions after cached ones: the diagonal sits at the bottom right
+            mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(past)[None, None]
+        return self.attend(q, k, v, mask, causal=causal and not past and t > 1)
+
+
+class CrossAttention(_Attention):
+    """Queries from the decoder, keys and values from the encoder output (``kv_proj``, one matmul)."""
+
+    stacks = {"kv_proj": ("k_proj", "v_proj")}
+
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0):
+        super().__init__(d_model, heads, dropout)
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.kv_proj = stacked_linear(d_model, d_model, 2)
+        self.out_proj = nn.Linear(d_model, d_model)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of the encoder output, split into heads: computed once per sentence."""
+        k, v = self.kv_proj(memory).chunk(2, dim=-1)
+        return self.split(k), self.split(v)
+
+    def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None) -> Tensor:
+        """``query`` (B, T, D) attends to projected keys/values (B, H, S, D/H) under the source ``mask``."""
+        return self.attend(self.split(self.q_proj(query)), *kv, mask)
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:
     """(B, 1, 1, S), True at real tokens: which keys a query may attend to."""
     return (tokens != pad_id)[:, None, None, :]
-
-
-def causal_mask(t: int, device: torch.device) -> Tensor:
-    """(1, 1, T, T), True on and below the diagonal: position i sees positions <= i."""
-    return torch.ones(t, t, dtype=torch.bool, device=device).tril()[None, None]

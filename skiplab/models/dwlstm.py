@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import MultiheadAttention
+from .attention import CrossAttention, SelfAttention
 from .seq2seq import EncoderDecoder, Seq2SeqConfig
 
 ACTIVATIONS = {"gelu": nn.GELU, "tanh": nn.Tanh}
@@ -144,13 +144,13 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: DepthWiseLSTMConfig, lstm: DepthWiseLSTM):
         super().__init__()
         self.attn_norm = nn.LayerNorm(cfg.d_model)
-        self.self_attn = MultiheadAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
+        self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
         self.lstm = lstm
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, out: Tensor, cell: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:  # (B, S, D) each
         h = self.attn_norm(out)
-        a = self.drop(self.self_attn(h, self.self_attn.project_kv(h), mask))
+        a = self.drop(self.self_attn(h, mask))
         return self.lstm(a, (out, cell))
 
 
@@ -159,17 +159,17 @@ class DecoderLayer(nn.Module):
         super().__init__()
         d = cfg.d_model
         self.self_norm = nn.LayerNorm(d)
-        self.self_attn = MultiheadAttention(d, cfg.heads, cfg.attention_dropout)
+        self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
         self.cross_norm = nn.LayerNorm(d)
-        self.cross_attn = MultiheadAttention(d, cfg.heads, cfg.attention_dropout)
+        self.cross_attn = CrossAttention(d, cfg.heads, cfg.attention_dropout)
         self.lstm = lstm
         self.drop = nn.Dropout(cfg.dropout)
         self.merge = cfg.merge
 
     def forward(self, out: Tensor, cell: Tensor, cross_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
-                self_mask: Tensor | None = None, cache: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                cache: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         h = self.self_norm(out)
-        s = self.drop(self.self_attn(h, self.self_attn.cached_kv(h, cache), self_mask))
+        s = self.drop(self.self_attn(h, causal=True, cache=cache))
         a = self.drop(self.cross_attn(self.cross_norm(s + out), cross_kv, memory_mask))
         merged = s + a if self.merge == "add" else torch.cat([s, a], dim=-1)
         return self.lstm(merged, (out, cell))
@@ -201,10 +201,10 @@ class DepthWiseLSTMDecoder(nn.Module):
         return [layer.cross_attn.project_kv(memory) for layer in self.layers]
 
     def forward(self, x: Tensor, cross: list[tuple[Tensor, Tensor]], memory_mask: Tensor,
-                self_mask: Tensor | None = None, caches: list[dict[str, Tensor]] | None = None) -> Tensor:
+                caches: list[dict[str, Tensor]] | None = None) -> Tensor:
         out = cell = x
         for i, layer in enumerate(self.layers):
-            out, cell = layer(out, cell, cross[i], memory_mask, self_mask, None if caches is None else caches[i])
+            out, cell = layer(out, cell, cross[i], memory_mask, None if caches is None else caches[i])
         return self.norm(out)
 
 

@@ -6,14 +6,14 @@
 The shell owns what does not depend on how layers are connected: the embedding E shared by source,
 target and output (Press & Wolf 2017; Vaswani et al. 2017, Section 3.4), the sinusoidal positions
 PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (Section 3.5), the
-padding and causal masks, and incremental decoding (:meth:`encode`, :meth:`start`, :meth:`step`,
+padding mask (decoder self-attention is causal: the stacks attend with ``causal=True``), and incremental decoding (:meth:`encode`, :meth:`start`, :meth:`step`,
 :meth:`select`, the interface ``skiplab.translate`` searches with). A family (the residual Transformer,
 the depth-wise LSTM Transformer) subclasses :class:`EncoderDecoder` and hands it an encoder stack and a
 decoder stack that keep these contracts (shapes (B, T, D)):
 
     encoder(x, mask) -> h                      the stack's output, final norm included
     decoder.cross_kv(memory) -> [(k, v)] * L   each layer's projection of the source, computed once
-    decoder(x, cross, memory_mask, self_mask, caches) -> h
+    decoder(x, cross, memory_mask, caches) -> h
         with ``caches`` (one dict per layer), x holds only the new positions: each layer appends their
         self-attention keys and values to its cache and attends over every cached position.
 
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import causal_mask, padding_mask
+from .attention import padding_mask
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class DecoderStack(Protocol):
     def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]: ...
 
     def __call__(self, x: Tensor, cross: list[tuple[Tensor, Tensor]], memory_mask: Tensor,
-                 self_mask: Tensor | None = None, caches: list[dict[str, Tensor]] | None = None) -> Tensor: ...
+                 caches: list[dict[str, Tensor]] | None = None) -> Tensor: ...
 
 
 def sinusoid(n: int, d: int) -> Tensor:
@@ -129,9 +129,8 @@ class EncoderDecoder(nn.Module):
         return Memory(self.encoder(self.embed_tokens(src), mask), mask)
 
     def decode(self, tgt_in: Tensor, memory: Memory) -> Tensor:  # (B, T) -> logits (B, T, V)
-        x = self.embed_tokens(tgt_in)
-        mask = causal_mask(tgt_in.shape[1], tgt_in.device)
-        return self.output(self.decoder(x, self.decoder.cross_kv(memory.out), memory.mask, mask))
+        x = self.embed_tokens(tgt_in)  # right-padded: causal self-attention alone is exact at every real position
+        return self.output(self.decoder(x, self.decoder.cross_kv(memory.out), memory.mask))
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for the target prefix ``tgt_in`` (BOS + y)."""
@@ -145,7 +144,7 @@ class EncoderDecoder(nn.Module):
     def step(self, tokens: Tensor, state: DecoderState) -> Tensor:
         """Feed one position (tokens (N,)), extend the caches in place, return log-probs (N, V) of the next."""
         x = self.embed_tokens(tokens[:, None], offset=state.position)
-        h = self.decoder(x, state.cross, state.mask, None, state.caches)
+        h = self.decoder(x, state.cross, state.mask, state.caches)
         state.position += 1
         return F.log_softmax(self.output(h)[:, 0].float(), dim=-1)
 

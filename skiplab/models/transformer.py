@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from ..connections import REGISTRY, connection, parse_spec
 from ..connections.norms import make_norm
-from .attention import MultiheadAttention
+from .attention import CrossAttention, SelfAttention
 from .seq2seq import EncoderDecoder, Seq2SeqConfig
 
 
@@ -42,14 +42,14 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = MultiheadAttention(d, cfg.heads, cfg.attention_dropout)
+        self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
         self.ffn = FeedForward(d, cfg.ffn_dim)
         self.conn_attn = connection(cfg.connection, d)
         self.conn_ffn = connection(cfg.connection, d)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # (B, S, D)
-        x = self.conn_attn(x, lambda h: self.drop(self.self_attn(h, self.self_attn.project_kv(h), mask)))
+        x = self.conn_attn(x, lambda h: self.drop(self.self_attn(h, mask)))
         return self.conn_ffn(x, lambda h: self.drop(self.ffn(h)))
 
 
@@ -57,8 +57,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = MultiheadAttention(d, cfg.heads, cfg.attention_dropout)
-        self.cross_attn = MultiheadAttention(d, cfg.heads, cfg.attention_dropout)
+        self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
+        self.cross_attn = CrossAttention(d, cfg.heads, cfg.attention_dropout)
         self.ffn = FeedForward(d, cfg.ffn_dim)
         self.conn_self = connection(cfg.connection, d)
         self.conn_cross = connection(cfg.connection, d)
@@ -66,9 +66,9 @@ class DecoderLayer(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
-                self_mask: Tensor | None = None, cache: dict[str, Tensor] | None = None) -> Tensor:
+                cache: dict[str, Tensor] | None = None) -> Tensor:
         """``x`` (B, T, D); with ``cache``, x holds the new positions only (see the shell)."""
-        x = self.conn_self(x, lambda h: self.drop(self.self_attn(h, self.self_attn.cached_kv(h, cache), self_mask)))
+        x = self.conn_self(x, lambda h: self.drop(self.self_attn(h, causal=True, cache=cache)))
         x = self.conn_cross(x, lambda h: self.drop(self.cross_attn(h, cross_kv, memory_mask)))
         return self.conn_ffn(x, lambda h: self.drop(self.ffn(h)))
 
@@ -101,9 +101,9 @@ class ResidualDecoder(nn.Module):
         return [layer.cross_attn.project_kv(memory) for layer in self.layers]
 
     def forward(self, x: Tensor, cross: list[tuple[Tensor, Tensor]], memory_mask: Tensor,
-                self_mask: Tensor | None = None, caches: list[dict[str, Tensor]] | None = None) -> Tensor:
+                caches: list[dict[str, Tensor]] | None = None) -> Tensor:
         for i, layer in enumerate(self.layers):
-            x = layer(x, cross[i], memory_mask, self_mask, None if caches is None else caches[i])
+            x = layer(x, cross[i], memory_mask, None if caches is None else caches[i])
         return self.norm(x)
 
 

@@ -51,8 +51,9 @@ def test_postln_equals_pytorchs_own_post_norm_layers():
 
     def copy_attn(ref, ours):
         with torch.no_grad():
-            ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
-            ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+            stacked = [ours.qkv_proj] if hasattr(ours, "qkv_proj") else [ours.q_proj, ours.kv_proj]
+            ref.in_proj_weight.copy_(torch.cat([lin.weight for lin in stacked]))
+            ref.in_proj_bias.copy_(torch.cat([lin.bias for lin in stacked]))
             ref.out_proj.load_state_dict(ours.out_proj.state_dict())
 
     def reference(ours, layer_cls, attns):
