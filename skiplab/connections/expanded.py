@@ -13,6 +13,7 @@ from typing import Any
 from torch import Tensor
 
 from .base import Branch, Connection, register
+from .fused import scaled_add
 from .norms import NORMS, make_norm
 from .spec import Option, Spec, positive_float
 
@@ -55,7 +56,7 @@ class ExpandedSkip(Connection):
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
         fx = branch(x)
-        h = (s if self.lam == 1.0 else self.lam * s) + (fx if self.f == 1.0 else self.f * fx)
+        h = scaled_add(s, self.lam, fx, self.f)
         if self.norm is None:
             return h
         y = self.norm(h)

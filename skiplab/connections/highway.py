@@ -36,7 +36,7 @@ class Highway(Connection):
         t = unpool(torch.sigmoid(self.transform(pool_features(s, self.layout))), self.layout, s)
         self._t = t.detach()  # averaged only when stats() asks; autograd keeps t anyway
         self.record(T=t)
-        return t * branch(x) + (1 - t) * s
+        return torch.lerp(s, branch(x), t)  # s + T ⊙ (F - s) = T ⊙ F + (1 - T) ⊙ s, one kernel
 
     def stats(self) -> dict[str, Any]:
         return {"T": None if self._t is None else self._t.float().mean().item()}

@@ -33,7 +33,7 @@ class WeightedSkip(Connection):
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
         w = self.weight if feature_axis(self.layout) == -1 else self.weight.view(-1, *([1] * (s.dim() - 2)))
-        h = w * s + branch(x)
+        h = torch.addcmul(branch(x), w, s)  # w ⊙ x + F in one kernel
         if self.norm is None:
             return h
         y = self.norm(h)

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import Branch, Connection, register
+from .fused import gated_sum
 from .norms import make_norm
 from .spec import Option, Spec, choice, finite_float
 
@@ -104,7 +105,7 @@ class SelfAdaptiveScaling(Connection):
         h = s + fx
         n = self.norm(h)
         self.record(alpha=a, beta=b, gamma=g, pre=h, post=n)
-        return a * s + b * fx + g * n
+        return gated_sum((a, s), (b, fx), (g, n))  # α·x + β·F + γ·G(x + F), one output buffer
 
     def stats(self) -> dict[str, Any]:
         """Mean α, β, γ of the last forward pass (averaged here, not in the forward pass: training pays nothing)."""

@@ -1,0 +1,88 @@
+"""Fused element-wise forms of the connections: the same formulas in fewer passes over memory.
+
+A connection's own cost is element-wise: its matmuls are in the branch. Written as separate tensor
+operations, y = α·x + β·F + γ·LN(x + F) (SAS, Eq. 4 of the SAS paper) makes and re-reads a temporary for
+every product and sum, and autograd's backward of a broadcast gate product materialises ``dy ⊙ x`` before
+reducing it. The functions here compute the same values with one output buffer and reduce the gate
+gradients as dot products (a batched matmul, no temporary):
+
+    gated_sum((g_1, t_1), ..., (g_n, t_n)) = Σ_i g_i ⊙ t_i
+        ∂/∂t_i = g_i ⊙ dy,   ∂/∂g_i = Σ_{broadcast axes} dy ⊙ t_i
+
+Gates broadcast over trailing axes only: a scalar per position (B, T, 1) against (B, T, D), per example
+(N, 1, 1, 1) or per channel (N, C, 1, 1) against (N, C, H, W), or a full-size tensor.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import Tensor
+
+
+def _rows(gate: Tensor, like: Tensor) -> int:
+    """How many leading elements of ``like`` one gate value covers the trailing rest of; checks the shape."""
+    if gate.dim() != like.dim():
+        raise ValueError(f"a gate of shape {tuple(gate.shape)} does not match a tensor of shape {tuple(like.shape)}")
+    lead = gate.dim()
+    while lead and gate.shape[lead - 1] == 1 and like.shape[lead - 1] != 1:
+        lead -= 1
+    if tuple(gate.shape[:lead]) != tuple(like.shape[:lead]) or any(n != 1 for n in gate.shape[lead:]):
+        raise ValueError(f"a gate of shape {tuple(gate.shape)} must equal the leading axes of {tuple(like.shape)} "
+                         "and be 1 on the trailing ones")
+    return math.prod(like.shape[:lead])
+
+
+def _gate_grad(gate: Tensor, dy: Tensor, t: Tensor) -> Tensor:
+    """Σ over the axes ``gate`` broadcasts along of dy ⊙ t, in the gate's shape: a dot product per gate value."""
+    if gate.shape == t.shape:
+        return dy * t
+    rows = _rows(gate, t)
+    dot = torch.bmm(dy.reshape(rows, 1, -1), t.reshape(rows, -1, 1))  # no (rows, k) temporary
+    return dot.view(gate.shape)
+
+
+class _GatedSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, *flat: Tensor) -> Tensor:
+        gates, tensors = flat[0::2], flat[1::2]
+        y = gates[0] * tensors[0]
+        for g, t in zip(gates[1:], tensors[1:]):
+            y.addcmul_(g, t)
+        ctx.save_for_backward(*flat)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        flat = ctx.saved_tensors
+        grads: list[Tensor | None] = []
+        for i in range(0, len(flat), 2):
+            g, t = flat[i], flat[i + 1]
+            grads.append(_gate_grad(g, dy, t).to(g.dtype) if ctx.needs_input_grad[i] else None)
+            grads.append(g * dy if ctx.needs_input_grad[i + 1] else None)
+        return tuple(grads)
+
+
+def gated_sum(*pairs: tuple[Tensor, Tensor]) -> Tensor:
+    """Σ_i g_i ⊙ t_i for ``(g_i, t_i)`` pairs (see the module docstring), with one output buffer."""
+    if not pairs:
+        raise ValueError("gated_sum needs at least one (gate, tensor) pair")
+    shape = pairs[0][1].shape
+    for g, t in pairs:
+        if t.shape != shape:
+            raise ValueError(f"gated_sum adds tensors of one shape, got {tuple(shape)} and {tuple(t.shape)}")
+        _rows(g, t)
+    dtype = functools.reduce(torch.promote_types, (x.dtype for pair in pairs for x in pair))
+    flat = [x.to(dtype) for pair in pairs for x in pair]
+    return _GatedSum.apply(*flat)
+
+
+def scaled_add(s: Tensor, lam: float, f: Tensor, phi: float = 1.0) -> Tensor:
+    """λ·s + φ·F (Eq. 2 of the rSkip+LN paper, Table 3's contracted forms) in one kernel where φ = 1."""
+    if phi == 1.0:
+        return s + f if lam == 1.0 else torch.add(f, s, alpha=lam)
+    if lam == 1.0:
+        return torch.add(s, f, alpha=phi)
+    return torch.add(lam * s, f, alpha=phi)

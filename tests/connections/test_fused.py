@@ -1,0 +1,124 @@
+"""The fused forms equal the plain formulas, forward and backward (gradcheck in float64 on small shapes),
+and the norms hand back the 1/σ they divide by without changing what they compute."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import skiplab
+from skiplab.connections.fused import gated_sum, scaled_add
+from skiplab.connections.norms import make_norm, norm_sigma, normalize
+from skiplab.connections.sas import pool_features, unpool
+from tests.conftest import make_branch, make_input, randomise_affine
+
+D64 = dict(dtype=torch.float64, requires_grad=True)
+
+
+@pytest.mark.parametrize("gate_shapes,shape", [
+    ([(4, 1, 1, 1), (4, 1, 1, 1), (4, 1, 1, 1)], (4, 3, 2, 2)),  # SAS, conv: one gate per example
+    ([(2, 3, 1), (2, 3, 1)], (2, 3, 5)),                          # SAS, seq: one gate per position
+    ([(4, 3, 1, 1), (4, 3, 2, 2)], (4, 3, 2, 2)),                 # per channel, and full size
+    ([(2, 1, 1)], (2, 1, 5)),                                     # a length-1 axis on both sides
+])
+def test_gated_sum_passes_gradcheck(gate_shapes, shape):
+    torch.manual_seed(0)
+    pairs = [(torch.rand(g, **D64), torch.randn(shape, **D64)) for g in gate_shapes]
+    flat = [x for pair in pairs for x in pair]
+    fn = lambda *xs: gated_sum(*zip(xs[0::2], xs[1::2]))  # noqa: E731
+    assert torch.autograd.gradcheck(fn, flat)
+    torch.testing.assert_close(fn(*flat), sum(g * t for g, t in pairs))
+
+
+def test_gated_sum_refuses_gates_that_do_not_broadcast_over_trailing_axes():
+    t = torch.randn(2, 3, 4)
+    with pytest.raises(ValueError, match="leading axes"):
+        gated_sum((torch.rand(1, 3, 1), t))
+    with pytest.raises(ValueError, match="one shape"):
+        gated_sum((torch.rand(2, 3, 1), t), (torch.rand(2, 3, 1), torch.randn(2, 3, 5)))
+
+
+@pytest.mark.parametrize("lam,phi", [(1.0, 1.0), (2.0, 1.0), (1.0, 0.5), (0.5, 2.0)])
+def test_scaled_add_is_lambda_x_plus_phi_f(lam, phi):
+    s, f = torch.randn(3, 4, **D64), torch.randn(3, 4, **D64)
+    assert torch.autograd.gradcheck(lambda a, b: scaled_add(a, lam, b, phi), (s, f))
+    torch.testing.assert_close(scaled_add(s, lam, f, phi), lam * s + phi * f)
+
+
+def reference(conn, x, fx):
+    """The plain formula of each fused design, on the connection's own parameters."""
+    name = type(conn).__name__
+    if name == "SelfAdaptiveScaling":
+        px, pf = pool_features(x, conn.layout), pool_features(fx, conn.layout)
+        a = unpool(conn.alpha(px, pf), conn.layout, x)
+        b = unpool(conn.beta(px, pf), conn.layout, x)
+        g = (1 - a) * (1 - b) if conn.gamma is None else unpool(conn.gamma(px, pf), conn.layout, x)
+        return a * x + b * fx + g * conn.norm(x + fx)
+    if name == "Highway":
+        t = unpool(torch.sigmoid(conn.transform(pool_features(x, conn.layout))), conn.layout, x)
+        return t * fx + (1 - t) * x
+    if name == "ExpandedSkip":
+        h = conn.lam * x + conn.f * fx
+        return h if conn.norm is None else conn.norm(h)
+    if name == "WeightedSkip":
+        w = conn.weight if conn.layout == "seq" else conn.weight.view(-1, 1, 1)
+        return conn.norm(w * x + fx)
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("spec", ["SAS", "SAS(gamma=free)", "SAS(gate=single)", "Highway", "2xSkip",
+                                  "0.5xSkip+LN(f=2)", "1xSkip(f=2)", "wSkip+LN(init=2)"])
+def test_fused_connections_equal_their_formulas_forward_and_backward(spec, layout):
+    conn = skiplab.connection(spec, 6, layout).double()
+    randomise_affine(conn)
+    branch = make_branch(layout).double()
+    x = make_input(layout).detach().double().requires_grad_()
+    y = conn(x, branch)
+    y_ref = reference(conn, x, branch(x))
+    torch.testing.assert_close(y, y_ref)
+    dy = torch.randn_like(y)
+    params = [x, *conn.parameters(), *branch.parameters()]
+    got = torch.autograd.grad(y, params, dy, allow_unused=True)
+    want = torch.autograd.grad(y_ref, params, dy, allow_unused=True)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is not None:
+            torch.testing.assert_close(g, w)
+
+
+@pytest.mark.parametrize("kind", ["LN", "RMS", "BN"])
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_normalize_returns_what_the_norm_computes_and_its_inverse_sigma(kind, mode, layout):
+    ours, ref = make_norm(kind, 6, layout), make_norm(kind, 6, layout)
+    randomise_affine(ours)
+    ref.load_state_dict(ours.state_dict())
+    if mode == "eval":
+        for norm in (ours, ref):
+            norm(make_input(layout, seed=5).detach() * 3)  # move the running statistics (BN) off their start
+            norm.eval()
+    h = make_input(layout)
+    (y, inv_sigma), y_ref = normalize(ours, h), ref(h)
+    torch.testing.assert_close(y, y_ref)
+    torch.testing.assert_close(inv_sigma, 1 / norm_sigma(ref, h))
+    torch.testing.assert_close(torch.autograd.grad(y.square().sum(), h)[0],
+                               torch.autograd.grad(y_ref.square().sum(), h)[0])
+    for (name, a), b in zip(ours.state_dict().items(), ref.state_dict().values()):  # running stats moved alike
+        torch.testing.assert_close(a, b, msg=name)
+
+
+def test_normalize_follows_a_cumulative_batchnorm_and_leaves_unknown_layers_alone():
+    ours, ref = nn.BatchNorm2d(6, momentum=None), nn.BatchNorm2d(6, momentum=None)
+    for seed in range(3):
+        h = make_input("conv", seed=seed)
+        torch.testing.assert_close(normalize(ours, h)[0], ref(h))
+    torch.testing.assert_close(ours.running_var, ref.running_var)
+    assert int(ours.num_batches_tracked) == 3
+    sync = nn.SyncBatchNorm(6).eval()  # what multi-process training swaps in: called as it is, σ recomputed
+    sync.running_var.fill_(4.0)
+    h = make_input("conv")
+    y, inv_sigma = normalize(sync, h)
+    torch.testing.assert_close(y, F.batch_norm(h, sync.running_mean, sync.running_var, sync.weight, sync.bias,
+                                               eps=sync.eps))
+    torch.testing.assert_close(inv_sigma, torch.full((1, 6, 1, 1), (4.0 + sync.eps) ** -0.5))
+    with pytest.raises(TypeError, match="GroupNorm"):
+        normalize(nn.GroupNorm(2, 6), h)  # a norm that is not affine per feature has no ratio to read
