@@ -1,0 +1,6 @@
+"""Benchmarks of the designs and the engine, printed as ratios measured side by side (``skiplab bench``)."""
+
+from .suite import GROUPS, QUICK, Sizes, run
+from .timing import Row, interleaved, markdown
+
+__all__ = ["GROUPS", "QUICK", "Row", "Sizes", "interleaved", "markdown", "run"]

@@ -1,0 +1,181 @@
+"""What the benchmark times: training steps of both model families, a ``torch.nn.Transformer`` of the same
+shape, a decoder that recomputes its prefix, and the machine's own matmul and memory rates."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..connections import iter_connections
+from ..models import Seq2SeqConfig, build_model, model_config
+from ..models.seq2seq import EncoderDecoder, Memory, sinusoid
+from ..train.recipe_mt import label_smoothed_loss
+
+PAD, BOS, EOS = 0, 2, 3
+
+
+@dataclass
+class MTBatch:
+    """Random token ids in the shapes of a translation batch (right-padded, BOS-prefixed targets)."""
+
+    src: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+
+    @classmethod
+    def random(cls, rows: int, src_len: int, tgt_len: int, vocab: int, seed: int = 0) -> "MTBatch":
+        g = torch.Generator().manual_seed(seed)
+        src = torch.randint(4, vocab, (rows, src_len), generator=g)
+        tgt = torch.randint(4, vocab, (rows, tgt_len), generator=g)
+        src[:, -1] = EOS
+        tgt_in = torch.cat([torch.full((rows, 1), BOS), tgt[:, :-1]], 1)
+        return cls(src, tgt_in, tgt)
+
+
+def image_step(model: nn.Module, batch: tuple[Tensor, Tensor], forward: Callable | None = None) -> Callable[[], None]:
+    """One SGD training step of an image classifier (forward, cross-entropy, backward, update)."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    run = model if forward is None else forward
+    x, y = batch
+
+    def step() -> None:
+        loss = F.cross_entropy(run(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def mt_step(model: nn.Module, batch: MTBatch, forward: Callable | None = None) -> Callable[[], None]:
+    """One Adam training step of a translation model with the recipe's label-smoothed loss."""
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    run = model if forward is None else forward
+
+    def step() -> None:
+        loss, _ = label_smoothed_loss(run(batch.src, batch.tgt_in), batch.tgt_out, 0.1, PAD)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def step_flops(step_inputs: Callable[[], None]) -> int:
+    """Floating-point operations of one call (matmuls and convolutions, forward and backward), counted by
+    ``torch.utils.flop_counter``; element-wise work is not counted."""
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step_inputs()
+    return counter.get_total_flops()
+
+
+class TorchTransformer(nn.Module):
+    """``torch.nn.Transformer`` (post-norm, ReLU) with the embedding, positions and tied output of skiplab's
+    shell, so that only the layer stacks differ from ``transformer-*(connection=PostLN)``."""
+
+    def __init__(self, cfg: Seq2SeqConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        nn.init.normal_(self.embed.weight, std=cfg.d_model**-0.5)
+        self.register_buffer("positions", sinusoid(cfg.max_positions, cfg.d_model), persistent=False)
+        self.core = nn.Transformer(cfg.d_model, cfg.heads, cfg.encoder_layers, cfg.decoder_layers, cfg.ffn_dim,
+                                   cfg.dropout, batch_first=True)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def embed_tokens(self, tokens: Tensor) -> Tensor:
+        return self.drop(self.embed(tokens) * math.sqrt(self.cfg.d_model) + self.positions[: tokens.shape[1]])
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        t = tgt_in.shape[1]
+        causal = nn.Transformer.generate_square_subsequent_mask(t, device=src.device)
+        pad = src == self.cfg.pad_id
+        h = self.core(self.embed_tokens(src), self.embed_tokens(tgt_in), tgt_mask=causal, tgt_is_causal=True,
+                      src_key_padding_mask=pad, memory_key_padding_mask=pad)
+        return F.linear(h, self.embed.weight)
+
+
+@dataclass
+class Prefix:
+    """The state of :class:`RecomputingDecoder`: the encoder's memory and every token fed so far."""
+
+    memory: Memory
+    tokens: Tensor
+
+
+class RecomputingDecoder:
+    """The incremental-decoding interface without a cache: every step re-runs the decoder over the whole
+    prefix (T steps cost T²/2 positions), the baseline a key/value cache is measured against."""
+
+    def __init__(self, model: EncoderDecoder):
+        self.model = model
+
+    def encode(self, src: Tensor) -> Memory:
+        return self.model.encode(src)
+
+    def start(self, memory: Memory) -> Prefix:
+        return Prefix(memory, memory.mask.new_empty(memory.out.shape[0], 0, dtype=torch.long))
+
+    def step(self, tokens: Tensor, state: Prefix) -> Tensor:
+        state.tokens = torch.cat([state.tokens, tokens[:, None]], 1)
+        logits = self.model.decode(state.tokens, state.memory)
+        return F.log_softmax(logits[:, -1].float(), dim=-1)
+
+    @staticmethod
+    def select(state: Prefix, index: Tensor) -> Prefix:
+        memory = Memory(state.memory.out.index_select(0, index), state.memory.mask.index_select(0, index))
+        return Prefix(memory, state.tokens.index_select(0, index))
+
+
+def matmul_rate(n: int, repeats: int = 5) -> float:
+    """FLOP/s of an (n x n) @ (n x n) float32 matmul: what this machine's BLAS reaches (best of ``repeats``)."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def add_bandwidth(elements: int, repeats: int = 5) -> float:
+    """Bytes/s of ``c = a + b`` on float32 tensors of ``elements`` (two reads and one write per element)."""
+    a, b, c = torch.randn(elements), torch.randn(elements), torch.empty(elements)
+    torch.add(a, b, out=c)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.add(a, b, out=c)
+        best = min(best, time.perf_counter() - start)
+    return 3 * 4 * elements / best
+
+
+def connection_output_elements(model: nn.Module, *inputs: Any) -> int:
+    """Elements of every connection's output in one forward pass: what one element-wise pass over the
+    connections touches."""
+    total, hooks = [0], []
+    for _, conn in iter_connections(model):
+        hooks.append(conn.register_forward_hook(lambda m, a, out: total.__setitem__(0, total[0] + out.numel())))
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    return total[0]
+
+
+def build(spec: str, **overrides: Any) -> nn.Module:
+    """A fresh model from a spec (seed 0), in training mode."""
+    torch.manual_seed(0)
+    return build_model(model_config(spec, **overrides)).train()

@@ -1,0 +1,309 @@
+"""``skiplab bench``: what the designs and the engine cost on this machine, as ratios measured side by side.
+
+Groups (each a function of the sizes, returning table rows):
+
+- machine:   float32 matmul rate (FLOP/s) and element-wise add bandwidth (bytes/s): the two ceilings
+- image:     PreAct-ResNet training step of each design / the plain residual 1xSkip; what a design adds,
+             counted in element-wise add passes over every block's output (its memory-traffic floor)
+- mt:        Transformer training step of each design / PostLN, beside its FLOP ratio (SAS's gates are
+             matmuls); the depth-wise LSTM model too
+- engine:    skiplab's Transformer / ``torch.nn.Transformer`` of the same shape; cached beam search /
+             recomputing the prefix; achieved training FLOP/s / the matmul rate; padding share of token
+             batches; LayerNorm / RMSNorm forward + backward on the same input
+- compile:   ``torch.compile``d / eager training step, both families, with compile times
+- processes: 2 processes (DDP, gloo, half the threads each) / 1 process, same global batch
+
+``--quick`` runs every group on tiny shapes (seconds; CI checks every row is produced, not the values).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from ..models import model_config
+from ..text import Tokenizer, encode_parallel, load_corpus, make_batches
+from ..translate.search import beam_search
+from .steps import (MTBatch, RecomputingDecoder, TorchTransformer, add_bandwidth, build, connection_output_elements,
+                    image_step, matmul_rate, mt_step, step_flops)
+from .timing import Row, interleaved, markdown
+
+IMAGE_DESIGNS = ("1xSkip", "2xSkip+LN", "2rSkip+LN", "wSkip+LN", "SAS", "Highway")
+MT_DESIGNS = ("PostLN", "PreLN", "2rSkip+LN", "SAS")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The shapes a run measures: the papers' (full) or tiny ones (quick)."""
+
+    image_depth: int = 56
+    image_batch: int = 128
+    image_hw: int = 32
+    mt_model: str = "transformer-small"
+    mt_overrides: tuple[tuple[str, int], ...] = ()
+    mt_rows: int = 128
+    mt_len: int = 30  # 128 x 30 ~ 4k tokens a side, the recipe's batch
+    vocab: int = 8000
+    beam_sentences: int = 16
+    beam_len: int = 20
+    compile_depth: int = 20
+    compile_backend: str = "inductor"  # quick: aot_eager, the same tracing without generating kernels
+    compile_dynamic: bool = True  # MT batches vary in shape; quick traces one static shape (seconds, not a minute)
+    matmul_n: int = 1024
+    add_elements: int = 1 << 24
+    norm_rows: int = 4096
+    norm_dim: int = 512
+    process_steps: int = 6
+    repeats: int = 8
+    warmup: int = 2
+
+
+QUICK = Sizes(image_depth=8, image_batch=4, image_hw=8, mt_overrides=(("d_model", 32), ("ffn_dim", 64), ("heads", 2),
+              ("encoder_layers", 1), ("decoder_layers", 1)), mt_rows=4, mt_len=6, vocab=64, beam_sentences=2,
+              beam_len=4, compile_depth=8, compile_backend="aot_eager", compile_dynamic=False, matmul_n=128, add_elements=1 << 16, norm_rows=64, norm_dim=32,
+              process_steps=2, repeats=2, warmup=1)
+
+
+def image_model(depth: int, connection: str) -> nn.Module:
+    return build("preact-resnet20", depth=depth, connection=connection)
+
+
+def image_batch(sz: Sizes) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(sz.image_batch, 3, sz.image_hw, sz.image_hw, generator=g), torch.randint(0, 10, (sz.image_batch,), generator=g)
+
+
+def mt_model(sz: Sizes, spec: str) -> nn.Module:
+    return build(spec, vocab_size=sz.vocab, pad_id=0, **dict(sz.mt_overrides))
+
+
+def mt_batch(sz: Sizes) -> MTBatch:
+    return MTBatch.random(sz.mt_rows, sz.mt_len, sz.mt_len, sz.vocab)
+
+
+def machine(sz: Sizes, ctx: dict) -> list[Row]:
+    ctx["matmul"] = matmul_rate(sz.matmul_n)
+    ctx["add_bw"] = add_bandwidth(sz.add_elements)
+    return [Row("machine", f"float32 matmul {sz.matmul_n}^3", ctx["matmul"] / 1e9, "GFLOP/s", "best of 5"),
+            Row("machine", f"add bandwidth, {sz.add_elements:,} floats", ctx["add_bw"] / 1e9, "GB/s",
+                "2 reads + 1 write per element")]
+
+
+def image(sz: Sizes, ctx: dict) -> list[Row]:
+    batch = image_batch(sz)
+    models = {d: image_model(sz.image_depth, d) for d in IMAGE_DESIGNS}
+    t = interleaved({d: image_step(m, batch) for d, m in models.items()}, sz.repeats, sz.warmup)
+    base = t["1xSkip"]
+    one_pass = connection_output_elements(models["1xSkip"], batch[0]) * 12 / ctx["add_bw"]  # seconds
+    name = f"PreAct-ResNet-{sz.image_depth}, batch {sz.image_batch}"
+    rows = [Row("image", f"{name}: 1xSkip step", base * 1e3, "ms", "training step, eager")]
+    for d in IMAGE_DESIGNS[1:]:
+        extra = (t[d] - base) / one_pass
+        rows.append(Row("image", f"{d} step", t[d] / base, "x",
+                        f"1xSkip; adds {t[d] - base:+.3f} s = {extra:.1f} add passes over the blocks' outputs"))
+    return rows
+
+
+def mt(sz: Sizes, ctx: dict) -> list[Row]:
+    batch = mt_batch(sz)
+    specs = {d: f"{sz.mt_model}(connection={d})" for d in MT_DESIGNS}
+    specs["dwlstm"] = sz.mt_model.replace("transformer", "dwlstm")
+    models = {d: mt_model(sz, s) for d, s in specs.items()}
+    steps = {d: mt_step(m, batch) for d, m in models.items()}
+    flops = {d: step_flops(s) for d, s in steps.items()}
+    t = interleaved(steps, sz.repeats, sz.warmup)
+    base = t["PostLN"]
+    ctx["mt_flops"], ctx["mt_step"] = flops["PostLN"], base
+    rows = [Row("mt", f"{sz.mt_model}, {sz.mt_rows}x{sz.mt_len} tokens: PostLN step", base * 1e3, "ms",
+                f"{flops['PostLN'] / 1e9:.1f} GFLOP per step")]
+    for d in list(specs)[1:]:
+        rows.append(Row("mt", f"{d} step", t[d] / base, "x", f"PostLN; FLOP ratio {flops[d] / flops['PostLN']:.3f}"))
+    return rows
+
+
+def engine(sz: Sizes, ctx: dict) -> list[Row]:
+    rows = []
+    batch = mt_batch(sz)
+    ours = mt_model(sz, f"{sz.mt_model}(connection=PostLN)")
+    torch.manual_seed(0)
+    ref = TorchTransformer(ours.cfg).train()
+    t = interleaved({"skiplab": mt_step(ours, batch), "torch": mt_step(ref, batch)}, sz.repeats, sz.warmup)
+    rows.append(Row("engine", "skiplab Transformer / torch.nn.Transformer", t["skiplab"] / t["torch"], "x",
+                    "training step, same shape, embeddings and loss"))
+
+    ours.eval()
+    src = batch.src[: sz.beam_sentences]
+    cached = lambda: beam_search(ours, src, beam=4, max_len_a=0, max_len_b=sz.beam_len)  # noqa: E731
+    recompute = lambda: beam_search(RecomputingDecoder(ours), src, beam=4, max_len_a=0, max_len_b=sz.beam_len)  # noqa: E731
+    with torch.no_grad():
+        t = interleaved({"cached": cached, "recompute": recompute}, max(2, sz.repeats // 4), 1)
+    rows.append(Row("engine", f"beam 4, {sz.beam_len} steps: recomputing the prefix / cached", t["recompute"] / t["cached"],
+                    "x", "speed-up of the key/value cache"))
+
+    achieved = ctx["mt_flops"] / ctx["mt_step"]
+    rows.append(Row("engine", "achieved training FLOP/s / matmul rate", 100 * achieved / ctx["matmul"], "%",
+                    f"{sz.mt_model} PostLN step: {achieved / 1e9:.1f} GFLOP/s"))
+
+    src_ids, tgt_ids, source = padding_sample(sz, ctx.get("data_dir"))
+    batches = make_batches(src_ids, tgt_ids, 4096)
+    real = sum(len(s) + 1 for s in src_ids) + sum(len(t) + 1 for t in tgt_ids)
+    slots = sum(b.src.numel() + b.tgt_out.numel() for b in batches)
+    rows.append(Row("engine", "padding share of 4096-token batches", 100 * (1 - real / slots), "%", source))
+
+    x = torch.randn(sz.norm_rows, sz.norm_dim, requires_grad=True)
+    dy = torch.randn_like(x)
+    ln, rms = nn.LayerNorm(sz.norm_dim), nn.RMSNorm(sz.norm_dim)
+    t = interleaved({"LN": lambda: ln(x).backward(dy), "RMS": lambda: rms(x).backward(dy)}, sz.repeats * 3, sz.warmup)
+    rows.append(Row("engine", f"RMSNorm / LayerNorm, forward + backward ({sz.norm_rows}x{sz.norm_dim})",
+                    t["RMS"] / t["LN"], "x", "nn.RMSNorm vs nn.LayerNorm, same input"))
+    return rows
+
+
+def padding_sample(sz: Sizes, data_dir: str | None) -> tuple[list[list[int]], list[list[int]], str]:
+    """Token-id sequences to cut batches from: Multi30k's training pairs in an 8k joint BPE where its files
+    are (full sizes), else lengths drawn around Multi30k's mean (about 16 subwords)."""
+    if sz is not QUICK and data_dir:
+        try:
+            data = load_corpus("multi30k", data_dir, "en", "de", "train", download=False)
+        except (OSError, ValueError):
+            data = None
+        if data is not None:
+            with tempfile.TemporaryDirectory() as tmp:
+                tok = Tokenizer.train(data.src + data.tgt, f"{tmp}/spm", 8000)
+            src, tgt = encode_parallel(tok, data)
+            return src, tgt, f"Multi30k en-de train, {len(src)} pairs, 8k BPE"
+    g = torch.Generator().manual_seed(0)
+    n = 200 if sz is QUICK else 2000
+    lens = (torch.randn(n, 2, generator=g) * 5 + 16).clamp(min=2).round().int().tolist()
+    return [[4] * a for a, _ in lens], [[4] * b for _, b in lens], f"synthetic lengths 16 ± 5, {n} pairs"
+
+
+def compiled(sz: Sizes, ctx: dict) -> list[Row]:
+    rows = []
+    batch = image_batch(sz)
+    for design in ("1xSkip", "2rSkip+LN"):
+        eager, comp = image_model(sz.compile_depth, design), image_model(sz.compile_depth, design)
+        fwd = torch.compile(comp, backend=sz.compile_backend)
+        start = time.perf_counter()
+        image_step(comp, batch, fwd)()  # the first call compiles forward and backward
+        secs = time.perf_counter() - start
+        t = interleaved({"eager": image_step(eager, batch), "compiled": image_step(comp, batch, fwd)}, sz.repeats, sz.warmup)
+        ctx[f"compiled_{design}"] = t["compiled"]
+        rows.append(Row("compile", f"PreAct-ResNet-{sz.compile_depth} {design}: compiled / eager", t["compiled"] / t["eager"],
+                        "x", f"{sz.compile_backend}; first step (compiling) {secs:.0f} s"))
+    rows.append(Row("compile", f"PreAct-ResNet-{sz.compile_depth} compiled: 2rSkip+LN / 1xSkip",
+                    ctx["compiled_2rSkip+LN"] / ctx["compiled_1xSkip"], "x", "both compiled"))
+    mb = mt_batch(sz)
+    eager, comp = (mt_model(sz, f"{sz.mt_model}(connection=PostLN)") for _ in range(2))
+    fwd = torch.compile(comp, dynamic=sz.compile_dynamic, backend=sz.compile_backend)
+    start = time.perf_counter()
+    mt_step(comp, mb, fwd)()
+    secs = time.perf_counter() - start
+    t = interleaved({"eager": mt_step(eager, mb), "compiled": mt_step(comp, mb, fwd)}, sz.repeats, sz.warmup)
+    rows.append(Row("compile", f"{sz.mt_model} PostLN: compiled ({'dynamic' if sz.compile_dynamic else 'static'} shapes) / eager", t["compiled"] / t["eager"], "x",
+                    f"{sz.compile_backend}; first step (compiling) {secs:.0f} s"))
+    return rows
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ddp_worker(rank: int, world: int, port: int, sz: Sizes, threads: int, out: str) -> None:
+    """One rank of the processes benchmark: DDP training steps on its share of one global batch."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        model = image_model(sz.compile_depth, "1xSkip")
+        ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+        x, y = image_batch(sz)
+        share = slice(rank * len(y) // world, (rank + 1) * len(y) // world)
+        step = image_step(model, (x[share], y[share]), ddp)
+        for _ in range(sz.warmup):
+            step()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(sz.process_steps):
+            step()
+        dist.barrier()
+        if rank == 0:
+            Path(out).write_text(str((time.perf_counter() - start) / sz.process_steps))
+    finally:
+        dist.destroy_process_group()
+
+
+def processes(sz: Sizes, ctx: dict) -> list[Row]:
+    threads = max(2, torch.get_num_threads())
+    secs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for world in (1, 2):
+            out = f"{tmp}/{world}"
+            mp.start_processes(_ddp_worker, args=(world, _free_port(), sz, threads // world, out), nprocs=world,
+                               start_method="spawn")
+            secs[world] = float(Path(out).read_text())
+    return [Row("processes", f"PreAct-ResNet-{sz.compile_depth}, global batch {sz.image_batch}: 2 processes / 1",
+                secs[1] / secs[2], "x", f"speed-up; {threads // 2} thread(s) each vs 1 process x {threads} threads, gloo")]
+
+
+GROUPS: dict[str, Callable[[Sizes, dict], list[Row]]] = {
+    "machine": machine, "image": image, "mt": mt, "engine": engine, "compile": compiled, "processes": processes}
+
+
+def machine_name() -> str:
+    """The CPU model (and GPU, where there is one) the numbers were measured on."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads{gpu}; torch {torch.__version__}"
+
+
+def run(quick: bool = False, groups: tuple[str, ...] = tuple(GROUPS), out: str | None = None,
+        data_dir: str | None = None, progress: bool = True) -> list[Row]:
+    """Run ``groups`` (machine first: the others read its rates), print the table; with ``out``, write
+    ``bench.md`` and ``bench.json`` there."""
+    unknown = [g for g in groups if g not in GROUPS]
+    if unknown:
+        raise ValueError(f"unknown benchmark group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+    sz = QUICK if quick else Sizes()
+    ctx: dict = {"data_dir": data_dir}
+    needed = {"machine", *groups} | ({"mt"} if "engine" in groups else set())
+    rows: list[Row] = []
+    for name in [g for g in GROUPS if g in needed]:
+        if progress:
+            print(f"[bench] {name} ...", flush=True)
+        start = time.perf_counter()
+        got = GROUPS[name](sz, ctx)
+        if progress:
+            print(f"[bench] {name}: {time.perf_counter() - start:.0f} s", flush=True)
+        if name in groups:
+            rows += got
+    header = f"Measured on {machine_name()}; sizes: {'quick' if quick else 'full'}."
+    table = markdown(rows, header + "\n")
+    print(table)
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        Path(out, "bench.md").write_text(table)
+        Path(out, "bench.json").write_text(json.dumps({"machine": machine_name(), "quick": quick, "sizes": asdict(sz),
+                                                       "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+    return rows
