@@ -32,7 +32,7 @@ import typing
 import warnings
 from pathlib import Path
 
-from . import config
+from . import config, distributed
 from .analysis import gradient_flow
 from .connections import available_connections, connection, parse_spec
 from .models import family_of, options_of, seq2seq_families, with_options
@@ -111,7 +111,8 @@ def _with_model_options(spec: str, args: argparse.Namespace) -> str:
 
 
 def _print_summary(summary: dict) -> None:
-    print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
+    if distributed.rank() == 0:  # under torchrun every rank holds the summary; one prints it
+        print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
 
 
 def cmd_train_image(args: argparse.Namespace) -> None:
@@ -378,12 +379,16 @@ def main(argv: list[str] | None = None) -> int:
             warnings.showwarning = _one_line_warning
             args.func(args)
     except (ValueError, OSError) as err:  # bad input, absent data, no network: one clear line, no traceback
-        print(f"skiplab: error: {err}", file=sys.stderr)
+        if not getattr(err, "raised_on_main", False):  # under torchrun, rank 0's error is printed by rank 0
+            print(f"skiplab: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("skiplab: interrupted; a training run continues with --resume, a comparison by running it again",
-              file=sys.stderr)
+        if distributed.rank() == 0:
+            print("skiplab: interrupted; a training run continues with --resume, a comparison by running it again",
+                  file=sys.stderr)
         return 130
+    finally:
+        distributed.shutdown()
     return 0
 
 

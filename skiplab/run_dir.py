@@ -118,8 +118,13 @@ def changed_settings(stored: dict[str, Any], new: dict[str, Any], ignore: tuple[
     return sorted(k for k in new if k not in ignore and stored.get(k) != new[k])
 
 
-def check_resumable(out: Path, stored: dict[str, Any], new: dict[str, Any], extendable: tuple[str, ...] = ()) -> list[str]:
-    """Refuse to resume ``out`` with settings other than ``stored``'s, except ``extendable`` ones; return those."""
+def check_resumable(out: Path, stored: dict[str, Any], new: dict[str, Any], extendable: tuple[str, ...] = (),
+                    defaults: dict[str, Any] | None = None) -> list[str]:
+    """Refuse to resume ``out`` with settings other than ``stored``'s, except ``extendable`` ones; return those.
+
+    A field ``stored`` lacks (one added to the config since the run was written) counts as its value in
+    ``defaults``: the run was trained as that default says."""
+    stored = {**(defaults or {}), **stored}
     other = changed_settings(stored, new, ignore=extendable)
     if other:
         raise RunDirError(f"{out} holds a run with another config (different {', '.join(other)}); resume it with "

@@ -4,6 +4,12 @@ SGD (momentum 0.9), batch 128, lr 0.1, weight decay 2e-4 (the papers' choice; He
 164 epochs with lr / 10 at epochs 81 and 122 (``--epochs`` scales both milestones), and for depth >= 110
 a warm-up at lr 0.01 for the first 400 iterations. Augmentation: pad 4, random 32x32 crop, horizontal
 flip (off for digits), per-channel normalisation. The loop below is the whole of training.
+
+Under torchrun (see ``skiplab.distributed``) the batch stays ``batch_size`` images, the union over the
+ranks: every rank draws the same permutation and augmentation and takes its share of the union batch, and
+its loss is scaled so that DDP's average of the ranks' gradients is the gradient of the union's mean
+loss (:func:`share_loss`). N processes thus compute on the images one process would, and with
+``sync_bn`` (BatchNorm statistics over the union) make its updates.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..data import ImageData, augment_batch, load_image_dataset, normalise
-from .. import run_dir
+from .. import distributed, run_dir
+from ..compiled import CompileStats, compile_model
 from ..models import build_model, model_config, model_from_checkpoint
 from ..device import pick_device
 
@@ -47,6 +54,9 @@ class ImageTrainConfig:
     test_subset: int = field(default=0, metadata={"help": "evaluate on a fixed random subset of N test images (0 = all)"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
     amp: bool = field(default=True, metadata={"help": "bf16 autocast on CUDA (ignored on CPU)"})
+    sync_bn: bool = field(default=False, metadata={
+        "help": "under torchrun, BatchNorm statistics over the whole batch of every process (no effect in one)"})
+    compile: bool = field(default=False, metadata={"help": "run the model through torch.compile"})
     out: str = field(default="runs/image", metadata={"help": "run directory"})
 
     def __post_init__(self):
@@ -78,19 +88,37 @@ def subset(n: int, k: int, seed: int) -> torch.Tensor | None:
 
 
 @torch.no_grad()
-def evaluate(model, x_u8: torch.Tensor, y: torch.Tensor, data: ImageData, device, amp: bool, batch: int = 500):
-    """(mean cross-entropy, error %) of ``model`` on uint8 images ``x_u8``."""
+def evaluate(model, x_u8: torch.Tensor, y: torch.Tensor, data: ImageData, device, amp: bool, batch: int = 500,
+             group: distributed.Group = distributed.Group()):
+    """(mean cross-entropy, error %) of ``model`` on uint8 images ``x_u8``.
+
+    Under torchrun rank r scores batches r, r + N, ...; the per-batch sums are gathered and added in batch
+    order, so the result is the single process's to the bit (for the same weights)."""
     model.eval()
-    loss_sum, wrong = 0.0, 0
-    for i in range(0, len(y), batch):
+    scores = []
+    for k, i in enumerate(range(0, len(y), batch)):
+        if k % group.world_size != group.rank:
+            continue
         xb = normalise(x_u8[i : i + batch].to(device), data.mean, data.std)
         yb = y[i : i + batch].to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             logits = model(xb)
-        loss_sum += F.cross_entropy(logits.float(), yb, reduction="sum").item()
-        wrong += (logits.argmax(1) != yb).sum().item()
+        loss = F.cross_entropy(logits.float(), yb, reduction="sum").item()
+        scores.append((k, loss, (logits.argmax(1) != yb).sum().item()))
+    loss_sum, wrong = 0.0, 0
+    for _, loss, n_wrong in sorted(s for rank_scores in group.gather(scores) for s in rank_scores):
+        loss_sum, wrong = loss_sum + loss, wrong + n_wrong
     model.train()
     return loss_sum / len(y), 100.0 * wrong / len(y)
+
+
+def share_loss(logits: torch.Tensor, y: torch.Tensor, union: int, group: distributed.Group) -> torch.Tensor:
+    """The loss whose gradient this rank contributes: with N ranks each holding a share of a batch of
+    ``union`` images, N/union · Σ_share CE, so that DDP's mean over the ranks is the gradient of
+    (1/union) Σ_union CE, the single process's mean cross-entropy. One process: the mean itself."""
+    if not group.active:
+        return F.cross_entropy(logits.float(), y)
+    return F.cross_entropy(logits.float(), y, reduction="sum") * (group.world_size / union)
 
 
 def build(cfg: ImageTrainConfig, data: ImageData):
@@ -100,97 +128,133 @@ def build(cfg: ImageTrainConfig, data: ImageData):
     return mcfg, build_model(mcfg)
 
 
+def check_shares(n: int, batch_size: int, group: distributed.Group) -> None:
+    """Every rank needs an image of every batch (BatchNorm cannot normalise an empty share)."""
+    last = n % batch_size
+    if group.active and (batch_size < group.world_size or 0 < last < group.world_size):
+        raise ValueError(f"{group.world_size} processes need at least {group.world_size} images in every batch: "
+                         f"--batch-size {batch_size} over {n} training images leaves a batch of "
+                         f"{min(batch_size, last or batch_size)}; change --batch-size or --train-subset")
+
+
 def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Train as ``cfg`` says, writing the run directory; return the summary."""
+    """Train as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return the summary."""
     model_config(cfg.model, connection=cfg.connection)  # a bad model or spec fails before anything is written
-    device = pick_device(cfg.device)
-    data = load_image_dataset(cfg.dataset, cfg.data_dir or None)
-    out = run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite)
+    group, device = distributed.setup(pick_device(cfg.device))
+    data = group.main_first(lambda: load_image_dataset(cfg.dataset, cfg.data_dir or None))  # rank 0 downloads
     amp = cfg.amp and device.type == "cuda"
 
     train_idx = subset(len(data.train_y), cfg.train_subset, cfg.seed)
     test_idx = subset(len(data.test_y), cfg.test_subset, cfg.seed + 10_000)
     train_x, train_y = (data.train_x, data.train_y) if train_idx is None else (data.train_x[train_idx], data.train_y[train_idx])
     test_x, test_y = (data.test_x, data.test_y) if test_idx is None else (data.test_x[test_idx], data.test_y[test_idx])
+    check_shares(len(train_y), cfg.batch_size, group)
+    out = group.on_main(lambda: run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite))
 
     mcfg, model = build(cfg, data)
     model.to(device)
+    if group.rank:
+        torch.manual_seed(cfg.seed + group.rank)  # each rank its own random stream; rank 0 goes on with the seed's
+    if cfg.sync_bn and group.active:
+        distributed.sync_batch_norm(model)
+    compile_stats = CompileStats() if cfg.compile else None
+    net = compile_model(model) if cfg.compile else model  # evaluates; ``model`` keeps the plain parameter names
+    example = normalise(train_x[:2], data.mean, data.std).to(device)
+    train_net = distributed.data_parallel(net, group, example)  # trains
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    gen = torch.Generator().manual_seed(cfg.seed)  # shuffling and augmentation
+    gen = torch.Generator().manual_seed(cfg.seed)  # shuffling and augmentation, the same on every rank
     start_epoch, step, best = 0, 0, math.inf
 
     if resume:
         ckpt = run_dir.load_checkpoint(out / "last.pt", kind="image")
-        run_dir.check_resumable(out, ckpt["config"], dataclasses.asdict(cfg))
+        run_dir.check_resumable(out, ckpt["config"], dataclasses.asdict(cfg),
+                                defaults={f.name: f.default for f in dataclasses.fields(cfg)})
+        distributed.check_resume_world(ckpt.get("world_size", 1), group, str(out))
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["rng"]["data"])
-        run_dir.restore_rng(ckpt["rng"])
+        ranks = ckpt["rng"].get("ranks")
+        run_dir.restore_rng(ranks[group.rank] if ranks else ckpt["rng"])
         start_epoch, step, best = ckpt["epoch"], ckpt["step"], ckpt["best_error"]
-        run_dir.truncate_metrics(out, start_epoch)
+        group.on_main(lambda: run_dir.truncate_metrics(out, start_epoch))
     else:
-        run_dir.write_json(out / "config.json", {
+        group.on_main(lambda: run_dir.write_json(out / "config.json", {
             "config": dataclasses.asdict(cfg),
             "model": {"class": type(model).__name__, **dataclasses.asdict(mcfg)},
             "parameters": sum(p.numel() for p in model.parameters()),
             "data": {"name": data.name, "train": len(train_y), "test": len(test_y), "mean": data.mean, "std": data.std},
             "milestones": milestones(cfg.epochs),
-            "device": str(device), "amp": amp, "environment": run_dir.environment(),
-        })
+            "device": str(device), "amp": amp, "environment": {**run_dir.environment(), **group.describe()},
+        }))
 
     def checkpoint(epoch: int) -> dict[str, Any]:
+        rng = {"data": gen.get_state(), **run_dir.rng_state()}
+        if group.active:  # every rank's own state, each restored to its rank on resume
+            rng["ranks"] = group.gather(run_dir.rng_state())
         return {"kind": "image", "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "step": step,
-                "best_error": best, "rng": {"data": gen.get_state(), **run_dir.rng_state()},
+                "best_error": best, "rng": rng, "world_size": group.world_size,
                 "data_stats": {"mean": list(data.mean), "std": list(data.std)}}
+
+    def save(state: dict[str, Any], record: dict[str, Any], improved: bool) -> None:
+        run_dir.save_checkpoint(out / "last.pt", state)
+        if improved:
+            run_dir.save_checkpoint(out / "best.pt", state)
+        run_dir.append_metrics(out, record)
 
     steps_per_epoch = math.ceil(len(train_y) / cfg.batch_size)
     bar = tqdm(range(start_epoch, cfg.epochs), initial=start_epoch, total=cfg.epochs, desc=Path(cfg.out).name,
-               unit="epoch", disable=not progress)
+               unit="epoch", disable=not (progress and group.main))
     model.train()
     for epoch in bar:
         t0, loss_sum, wrong, seen = time.time(), 0.0, 0, 0
         perm = torch.randperm(len(train_y), generator=gen)
         for i in range(steps_per_epoch):
-            idx = perm[i * cfg.batch_size : (i + 1) * cfg.batch_size]
-            xb = normalise(augment_batch(train_x[idx], gen, flip=data.flip), data.mean, data.std).to(device)
-            yb = train_y[idx].to(device)
+            idx = perm[i * cfg.batch_size : (i + 1) * cfg.batch_size]  # the batch; this rank takes its share
+            mine = group.part(len(idx))
+            xb = normalise(augment_batch(train_x[idx], gen, flip=data.flip)[mine], data.mean, data.std).to(device)
+            yb = train_y[idx][mine].to(device)
             lr = learning_rate(cfg, mcfg.depth, epoch, step)
-            for group in opt.param_groups:
-                group["lr"] = lr
+            for pg in opt.param_groups:
+                pg["lr"] = lr
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                logits = model(xb)
-            loss = F.cross_entropy(logits.float(), yb)
-            if not torch.isfinite(loss):
+                logits = train_net(xb)
+            loss = share_loss(logits, yb, len(idx), group)
+            (batch_loss,) = group.sum([loss.item()])  # the batch's mean loss, times the number of ranks
+            batch_loss /= group.world_size
+            if not math.isfinite(batch_loss):
                 bar.close()
-                return run_dir.stop_diverged(out, dataclasses.asdict(cfg), loss.item(), epoch + 1, step + 1)
+                return group.on_main(lambda: run_dir.stop_diverged(out, dataclasses.asdict(cfg), batch_loss,
+                                                                    epoch + 1, step + 1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             step += 1
-            loss_sum += loss.item() * len(yb)
+            loss_sum += batch_loss * len(idx)
             wrong += (logits.argmax(1) != yb).sum().item()
-            seen += len(yb)
-        test_loss, test_error = evaluate(model, test_x, test_y, data, device, amp)
+            seen += len(idx)
+        (wrong,) = group.sum([wrong])
+        test_loss, test_error = evaluate(net, test_x, test_y, data, device, amp, group=group)
         record = {"epoch": epoch + 1, "step": step, "lr": lr, "train_loss": loss_sum / seen,
                   "train_error": 100.0 * wrong / seen, "test_loss": test_loss, "test_error": test_error,
                   "time": time.time() - t0}
         improved = test_error < best
         best = min(best, test_error)
         state = checkpoint(epoch + 1)
-        run_dir.save_checkpoint(out / "last.pt", state)
-        if improved:
-            run_dir.save_checkpoint(out / "best.pt", state)
-        run_dir.append_metrics(out, record)
+        group.on_main(lambda: save(state, record, improved))
         bar.set_postfix(loss=f"{record['train_loss']:.3f}", test_err=f"{test_error:.2f}%", lr=f"{lr:g}")
     bar.close()
 
-    history = run_dir.read_metrics(out)
-    summary = {"status": "finished", "epochs": cfg.epochs, "final_test_error": history[-1]["test_error"],
-               "final_test_loss": history[-1]["test_loss"], "best_test_error": best,
-               "train_time_s": sum(r["time"] for r in history), "config": dataclasses.asdict(cfg)}
-    run_dir.write_json(out / "summary.json", summary)
-    return summary
+    def finish() -> dict[str, Any]:
+        history = run_dir.read_metrics(out)
+        summary = {"status": "finished", "epochs": cfg.epochs, "final_test_error": history[-1]["test_error"],
+                   "final_test_loss": history[-1]["test_loss"], "best_test_error": best,
+                   "train_time_s": sum(r["time"] for r in history), "world_size": group.world_size,
+                   **({"compile": compile_stats.report()} if compile_stats else {}), "config": dataclasses.asdict(cfg)}
+        run_dir.write_json(out / "summary.json", summary)
+        return summary
+
+    return group.on_main(finish)
 
 
 def load_trained(path: str | Path):

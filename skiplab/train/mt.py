@@ -6,6 +6,18 @@ tokens with ``update_freq`` accumulation, optional gradient clipping; training b
 a checkpoint every ``save_every`` steps (the last ``keep_checkpoints`` kept, for averaging). A joint
 sentencepiece model is trained on the training side and stored in every checkpoint, so a checkpoint
 translates raw text on its own. The loop below is the whole of training.
+
+Under torchrun (see ``skiplab.distributed``) the token batches are dealt to the N ranks: an update takes
+the N · update_freq consecutive batches that one process with ``--update-freq N·update_freq`` would take,
+rank r the r-th run of ``update_freq`` of them, accumulated with DDP's ``no_sync`` until the last. The
+summed loss is normalised by the update's global count of target tokens (the tokens of all N ·
+update_freq batches, which every rank knows, as every rank builds the same batch order); DDP averages
+the ranks' gradients, so each rank divides its sum by T / N:
+
+    g = (1/N) Σ_r ∇ L_r  ·  N / T  =  ∇ (Σ_r L_r) / T,    T = Σ_{all N·update_freq batches} target tokens,
+
+the gradient one process with ``--update-freq N·update_freq`` computes over the same batches (with
+dropout off, the same update).
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +36,8 @@ from tqdm import tqdm
 from ..models import PRESETS, Seq2SeqConfig, build_model, family_of, model_config
 from ..text import Tokenizer, encode_parallel, filter_long, load_split, make_batches
 from ..text.corpus import Parallel
-from .. import run_dir
+from .. import distributed, run_dir
+from ..compiled import CompileStats, compile_model
 from ..device import pick_device
 from .recipe_mt import inverse_sqrt_lr, label_smoothed_loss
 
@@ -62,6 +76,10 @@ class MTTrainConfig:
     seed: int = field(default=1, metadata={"help": "seed for initialisation, batch order and dropout"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
     amp: bool = field(default=True, metadata={"help": "bf16 autocast on CUDA (ignored on CPU)"})
+    sync_bn: bool = field(default=False, metadata={
+        "help": "under torchrun, BatchNorm statistics (+BN connections) over every process's batch"})
+    compile: bool = field(default=False, metadata={
+        "help": "run the model through torch.compile (dynamic shapes: batch shapes vary)"})
     out: str = field(default="runs/mt", metadata={"help": "run directory"})
 
     def __post_init__(self):
@@ -92,43 +110,57 @@ BUDGET = ("max_steps", "epochs", "keep_checkpoints")
 
 
 @torch.no_grad()
-def validate(model, batches, eps: float, device, amp: bool) -> dict[str, float]:
+def validate(model, batches, eps: float, device, amp: bool,
+             group: distributed.Group = distributed.Group()) -> dict[str, float]:
+    """Per-token loss, NLL and perplexity over ``batches``. Under torchrun rank r scores batches r, r + N, ...;
+    the per-batch sums are gathered and added in batch order, as one process adds them."""
     model.eval()
-    loss = nll = tokens = 0.0
-    for b in batches:
+    scores = []
+    for k, b in enumerate(batches):
+        if k % group.world_size != group.rank:
+            continue
         b = b.to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
             logits = model(b.src, b.tgt_in)
         l, n = label_smoothed_loss(logits, b.tgt_out, eps, Tokenizer.PAD)
-        loss, nll, tokens = loss + l.item(), nll + n.item(), tokens + b.ntokens
+        scores.append((k, l.item(), n.item(), b.ntokens))
+    loss = nll = tokens = 0.0
+    for _, l, n, t in sorted(s for rank_scores in group.gather(scores) for s in rank_scores):
+        loss, nll, tokens = loss + l, nll + n, tokens + t
     model.train()
     return {"valid_loss": loss / tokens, "valid_nll": nll / tokens, "valid_ppl": math.exp(min(nll / tokens, 50))}
 
 
 def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Train as ``cfg`` says, writing the run directory; return the summary."""
-    device = pick_device(cfg.device)
+    """Train as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return the summary."""
+    group, device = distributed.setup(pick_device(cfg.device))
     amp = cfg.amp and device.type == "cuda"
     where = dataclasses.asdict(cfg)
-    train_data, valid_data = load_split(where, "train"), load_split(where, "valid")
+    # rank 0 reads (downloads what is missing) first
+    train_data, valid_data = group.main_first(lambda: (load_split(where, "train"), load_split(where, "valid")))
     if cfg.train_subset:
         train_data = Parallel(train_data.src[: cfg.train_subset], train_data.tgt[: cfg.train_subset], train_data.name)
-    out = run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite)
+    out = group.on_main(lambda: run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite))
+    say = print if group.main else (lambda *args: None)
 
     if resume:
         ckpt = run_dir.load_checkpoint(out / "last.pt", kind="mt")
-        extended = run_dir.check_resumable(out, ckpt["config"], dataclasses.asdict(cfg), extendable=BUDGET)
+        extended = run_dir.check_resumable(out, ckpt["config"], dataclasses.asdict(cfg), extendable=BUDGET,
+                                           defaults={f.name: f.default for f in dataclasses.fields(cfg)})
+        distributed.check_resume_world(ckpt.get("world_size", 1), group, str(out))
         if (cfg.max_steps and cfg.max_steps < ckpt["step"]) or (cfg.epochs and cfg.epochs < ckpt["epoch"]):
             raise run_dir.RunDirError(f"{out} has already trained {ckpt['step']} updates ({ckpt['epoch']} epochs); "
                                       "a resumed run can only be given a larger budget")
         if extended:
             changes = ", ".join(f"{k} {ckpt['config'][k]} -> {getattr(cfg, k)}" for k in extended)
-            print(f"{out}: a new budget for the run: {changes}")
-            stored = run_dir.read_json(out / "config.json")
-            run_dir.write_json(out / "config.json", {**stored, "config": dataclasses.asdict(cfg)})
+            say(f"{out}: a new budget for the run: {changes}")
+            group.on_main(lambda: run_dir.write_json(out / "config.json", {
+                **run_dir.read_json(out / "config.json"), "config": dataclasses.asdict(cfg)}))
         tok = Tokenizer.from_bytes(ckpt["tokenizer"])
-    else:
-        tok = Tokenizer.train(train_data.src + train_data.tgt, out / "spm", cfg.vocab_size, cfg.subword)
+    else:  # rank 0 trains the tokenizer (its files go in the run directory) and hands it to every rank
+        spm = group.on_main(lambda: Tokenizer.train(train_data.src + train_data.tgt, out / "spm", cfg.vocab_size,
+                                                    cfg.subword).to_bytes())
+        tok = Tokenizer.from_bytes(spm)
     train_src, train_tgt = encode_parallel(tok, train_data)
     kept, dropped = filter_long(train_src, train_tgt, cfg.max_len)
     valid_src, valid_tgt = encode_parallel(tok, valid_data)
@@ -138,9 +170,17 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
     mcfg = cfg.model_config(tok.vocab_size)
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg).to(device)
+    if group.rank:
+        torch.manual_seed(cfg.seed + group.rank)  # dropout differs per rank; rank 0 goes on with the seed's stream
+    if cfg.sync_bn and group.active:
+        distributed.sync_batch_norm(model)
+    compile_stats = CompileStats() if cfg.compile else None
+    net = compile_model(model, dynamic=True) if cfg.compile else model  # validates; ``model`` keeps plain names
+    example = torch.tensor([[Tokenizer.UNK, Tokenizer.EOS]], device=device)
+    train_net = distributed.data_parallel(net, group, example, example)  # trains
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
                             weight_decay=cfg.weight_decay)
-    gen = torch.Generator().manual_seed(cfg.seed)  # batch order
+    gen = torch.Generator().manual_seed(cfg.seed)  # batch order, the same on every rank
     step, epoch, batch_pos, best = 0, 0, 0, math.inf
     epoch_rng = gen.get_state()
 
@@ -149,91 +189,111 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
         opt.load_state_dict(ckpt["optimizer"])
         step, epoch, batch_pos, best = ckpt["step"], ckpt["epoch"], ckpt["batch_pos"], ckpt["best_valid_loss"]
         epoch_rng = ckpt["rng"]["epoch"]
-        run_dir.restore_rng(ckpt["rng"])
-        run_dir.truncate_metrics(out, step, key="step")
+        ranks = ckpt["rng"].get("ranks")
+        run_dir.restore_rng(ranks[group.rank] if ranks else ckpt["rng"])
+        group.on_main(lambda: run_dir.truncate_metrics(out, step, key="step"))
     else:
-        print(f"{train_data.name}: {len(kept)} training pairs, {dropped} dropped as longer than {cfg.max_len} tokens; "
-              f"vocabulary {tok.vocab_size}")
-        run_dir.write_json(out / "config.json", {
+        say(f"{train_data.name}: {len(kept)} training pairs, {dropped} dropped as longer than {cfg.max_len} tokens; "
+            f"vocabulary {tok.vocab_size}")
+        group.on_main(lambda: run_dir.write_json(out / "config.json", {
             "config": dataclasses.asdict(cfg), "model": {"class": type(model).__name__, **dataclasses.asdict(mcfg)},
             "parameters": sum(p.numel() for p in model.parameters()),
             "data": {"train": train_data.name, "train_pairs": len(kept), "dropped_long": dropped,
                      "valid": valid_data.name, "valid_pairs": len(valid_data), "vocab_size": tok.vocab_size},
-            "device": str(device), "amp": amp, "environment": run_dir.environment()})
+            "device": str(device), "amp": amp, "environment": {**run_dir.environment(), **group.describe()}}))
 
     def checkpoint() -> dict[str, Any]:
+        rng = {"epoch": epoch_rng, **run_dir.rng_state()}
+        if group.active:  # every rank's own state (dropout), each restored to its rank on resume
+            rng["ranks"] = group.gather(run_dir.rng_state())
         return {"kind": "mt", "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
-                "batch_pos": batch_pos, "best_valid_loss": best, "tokenizer": tok.to_bytes(),
-                "rng": {"epoch": epoch_rng, **run_dir.rng_state()}}
+                "batch_pos": batch_pos, "best_valid_loss": best, "tokenizer": tok.to_bytes(), "rng": rng,
+                "world_size": group.world_size}
 
+    def save(state: dict[str, Any], record: dict[str, Any], improved: bool) -> None:
+        run_dir.save_checkpoint(out / f"checkpoint_{step}.pt", state)
+        run_dir.save_checkpoint(out / "last.pt", state)
+        if improved:
+            run_dir.save_checkpoint(out / "best.pt", state)
+        for old in sorted(out.glob("checkpoint_*.pt"), key=checkpoint_step)[: -cfg.keep_checkpoints]:
+            old.unlink()
+        run_dir.append_metrics(out, record)
+
+    span = cfg.update_freq * group.world_size  # batches per update, over all ranks
+    mine = slice(group.rank * cfg.update_freq, (group.rank + 1) * cfg.update_freq)  # this rank's of an update's
     batches_per_epoch = len(make_batches(train_src, train_tgt, cfg.max_tokens, kept))
-    total = cfg.max_steps or cfg.epochs * (batches_per_epoch // cfg.update_freq)  # a partial last group is dropped
-    bar = tqdm(total=total, initial=step, desc=Path(cfg.out).name, unit="step", disable=not progress)
+    total = cfg.max_steps or cfg.epochs * (batches_per_epoch // span)  # a partial last group is dropped
+    bar = tqdm(total=total, initial=step, desc=Path(cfg.out).name, unit="step", disable=not (progress and group.main))
     window = {"loss": 0.0, "tokens": 0, "time": time.time()}
     model.train()
     while step < total:
         gen.set_state(epoch_rng)  # the epoch's batch order follows from its starting RNG state alone
         order = make_batches(train_src, train_tgt, cfg.max_tokens, kept, shuffle=True, generator=gen)
         next_epoch_rng = gen.get_state()
-        while batch_pos + cfg.update_freq <= len(order) and step < total:
-            group = order[batch_pos : batch_pos + cfg.update_freq]
+        while batch_pos + span <= len(order) and step < total:
+            update = order[batch_pos : batch_pos + span]
             lr = inverse_sqrt_lr(step + 1, cfg.lr, cfg.warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
             opt.zero_grad(set_to_none=True)
-            ntokens, loss_sum = 0, 0.0
-            for b in group:
+            ntokens, loss_sum = sum(b.ntokens for b in update), 0.0  # ntokens: the update's, over all ranks
+            for i, b in enumerate(update[mine]):
                 b = b.to(device)
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                    logits = model(b.src, b.tgt_in)
-                loss, _ = label_smoothed_loss(logits, b.tgt_out, cfg.label_smoothing, Tokenizer.PAD)
-                if not torch.isfinite(loss):
-                    bar.close()
-                    return run_dir.stop_diverged(out, dataclasses.asdict(cfg), loss.item(), epoch + 1, step + 1)
-                loss.backward()
-                ntokens, loss_sum = ntokens + b.ntokens, loss_sum + loss.item()
-            for p in model.parameters():  # the loss is a sum: normalise by the update's target tokens
+                last = i == cfg.update_freq - 1  # DDP averages the gradients over the ranks after the last only
+                with nullcontext() if last or not group.active else train_net.no_sync():
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+                        logits = train_net(b.src, b.tgt_in)
+                    loss, _ = label_smoothed_loss(logits, b.tgt_out, cfg.label_smoothing, Tokenizer.PAD)
+                    value = loss.item()
+                    (every_rank,) = group.sum([value])  # non-finite if any rank's is: all stop together
+                    if not math.isfinite(every_rank):
+                        bar.close()
+                        return group.on_main(lambda: run_dir.stop_diverged(out, dataclasses.asdict(cfg), every_rank,
+                                                                            epoch + 1, step + 1))
+                    loss.backward()
+                loss_sum += value
+            for p in model.parameters():  # the loss is a sum: normalise by the update's target tokens (see above)
                 if p.grad is not None:
-                    p.grad.div_(ntokens)
+                    p.grad.div_(ntokens / group.world_size)
             if cfg.clip_norm > 0:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
             opt.step()
-            step, batch_pos = step + 1, batch_pos + cfg.update_freq
+            step, batch_pos = step + 1, batch_pos + span
             window["loss"], window["tokens"] = window["loss"] + loss_sum, window["tokens"] + ntokens
             bar.update(1)
             if step % cfg.save_every == 0 or step == total:
                 elapsed = time.time() - window["time"]
+                (window_loss,) = group.sum([window["loss"]])
                 record = {"step": step, "epoch": epoch + batch_pos / len(order), "lr": lr,
-                          "train_loss": window["loss"] / max(window["tokens"], 1),
-                          **validate(model, valid_batches, cfg.label_smoothing, device, amp),
+                          "train_loss": window_loss / max(window["tokens"], 1),
+                          **validate(net, valid_batches, cfg.label_smoothing, device, amp, group),
                           "tokens_per_s": window["tokens"] / max(elapsed, 1e-9), "time": elapsed}
                 improved = record["valid_loss"] < best
                 best = min(best, record["valid_loss"])
-                if batch_pos + cfg.update_freq > len(order):  # the epoch is over: a resume starts the next
+                if batch_pos + span > len(order):  # the epoch is over: a resume starts the next
                     epoch, batch_pos, epoch_rng = epoch + 1, 0, next_epoch_rng
                 state = checkpoint()
-                run_dir.save_checkpoint(out / f"checkpoint_{step}.pt", state)
-                run_dir.save_checkpoint(out / "last.pt", state)
-                if improved:
-                    run_dir.save_checkpoint(out / "best.pt", state)
-                for old in sorted(out.glob("checkpoint_*.pt"), key=checkpoint_step)[: -cfg.keep_checkpoints]:
-                    old.unlink()
-                run_dir.append_metrics(out, record)
+                group.on_main(lambda: save(state, record, improved))
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}", valid=f"{record['valid_loss']:.3f}",
                                 ppl=f"{record['valid_ppl']:.1f}")
                 window = {"loss": 0.0, "tokens": 0, "time": time.time()}
-        if batch_pos + cfg.update_freq > len(order):
+        if batch_pos + span > len(order):
             epoch, batch_pos, epoch_rng = epoch + 1, 0, next_epoch_rng
     bar.close()
 
-    history = run_dir.read_metrics(out)
-    summary = {"status": "finished", "steps": step, "epochs": round(epoch + batch_pos / max(batches_per_epoch, 1), 3),
-               "final_valid_loss": history[-1]["valid_loss"], "final_valid_ppl": history[-1]["valid_ppl"],
-               "best_valid_loss": best, "train_time_s": sum(r["time"] for r in history),
-               "config": dataclasses.asdict(cfg)}
-    run_dir.write_json(out / "summary.json", summary)
-    return summary
+    def finish() -> dict[str, Any]:
+        history = run_dir.read_metrics(out)
+        summary = {"status": "finished", "steps": step,
+                   "epochs": round(epoch + batch_pos / max(batches_per_epoch, 1), 3),
+                   "final_valid_loss": history[-1]["valid_loss"], "final_valid_ppl": history[-1]["valid_ppl"],
+                   "best_valid_loss": best, "train_time_s": sum(r["time"] for r in history),
+                   "world_size": group.world_size, **({"compile": compile_stats.report()} if compile_stats else {}),
+                   "config": dataclasses.asdict(cfg)}
+        run_dir.write_json(out / "summary.json", summary)
+        return summary
+
+    return group.on_main(finish)
 
 
 def checkpoint_step(path: Path) -> int:

@@ -172,3 +172,47 @@ def test_device_choice():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="CUDA is not available"):
             pick_device("cuda")
+
+
+def test_a_run_written_before_the_multi_process_options_resumes(fashion_dir, tmp_path, monkeypatch):
+    out = tmp_path / "old"
+    real_append = run_dir.append_metrics
+
+    def stop_after_first_epoch(out, record):
+        real_append(out, record)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_dir, "append_metrics", stop_after_first_epoch)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny(fashion_dir, out, epochs=2, train_subset=64), progress=False)
+    monkeypatch.setattr(run_dir, "append_metrics", real_append)
+    # what an older skiplab wrote: no sync_bn, compile or world size anywhere
+    ckpt = torch.load(out / "last.pt", weights_only=True)
+    del ckpt["world_size"], ckpt["config"]["sync_bn"], ckpt["config"]["compile"]
+    torch.save(ckpt, out / "last.pt")
+    stored = json.loads((out / "config.json").read_text())
+    del stored["config"]["sync_bn"], stored["config"]["compile"], stored["environment"]["world_size"]
+    (out / "config.json").write_text(json.dumps(stored))
+
+    assert main(["train", "image", "--resume", "--out", str(out)]) == 0
+    assert torch.load(out / "last.pt", weights_only=True)["epoch"] == 2
+    assert main(["train", "image", "--resume", "--out", str(out), "--compile", "true"]) == 2  # a setting it lacked
+
+
+@pytest.mark.slow
+def test_a_compiled_model_trains_as_the_eager_one(fashion_dir, tmp_path):
+    """torch.compile on a tiny PreAct-ResNet-8: two steps and an evaluation (about 30 s of compiling)."""
+    kw = dict(model="preact-resnet20(depth=8)", train_subset=64, test_subset=32, batch_size=32)
+    eager = train(tiny(fashion_dir, tmp_path / "eager", **kw), progress=False)
+    compiled = train(tiny(fashion_dir, tmp_path / "compiled", compile=True, **kw), progress=False)
+    (a,), (b,) = (run_dir.read_metrics(tmp_path / name) for name in ("eager", "compiled"))
+    assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
+    assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-3)
+    x, y = (torch.load(tmp_path / name / "last.pt", weights_only=True)["model"] for name in ("eager", "compiled"))
+    assert list(x) == list(y)  # the plain model's names, no "_orig_mod." prefix
+    for key in x:
+        torch.testing.assert_close(y[key], x[key], rtol=1e-3, atol=1e-4, msg=key)
+    report = compiled["compile"]
+    assert "compile" not in eager and report["graphs_compiled"] >= 2 and report["recompile_limit"] == 8
+    assert set(report) == {"graphs_compiled", "frames_compiled", "recompiles", "graph_breaks", "recompile_limit"}
+    assert json.loads((tmp_path / "compiled" / "summary.json").read_text())["compile"] == report

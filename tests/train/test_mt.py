@@ -273,3 +273,12 @@ def test_compare_mt_varies_the_model(corpus, tmp_path, capsys):
     # a model without connections cannot be crossed with connections
     assert main(["compare", "mt", *args, "--models", "dwlstm-small", "--connections", "PostLN"]) == 2
     assert "dwlstm-small has no option connection" in capsys.readouterr().err
+
+
+def test_multi_process_and_compile_options_come_from_the_config():
+    from skiplab.cli import build_parser
+
+    args = build_parser().parse_args(["train", "mt", "--max-steps", "1", "--sync-bn", "true", "--compile", "yes"])
+    assert args.sync_bn is True and args.compile is True
+    cfg = MTTrainConfig(max_steps=1)
+    assert cfg.sync_bn is False and cfg.compile is False
