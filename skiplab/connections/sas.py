@@ -19,8 +19,11 @@ from .spec import Option, Spec, choice, finite_float
 
 
 def pool_features(t: Tensor, layout: str) -> Tensor:
-    """What a gate reads of a tensor: itself (seq) or the per-channel spatial mean ``(N, C)`` (conv)."""
-    return t if layout == "seq" else t.flatten(2).mean(-1)
+    """What a gate reads of a tensor: itself (seq) or the per-channel spatial mean ``(N, C)`` (conv).
+
+    The mean is taken as a sum divided afterwards: the backward of a sum is a broadcast view, that of a
+    mean a full-size division."""
+    return t if layout == "seq" else t.flatten(2).sum(-1) / t[0, 0].numel()
 
 
 def unpool(g: Tensor, layout: str, like: Tensor) -> Tensor:
