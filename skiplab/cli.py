@@ -12,6 +12,7 @@
     skiplab compare mt [...]             models x connections x seeds, then a BLEU table
     skiplab curves RUN [RUN ...]         learning curves of runs in one figure
     skiplab analyze NAME RUN [...]       gradients, gates, ratios, activations of trained runs
+    skiplab bench [--quick]              what the designs and the engine cost here, as side-by-side ratios
     skiplab demo                         the main job: a small comparison on Fashion-MNIST
     skiplab demo gradient-flow [...]     the tutorial's gradient-flow demo (table + plot)
 
@@ -32,7 +33,7 @@ import typing
 import warnings
 from pathlib import Path
 
-from . import config, distributed
+from . import bench, config, distributed
 from .analysis import gradient_flow
 from .connections import available_connections, connection, parse_spec
 from .models import family_of, options_of, seq2seq_families, with_options
@@ -236,6 +237,11 @@ def _add_decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
 
 
+def cmd_bench(args: argparse.Namespace) -> None:
+    bench.run(quick=args.quick, groups=tuple(args.groups), out=args.out or None, data_dir=args.data_dir,
+              threads=args.threads)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="skiplab", description="Skip connections with normalisation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -348,6 +354,17 @@ def build_parser() -> argparse.ArgumentParser:
                  {"out": "runs/compare"}, DEMO_CONNECTIONS, 3)
     _add_compare(cmp, "mt", "mt", "machine translation: every model x connection x seed, then a BLEU table",
                  {"out": "runs/compare-mt"}, MT_CONNECTIONS, 2)
+
+    p = sub.add_parser("bench", help="what each design and the engine cost on this machine (ratios, side by side)",
+                       description=bench.__doc__.split("\n\n")[0] if bench.__doc__ else None)
+    p.add_argument("--quick", action="store_true", help="tiny shapes: every row in seconds (what CI runs)")
+    p.add_argument("--groups", type=config.parse_list, default=tuple(bench.GROUPS),
+                   help=f"comma-separated groups to run (default: all): {', '.join(bench.GROUPS)}")
+    p.add_argument("--out", default="", help="also write bench.md and bench.json into this directory")
+    p.add_argument("--data-dir", default="../shared/data/multi30k",
+                   help="Multi30k files for the padding-share row (synthetic lengths where absent)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=cmd_bench)
 
     demo = sub.add_parser("demo", help="the main job (a small comparison) or a named demo")
     demo_sub = demo.add_subparsers(dest="demo", metavar="DEMO")

@@ -279,12 +279,14 @@ def machine_name() -> str:
 
 
 def run(quick: bool = False, groups: tuple[str, ...] = tuple(GROUPS), out: str | None = None,
-        data_dir: str | None = None, progress: bool = True) -> list[Row]:
-    """Run ``groups`` (machine first: the others read its rates), print the table; with ``out``, write
-    ``bench.md`` and ``bench.json`` there."""
+        data_dir: str | None = None, threads: int = 0, progress: bool = True) -> list[Row]:
+    """Run ``groups`` (machine first: the others read its rates) with ``threads`` torch threads (0: torch's
+    choice), print the table; with ``out``, write ``bench.md`` and ``bench.json`` there."""
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise ValueError(f"unknown benchmark group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+    if threads:
+        torch.set_num_threads(threads)
     sz = QUICK if quick else Sizes()
     ctx: dict = {"data_dir": data_dir}
     needed = {"machine", *groups} | ({"mt"} if "engine" in groups else set())

@@ -80,16 +80,16 @@ class SelfAttention(_Attention):
         position i sees positions <= i). With a ``cache`` (incremental decoding) x holds the new positions;
         their keys and values are appended to the cached ones of the earlier positions."""
         q, k, v = (self.split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
-        past = 0
-        if cache is not None:
-            if "k" in cache:
-                past = cache["k"].shape[2]
-                k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
-            cache["k"], cache["v"] = k, v
+        if cache is None:  # training and full decoding: no branch on shapes (compiles to one graph)
+            return self.attend(q, k, v, mask, causal=causal)
+        past = cache["k"].shape[2] if "k" in cache else 0
+        if past:
+            k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+        cache["k"], cache["v"] = k, v
         t = q.shape[2]
         if causal and past and t > 1:  # new positions after cached ones: the diagonal sits at the bottom right
             mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(past)[None, None]
-        return self.attend(q, k, v, mask, causal=causal and not past and t > 1)
+        return self.attend(q, k, v, mask, causal=causal and not past)
 
 
 class CrossAttention(_Attention):
