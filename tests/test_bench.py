@@ -24,7 +24,7 @@ def test_quick_bench_produces_every_row(tmp_path):
     for design in (*MT_DESIGNS[1:], "dwlstm"):
         assert any(r.group == "mt" and r.name == f"{design} step" and "FLOP ratio" in r.note for r in rows)
     for what in ("torch.nn.Transformer", "recomputing the prefix", "achieved training FLOP/s", "padding share",
-                 "RMSNorm / LayerNorm", "compiled / eager", "2 processes / 1"):
+                 "nn.RMSNorm / nn.LayerNorm", "fused RMSNorm / nn.LayerNorm", "compiled / eager", "2 processes / 1"):
         assert what in names, what
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["quick"] and len(saved["rows"]) == len(rows)

@@ -32,7 +32,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from ..models import model_config
+from ..connections.norms import make_norm
 from ..text import Tokenizer, encode_parallel, load_corpus, make_batches
 from ..translate.search import beam_search
 from .steps import (MTBatch, RecomputingDecoder, TorchTransformer, add_bandwidth, build, connection_output_elements,
@@ -163,10 +163,13 @@ def engine(sz: Sizes, ctx: dict) -> list[Row]:
 
     x = torch.randn(sz.norm_rows, sz.norm_dim, requires_grad=True)
     dy = torch.randn_like(x)
-    ln, rms = nn.LayerNorm(sz.norm_dim), nn.RMSNorm(sz.norm_dim)
-    t = interleaved({"LN": lambda: ln(x).backward(dy), "RMS": lambda: rms(x).backward(dy)}, sz.repeats * 3, sz.warmup)
-    rows.append(Row("engine", f"RMSNorm / LayerNorm, forward + backward ({sz.norm_rows}x{sz.norm_dim})",
-                    t["RMS"] / t["LN"], "x", "nn.RMSNorm vs nn.LayerNorm, same input"))
+    ln, rms, ours = nn.LayerNorm(sz.norm_dim), nn.RMSNorm(sz.norm_dim), make_norm("RMS", sz.norm_dim)
+    t = interleaved({"LN": lambda: ln(x).backward(dy), "RMS": lambda: rms(x).backward(dy),
+                     "ours": lambda: ours(x).backward(dy)}, sz.repeats * 3, sz.warmup)
+    what = f"forward + backward ({sz.norm_rows}x{sz.norm_dim})"
+    rows.append(Row("engine", f"nn.RMSNorm / nn.LayerNorm, {what}", t["RMS"] / t["LN"], "x", "same input"))
+    rows.append(Row("engine", f"skiplab's fused RMSNorm / nn.LayerNorm, {what}", t["ours"] / t["LN"], "x",
+                    "same input; what +RMS and PreRMS use"))
     return rows
 
 

@@ -86,3 +86,47 @@ def scaled_add(s: Tensor, lam: float, f: Tensor, phi: float = 1.0) -> Tensor:
     if lam == 1.0:
         return torch.add(s, f, alpha=phi)
     return torch.add(lam * s, f, alpha=phi)
+
+
+class _RMSNorm(torch.autograd.Function):
+    """y = w ⊙ x · r,  r = (‖x‖² / D + ε)^(-1/2) over the normalised axes (D elements), w broadcast.
+
+    Backward, with ĝ = dy ⊙ w and c = Σ ĝ ⊙ x over the normalised axes:
+        ∂/∂x = r · ĝ - x · r³ · c / D,        ∂/∂w = Σ_{not w's axes} dy ⊙ x · r
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor | None, dims: tuple[int, ...], eps: float):
+        d = math.prod(x.shape[i] for i in dims)
+        rstd = (torch.linalg.vector_norm(x, 2, dims, keepdim=True).square_().div_(d).add_(eps)).rsqrt_()
+        y = x * rstd
+        if weight is not None:
+            y.mul_(weight)
+        ctx.mark_non_differentiable(rstd)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.dims, ctx.d = dims, d
+        return y, rstd
+
+    @staticmethod
+    def backward(ctx, dy: Tensor, _drstd: Tensor):
+        x, weight, rstd = ctx.saved_tensors
+        gw = dy if weight is None else dy * weight
+        c = (gw * x).sum(ctx.dims, keepdim=True)
+        dx = gw * rstd if gw is dy else gw.mul_(rstd)
+        dx.addcmul_(x, rstd.pow(3).mul_(c).div_(-ctx.d))
+        dw = None
+        if weight is not None and ctx.needs_input_grad[1]:
+            full = (dy * x).mul_(rstd)
+            lead = full.dim() - weight.dim()  # sum over the axes the gain broadcasts along
+            axes = tuple(range(lead)) + tuple(lead + i for i, n in enumerate(weight.shape) if n == 1)
+            dw = full.sum(axes).view(weight.shape) if axes else full
+        return dx, dw, None, None
+
+
+def rms_norm(x: Tensor, weight: Tensor | None, dims: tuple[int, ...], eps: float) -> tuple[Tensor, Tensor]:
+    """RMSNorm over ``dims`` (trailing axes of ``x``), gain ``weight`` broadcast against the trailing axes:
+    ``(y, 1/σ)`` with σ = sqrt(mean(x²) + ε), in a forward and backward of few passes (``nn.RMSNorm``
+    runs as five separate operations on the CPU)."""
+    half = x.dtype in (torch.float16, torch.bfloat16)  # as F.rms_norm: compute in float32, return x's dtype
+    y, rstd = _RMSNorm.apply(x.float() if half else x, weight, tuple(d % x.dim() for d in dims), eps)
+    return (y.to(x.dtype) if half else y), rstd

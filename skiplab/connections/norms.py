@@ -3,7 +3,8 @@
 A normalisation G maps h to ``w * (h - mu) / sigma + b`` (RMS: ``w * h / sigma``). With the statistics
 mu, sigma held fixed, G is affine in h; the recursive skip's learned ratio (Appendix A of the rSkip+LN
 paper) is read off that form, so besides building the layers this module gives, for any layer it
-built, ``normalize`` (G(h) together with the 1/sigma that G computed anyway: no extra pass over h),
+built, ``normalize`` (G(h) together with the 1/sigma that G computed anyway: no extra pass over h;
+RMS is skiplab's own fused RMSNorm, :func:`~skiplab.connections.fused.rms_norm`),
 ``norm_sigma`` (sigma recomputed from h, for layers ``normalize`` cannot see into) and ``norm_gain`` (w).
 
 Layouts:
@@ -22,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .fused import rms_norm
+
 NORMS = ("LN", "BN", "RMS")
 LAYOUTS = ("seq", "conv")
 EPS = 1e-5
@@ -32,6 +35,15 @@ class FeatureBatchNorm(nn.BatchNorm1d):
 
     def forward(self, x: Tensor) -> Tensor:
         return super().forward(x.reshape(-1, x.shape[-1])).reshape(x.shape)
+
+
+class RMSNorm(nn.RMSNorm):
+    """``nn.RMSNorm`` over the last axis computed by :func:`~skiplab.connections.fused.rms_norm` (same
+    parameters and state dict; ``nn.RMSNorm`` runs as five separate operations on the CPU)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        return rms_norm(x, self.weight, tuple(range(-len(self.normalized_shape), 0)), eps)[0]
 
 
 class ChannelRMSNorm(nn.Module):
@@ -46,7 +58,7 @@ class ChannelRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(num_channels))
 
     def forward(self, x: Tensor) -> Tensor:  # (N, C, H, W)
-        return F.rms_norm(x, x.shape[1:], eps=self.eps) * self.weight.view(1, -1, *([1] * (x.dim() - 2)))
+        return rms_norm(x, self.weight.view(-1, *([1] * (x.dim() - 2))), tuple(range(1, x.dim())), self.eps)[0]
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, eps={self.eps}"
@@ -59,7 +71,7 @@ def make_norm(kind: str, dim: int, layout: str = "seq") -> nn.Module:
     if kind == "LN":
         return nn.LayerNorm(dim, eps=EPS) if layout == "seq" else nn.GroupNorm(1, dim, eps=EPS)
     if kind == "RMS":
-        return nn.RMSNorm(dim, eps=EPS) if layout == "seq" else ChannelRMSNorm(dim, eps=EPS)
+        return RMSNorm(dim, eps=EPS) if layout == "seq" else ChannelRMSNorm(dim, eps=EPS)
     if kind == "BN":
         return FeatureBatchNorm(dim, eps=EPS) if layout == "seq" else nn.BatchNorm2d(dim, eps=EPS)
     raise ValueError(f"unknown normalisation {kind!r}; use one of {', '.join(NORMS)}")
@@ -74,7 +86,7 @@ def normalize(norm: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
     """``(norm(h), 1/sigma)``: the output and the detached 1/sigma the layer divided by, broadcastable to h.
 
     The statistics come out of the same fused kernel that normalises (``native_layer_norm``,
-    ``native_group_norm``, ``native_batch_norm``; RMS computes its rsqrt once and multiplies), so keeping
+    ``native_group_norm``, ``native_batch_norm``, skiplab's fused RMSNorm), so keeping
     them costs no pass over memory. Under autocast the layer runs in float32 as ``F.layer_norm`` would.
     Layers it does not know (e.g. a SyncBatchNorm swapped in for multi-process training) are called as
     they are and their sigma is recomputed by :func:`norm_sigma`.
@@ -90,13 +102,12 @@ def normalize(norm: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
         n, c = h.shape[:2]
         y, _, rstd = torch.native_group_norm(h, norm.weight, norm.bias, n, c, h[0, 0].numel(), 1, norm.eps)
         return y, rstd.detach().view(n, *([1] * (h.dim() - 1)))
-    if kind in (nn.RMSNorm, ChannelRMSNorm):
-        dims = tuple(range(-len(norm.normalized_shape), 0)) if kind is nn.RMSNorm else tuple(range(1, h.dim()))
+    if kind in (nn.RMSNorm, RMSNorm, ChannelRMSNorm):
+        channel = kind is ChannelRMSNorm
+        dims = tuple(range(1, h.dim())) if channel else tuple(range(-len(norm.normalized_shape), 0))
         eps = norm.eps if norm.eps is not None else torch.finfo(h.dtype).eps
-        rstd = torch.rsqrt(h.pow(2).mean(dims, keepdim=True) + eps)
-        w = norm.weight if kind is nn.RMSNorm else norm.weight.view(-1, *([1] * (h.dim() - 2)))
-        y = h * rstd if w is None else h * rstd * w
-        return y, rstd.detach()
+        w = norm.weight.view(-1, *([1] * (h.dim() - 2))) if channel else norm.weight
+        return rms_norm(h, w, dims, eps)
     if kind in (nn.BatchNorm2d, FeatureBatchNorm) and norm.track_running_stats and norm.training:
         flat = h.reshape(-1, h.shape[-1]) if kind is FeatureBatchNorm else h
         factor = 0.0 if norm.momentum is None else norm.momentum

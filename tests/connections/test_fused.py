@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import skiplab
-from skiplab.connections.fused import gated_sum, scaled_add
+from skiplab.connections.fused import gated_sum, rms_norm, scaled_add
 from skiplab.connections.norms import make_norm, norm_sigma, normalize
 from skiplab.connections.sas import pool_features, unpool
 from tests.conftest import make_branch, make_input, randomise_affine
@@ -122,3 +122,31 @@ def test_normalize_follows_a_cumulative_batchnorm_and_leaves_unknown_layers_alon
     torch.testing.assert_close(inv_sigma, torch.full((1, 6, 1, 1), (4.0 + sync.eps) ** -0.5))
     with pytest.raises(TypeError, match="GroupNorm"):
         normalize(nn.GroupNorm(2, 6), h)  # a norm that is not affine per feature has no ratio to read
+
+
+@pytest.mark.parametrize("shape,dims,wshape", [((3, 4, 6), (-1,), (6,)),            # seq: per position
+                                               ((2, 3, 4, 4), (1, 2, 3), (3, 1, 1)),  # conv: per example
+                                               ((5, 6), (-1,), None)])               # no gain
+def test_fused_rms_norm_passes_gradcheck_and_equals_the_formula(shape, dims, wshape):
+    torch.manual_seed(0)
+    x = (torch.randn(shape, dtype=torch.float64) * 1.5 + 0.4).requires_grad_()
+    w = None if wshape is None else torch.randn(wshape, **D64)
+    fn = lambda x, w: rms_norm(x, w, dims, 1e-5)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, w))
+    expect = x * (x.pow(2).mean(dims, keepdim=True) + 1e-5).rsqrt() * (1 if w is None else w)
+    torch.testing.assert_close(fn(x, w), expect)
+    torch.testing.assert_close(rms_norm(x, w, dims, 1e-5)[1], (x.pow(2).mean(dims, keepdim=True) + 1e-5).rsqrt())
+
+
+def test_rms_layers_equal_torchs_and_keep_its_state_dict():
+    ours, ref = make_norm("RMS", 6, "seq"), nn.RMSNorm(6, eps=1e-5)
+    randomise_affine(ours)
+    ref.load_state_dict(ours.state_dict())
+    h = make_input("seq")
+    torch.testing.assert_close(ours(h), ref(h))
+    torch.testing.assert_close(torch.autograd.grad(ours(h).sum() + ours(h).pow(2).sum(), [h, ours.weight]),
+                               torch.autograd.grad(ref(h).sum() + ref(h).pow(2).sum(), [h, ref.weight]))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # computed in float32 as F.rms_norm does, given back in bf16
+        low = ours(h.detach().bfloat16())
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), ref(h.detach().bfloat16().float()), atol=2e-2, rtol=2e-2)
