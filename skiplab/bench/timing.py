@@ -29,10 +29,13 @@ class Row:
 
 def interleaved(cases: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict[str, float]:
     """Median seconds per call of every case, calling them in turn: ``warmup`` untimed rounds, then
-    ``repeats`` timed ones."""
+    ``repeats`` timed ones. Each round starts one case further on, so that no case always runs first
+    (right after the previous round's last, whose memory is still being given back)."""
     times: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
     for i in range(warmup + repeats):
-        for name, fn in cases.items():
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            fn = cases[name]
             start = time.perf_counter()
             fn()
             if i >= warmup:
