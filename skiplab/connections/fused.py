@@ -37,7 +37,7 @@ def _rows(gate: Tensor, like: Tensor) -> int:
 
 def _gate_grad(gate: Tensor, dy: Tensor, t: Tensor) -> Tensor:
     """Σ over the axes ``gate`` broadcasts along of dy ⊙ t, in the gate's shape: a dot product per gate value
-    (``linalg.vecdot`` over rows; measured here at half the time of a batched 1 x k by k x 1 matmul)."""
+    (``linalg.vecdot`` over rows, which ran faster here than a batched 1 x k by k x 1 matmul)."""
     if gate.shape == t.shape:
         return dy * t
     rows = _rows(gate, t)
