@@ -79,7 +79,6 @@ def _worker(task: str, cfg: Any, threads: int) -> dict[str, Any]:
     """Train one run in a worker process; its progress bar and any error go to ``<run>.log``, line by line."""
     torch.set_num_threads(threads)
     tqdm.set_lock(threading.RLock())  # tqdm's default lock is a process-shared semaphore, left behind at exit
-    os.environ.setdefault("TQDM_MININTERVAL", "10")  # a log file, not a terminal: a line every 10 s at most
     log = Path(cfg.out).with_suffix(".log")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", buffering=1) as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
