@@ -21,6 +21,16 @@ def test_identical_tokenised_text_scores_100_with_its_signature():
     assert bleu_tok(refs, refs)[1].count("tok:none|") == 1  # no note, sacrebleu's own field
 
 
+def test_tokenised_bleu_takes_tokenised_text_without_warning(caplog):
+    refs = [f"Der Hund Nummer {i} bellt ." for i in range(120)]  # sacrebleu warns at 100 lines ending " ."
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        assert bleu_tok(refs, refs)[0] == pytest.approx(100.0)
+    assert not caplog.records
+    with caplog.at_level("WARNING", logger="sacrebleu"):  # the detokenised form still warns, rightly
+        bleu(refs, refs)
+    assert any("tokenized period" in r.getMessage() for r in caplog.records)
+
+
 def test_tokenised_bleu_by_hand():
     # Tokens: hyp 10, ref 12. Matching n-grams over all: 1-grams 9/10, 2-grams 7/9, 3-grams 5/8, 4-grams 3/7
     # ("laut,die" matches nothing and breaks every n-gram through it). BP = exp(1 - 12/10).
