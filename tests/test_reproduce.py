@@ -17,6 +17,7 @@ from skiplab import cli
 from skiplab.reproduce import TABLES, plan, reproduce, resolve, scale, table
 from skiplab.reproduce import runs as runs_mod
 from skiplab.reproduce import command as reproduce_mod
+from skiplab.reproduce import report
 from skiplab.reproduce.stats import welch_p
 from skiplab.train import compare
 from tests.data.test_cifar import write_cifar
@@ -244,3 +245,21 @@ def test_jobs_train_side_by_side_in_worker_processes(tmp_path):
     for run in {r for c in result["cells"] for r in c["runs"]}:  # each worker's progress went to the run's log
         assert (Path(run) / "summary.json").is_file()
         assert re.search(r"seed1: 100%.*epoch", Path(run + ".log").read_text())
+
+
+def test_deltas_figure_draws_no_bar_for_a_row_not_run(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+    from matplotlib.container import BarContainer
+
+    cells = [{"row": "base", "column": "c", "baseline": "base", "delta": None, "paper_delta": None, "std": 0.1},
+             {"row": "ran", "column": "c", "baseline": "base", "delta": 1.5, "paper_delta": 1.0, "std": 0.2},
+             {"row": "missing", "column": "c", "baseline": "base", "delta": None, "paper_delta": -0.5, "std": None}]
+    result = {"table": "t", "scale": "cpu", "metric": "BLEU", "higher_is_better": True, "cells": cells}
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    assert report.deltas_figure(result, tmp_path / "d.png") and (tmp_path / "d.png").stat().st_size > 0
+    (ax,) = figures[0].axes
+    paper, ours = [c for c in ax.containers if isinstance(c, BarContainer)]
+    assert [b.get_height() for b in paper] == [1.0, -0.5]  # the paper's bars: both rows other than the baseline
+    assert [b.get_height() for b in ours] == [1.5]  # ours: only the row that ran, with its error bar
+    assert [t.get_text().strip() for t in ax.texts] == ["not run"]

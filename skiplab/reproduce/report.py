@@ -148,11 +148,14 @@ def deltas_figure(result: dict[str, Any], path: Path) -> bool:
                                                        4.2), squeeze=False)
     for ax, (col, cells) in zip(axes[0], panels):
         xs = range(len(cells))
-        paper = [c.get("paper_delta") for c in cells]
-        ours_ = [c.get("delta") for c in cells]
-        ax.bar([x - 0.2 for x in xs], [0 if v is None else v for v in paper], 0.4, label="paper", color="C0")
-        ax.bar([x + 0.2 for x in xs], [0 if v is None else v for v in ours_], 0.4, label="ours (mean)", color="C1",
-               yerr=[c.get("std") or 0 for c in cells], capsize=3)
+        paper = [(x, c["paper_delta"]) for x, c in zip(xs, cells) if c.get("paper_delta") is not None]
+        ours_ = [(x, c["delta"], c.get("std") or 0) for x, c in zip(xs, cells) if c.get("delta") is not None]
+        ax.bar([x - 0.2 for x, _ in paper], [v for _, v in paper], 0.4, label="paper", color="C0")
+        ax.bar([x + 0.2 for x, *_ in ours_], [v for _, v, _ in ours_], 0.4, label="ours (mean)", color="C1",
+               yerr=[sd for *_, sd in ours_], capsize=3)
+        for x, c in zip(xs, cells):  # a row of ours that is missing says so, rather than reading as a zero
+            if c.get("delta") is None:
+                ax.text(x + 0.2, 0, " not run", rotation=90, ha="center", va="bottom", fontsize=7, color="0.4")
         ax.axhline(0, color="k", lw=0.8)
         ax.set_xticks(list(xs))
         ax.set_xticklabels([c["row"] for c in cells], rotation=30, ha="right", fontsize=8)
