@@ -252,7 +252,9 @@ def _curves(t: Table, resolved: list[Resolved], seeds: int, root: Path) -> dict[
     for k, r in configs.items():
         finished = [c for c in (_seeded(r, s, root) for s in range(1, seeds + 1)) if runs.state(c) == "finished"]
         if finished:
-            out[" = ".join(labels[k])] = [run_dir.read_metrics(Path(c.out)) for c in finished]
+            names = labels[k]  # the rows one run stands for; past three, a count keeps the legend readable
+            label = " = ".join(names) if len(names) <= 3 else " = ".join(names[:2]) + f" (+{len(names) - 2} more)"
+            out[label] = [run_dir.read_metrics(Path(c.out)) for c in finished]
     return out
 
 
