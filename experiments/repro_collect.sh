@@ -18,9 +18,10 @@ for cell in json.load(open(sys.argv[1]))["cells"]:
         print(run)
 PY
         rel=${run#"$out/$scale/"}
-        mkdir -p "$dest/$scale/$rel"
         for f in config.json metrics.jsonl summary.json score.*.json probe.*.json test.*.hyp; do
-            for g in "$run"/$f; do if [[ -f "$g" ]]; then cp "$g" "$dest/$scale/$rel/"; fi; done
+            for g in "$run"/$f; do
+                if [[ -f "$g" ]]; then mkdir -p "$dest/$scale/$rel" && cp "$g" "$dest/$scale/$rel/"; fi
+            done
         done
     done
 done

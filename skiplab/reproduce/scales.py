@@ -148,7 +148,7 @@ CPU = Scale("cpu", {
                       if d in (20, 32) else f"ResNet-{d} does not fit the hour at cpu scale")
        for d in _DEPTHS},
     **{k: (Setting("mt", _CPU_MT, _CPU_MT_ABOUT.format(size="small"), size="small", layers={6: 3, 2: 1},
-                   seconds_per_run=3300)  # README's Multi30k runs: ~2.8 s/update two side by side, + scoring
+                   seconds_per_run=3300)  # 000-table2's cpu runs: 2,886-3,320 s two side by side, + scoring
            if "base" in k else _NO_BIG) for k in _PAPER_MT},
 }, seeds=2, about="miniatures for a 2-core CPU: about an hour per table, 2 seeds per row")
 
