@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from skiplab import cli
+from skiplab.analysis.trained import load_trained
 from skiplab.reproduce import TABLES, plan, reproduce, resolve, scale, table
 from skiplab.reproduce import runs as runs_mod
 from skiplab.reproduce import command as reproduce_mod
@@ -147,6 +148,25 @@ def test_a_second_reproduce_retrains_and_rescores_nothing(smoke, monkeypatch):
         (again,) = reproduce([tid], "smoke", str(smoke["out"]), seeds=seeds[tid], data_root=str(smoke["root"]),
                              progress=False)
         assert [c.get("values") for c in again["cells"]] == [c.get("values") for c in before["cells"]]
+
+
+def test_probes_of_a_run_share_one_call_and_match_probing_alone(smoke, monkeypatch):
+    """A probe table's layers of one run are probed in one call (the untouched model translated once), and
+    each layer's BLEU is the one it gets probed alone."""
+    before = {(c["row"], c["column"]): c.get("values") for c in smoke["results"]["003-table6"]["cells"]}
+    run = Path(next(c["runs"][0] for c in smoke["results"]["003-table6"]["cells"] if c["available"]))
+    for f in run.glob("probe.*.json"):
+        f.unlink()
+    calls = []
+    real = reproduce_mod.linearity
+    monkeypatch.setattr(reproduce_mod, "linearity", lambda tr, layers, **kw: calls.append(list(layers)) or real(tr, layers, **kw))
+    (again,) = reproduce(["003-table6"], "smoke", str(smoke["out"]), seeds=1, data_root=str(smoke["root"]), progress=False)
+    assert calls == [["encoder.0", "decoder.0"]]  # smoke's one-layer model: rows "None" and "1" of both sides
+    assert {(c["row"], c["column"]): c.get("values") for c in again["cells"]} == before
+    files = sorted(f.name.split(".beam")[0] for f in run.glob("probe.*.json"))
+    assert files == ["probe.decoder.0", "probe.encoder.0"]
+    alone = real(load_trained(next(run.glob("avg*.pt"))), ["decoder.0"], steps=1, beam=4, progress=False)
+    assert alone["layers"][0]["bleu_tok"] == json.loads(next(run.glob("probe.decoder.0.*")).read_text())["layers"][0]["bleu_tok"]
 
 
 def test_rows_restrict_what_is_trained(tmp_path, monkeypatch):

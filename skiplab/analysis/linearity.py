@@ -94,6 +94,7 @@ def linearity(tr: Trained, layers: list[str], steps: int = 100, objective: str =
         metric, name, scored, metric_tok = _score(tr, beam, progress)
         rows = []
         for layer in layers:
+            t_layer = time.time()
             original = blocks[layer]
             xs, ys, shapes = _capture(tr, layer, original, sample, seed)
             stride = shapes["stride"]
@@ -110,7 +111,7 @@ def linearity(tr: Trained, layers: list[str], steps: int = 100, objective: str =
             rows.append({"layer": layer, name: score, "delta_pct": 100.0 * (score - metric) / metric if metric else None,
                          **({"bleu_tok": score_tok} if score_tok is not None else {}),
                          f"{name}_least_squares": before, "lsq_relative_residual": residual, "fit_rows": len(xs),
-                         "map": kind})
+                         "map": kind, "time_s": time.time() - t_layer})
     finally:
         for p in frozen:
             p.requires_grad_(True)

@@ -117,20 +117,30 @@ def _mt_score(cfg: Any, average: int, beam: int, progress: bool) -> dict[str, An
     return result
 
 
-def _probe(cfg: Any, average: int, beam: int, layer: str, steps: int, progress: bool) -> dict[str, Any]:
-    """The linearity probe of one layer of a finished MT run's averaged model (cached per layer)."""
+def _probe(cfg: Any, average: int, beam: int, layer: str, steps: int, progress: bool,
+           batch: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The linearity probe of one layer of a finished MT run's averaged model, cached per layer. On a miss,
+    every uncached layer of ``batch`` that the model has is probed in the same call, so the untouched model
+    is translated once for all of them rather than once per layer."""
     out = Path(cfg.out)
     average = max(1, min(average, len(run_dir.step_checkpoints(out))))
-    cache = out / f"probe.{layer}.beam{beam}.avg{average}.steps{steps}.json"
-    if cache.is_file():
-        return run_dir.read_json(cache)
+
+    def cache(name: str) -> Path:
+        return out / f"probe.{name}.beam{beam}.avg{average}.steps{steps}.json"
+
+    if cache(layer).is_file():
+        return run_dir.read_json(cache(layer))
     averaged = out / f"avg{average}.pt"
     if not averaged.is_file():
         state, _ = run_dir.average_checkpoints(out, average)
         run_dir.save_checkpoint(averaged, state)
-    result = linearity(load_trained(averaged), [layer], steps=steps, beam=beam, progress=progress)
-    run_dir.write_json(cache, result)
-    return result
+    tr = load_trained(averaged)
+    blocks = tr.blocks()
+    wanted = [layer] + [b for b in batch if b != layer and b in blocks and not cache(b).is_file()]
+    result = linearity(tr, wanted, steps=steps, beam=beam, progress=progress)
+    for row in result["layers"]:  # each file as if its layer had been probed alone (with the call's total time)
+        run_dir.write_json(cache(row["layer"]), {**result, "layers": [row], "layers_in_call": wanted})
+    return run_dir.read_json(cache(layer))
 
 
 def _measure(t: Table, r: Resolved, cfg: Any, sc: Scale, progress: bool) -> dict[str, Any] | None:
@@ -145,9 +155,11 @@ def _measure(t: Table, r: Resolved, cfg: Any, sc: Scale, progress: bool) -> dict
     average = t.averaged(r.cell.run.setting)
     if t.probes:
         side, k = r.cell.run.probe or ("encoder", 1)
-        probe = _probe(cfg, average, t.beam, f"{side}.{k - 1}", PROBE_STEPS[sc.name], progress)
-        value = probe["untouched_bleu_tok"] if r.cell.run.probe is None else probe["layers"][0]["bleu_tok"]
-        return {"value": value, "train_time_s": summary["train_time_s"], "probe_time_s": probe["time_s"]}
+        batch = tuple(f"{c.run.probe[0]}.{c.run.probe[1] - 1}" for c in t.cells if c.run and c.run.probe)
+        probe = _probe(cfg, average, t.beam, f"{side}.{k - 1}", PROBE_STEPS[sc.name], progress, batch)
+        row = probe["layers"][0]
+        value = probe["untouched_bleu_tok"] if r.cell.run.probe is None else row["bleu_tok"]
+        return {"value": value, "train_time_s": summary["train_time_s"], "probe_time_s": row.get("time_s")}
     score = _mt_score(cfg, average, t.beam, progress)
     return {"value": score["bleu_tok"], "bleu_detok": score["bleu"], "bleu_tok_signature": score["bleu_tok_signature"],
             "bleu_signature": score["bleu_signature"], "averaged": score.get("averaged") or average,
