@@ -163,6 +163,8 @@ def test_probes_of_a_run_share_one_call_and_match_probing_alone(smoke, monkeypat
     (again,) = reproduce(["003-table6"], "smoke", str(smoke["out"]), seeds=1, data_root=str(smoke["root"]), progress=False)
     assert calls == [["encoder.0", "decoder.0"]]  # smoke's one-layer model: rows "None" and "1" of both sides
     assert {(c["row"], c["column"]): c.get("values") for c in again["cells"]} == before
+    assert all(c["test"] == reproduce_mod.PROBE_TEST for c in again["cells"] if c["available"] and c["row"] != "None")
+    assert "p: " + reproduce_mod.PROBE_TEST in (smoke["out"] / "smoke" / "003-table6" / "table.md").read_text()
     files = sorted(f.name.split(".beam")[0] for f in run.glob("probe.*.json"))
     assert files == ["probe.decoder.0", "probe.encoder.0"]
     alone = real(load_trained(next(run.glob("avg*.pt"))), ["decoder.0"], steps=1, beam=4, progress=False)

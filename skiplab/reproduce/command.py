@@ -41,6 +41,7 @@ from .scales import Scale, Setting, scale as get_scale
 from .tables import Cell, Table
 
 PROBE_STEPS = {"smoke": 1, "cpu": 50, "paper": 100}
+PROBE_TEST = "none (a probe cell is the row's run with one layer made linear; its translations are not kept to test)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,12 @@ def _mt_score(cfg: Any, average: int, beam: int, progress: bool) -> dict[str, An
     return result
 
 
+def _layer(probe: tuple[str, int]) -> str:
+    """A probe cell's ("decoder", k), k 1-based as the papers count, as the model's block name: decoder.<k-1>."""
+    side, k = probe
+    return f"{side}.{k - 1}"
+
+
 def _probe(cfg: Any, average: int, beam: int, layer: str, steps: int, progress: bool,
            batch: tuple[str, ...] = ()) -> dict[str, Any]:
     """The linearity probe of one layer of a finished MT run's averaged model, cached per layer. On a miss,
@@ -154,12 +161,13 @@ def _measure(t: Table, r: Resolved, cfg: Any, sc: Scale, progress: bool) -> dict
         return {"value": 100.0 - error if t.metric.startswith("accuracy") else error, "train_time_s": summary["train_time_s"]}
     average = t.averaged(r.cell.run.setting)
     if t.probes:
-        side, k = r.cell.run.probe or ("encoder", 1)
-        batch = tuple(f"{c.run.probe[0]}.{c.run.probe[1] - 1}" for c in t.cells if c.run and c.run.probe)
-        probe = _probe(cfg, average, t.beam, f"{side}.{k - 1}", PROBE_STEPS[sc.name], progress, batch)
+        batch = tuple(_layer(c.run.probe) for c in t.cells if c.run and c.run.probe)
+        probe = _probe(cfg, average, t.beam, _layer(r.cell.run.probe or ("encoder", 1)), PROBE_STEPS[sc.name],
+                       progress, batch)
+        if r.cell.run.probe is None:  # the untouched model's BLEU, which every probe of the run records
+            return {"value": probe["untouched_bleu_tok"], "train_time_s": summary["train_time_s"]}
         row = probe["layers"][0]
-        value = probe["untouched_bleu_tok"] if r.cell.run.probe is None else row["bleu_tok"]
-        return {"value": value, "train_time_s": summary["train_time_s"], "probe_time_s": row.get("time_s")}
+        return {"value": row["bleu_tok"], "train_time_s": summary["train_time_s"], "probe_time_s": row.get("time_s")}
     score = _mt_score(cfg, average, t.beam, progress)
     return {"value": score["bleu_tok"], "bleu_detok": score["bleu"], "bleu_tok_signature": score["bleu_tok_signature"],
             "bleu_signature": score["bleu_signature"], "averaged": score.get("averaged") or average,
@@ -295,7 +303,7 @@ def _cell_result(t: Table, r: Resolved, sc: Scale, seeds: int, root: Path, resol
     if r.task == "image":
         return {**out, "delta": delta, "p": stats.welch_p(values, base_values), "test": "Welch's t-test over seeds"}
     if t.probes:
-        return {**out, "delta": delta, "p": None, "test": None}
+        return {**out, "delta": delta, "p": None, "test": PROBE_TEST}
     ps = [_bootstrap(a, b, _seeded(r, k, root), _seeded(base, k, root))
           for k, (a, b) in enumerate(zip(per_seed, base_seeds), start=1)]
     return {**out, "delta": delta, "p": ps, "test": "paired bootstrap per seed (1,000 resamples, tokenised BLEU)"}
