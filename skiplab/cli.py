@@ -37,7 +37,7 @@ from pathlib import Path
 from . import bench, config, distributed, reproduce
 from .analysis import gradient_flow
 from .connections import available_connections, connection, parse_spec
-from .models import family_of, options_of, seq2seq_families, with_options
+from .models import PreActResNetConfig, family_of, options_of, seq2seq_families, with_options
 from . import run_dir
 from .train.image import ImageTrainConfig
 from .train.mt import MTTrainConfig
@@ -64,31 +64,37 @@ def cmd_gradient_flow(args: argparse.Namespace) -> None:
 
 
 def _train_config(cls, args: argparse.Namespace):
-    """The config from the options; with --resume, the stored run's config with only the options given changed."""
+    """The config from the options, model options added to its spec; with --resume, the stored run's config
+    with only the options given changed (and --out, where the run is now)."""
     if not getattr(args, "resume", False):
-        return config.from_arguments(cls, args)
+        cfg = config.from_arguments(cls, args)
+        return dataclasses.replace(cfg, model=_with_model_options(cfg.model, args))
     out = getattr(args, "out")
     try:
         stored = run_dir.read_json(Path(out) / "config.json")["config"]
     except FileNotFoundError:
         raise run_dir.RunDirError(f"nothing to resume in {out}: no config.json there") from None
+    stored = getattr(cls, "upgrade", dict)(stored)
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name) != f.default}
+    given["out"] = out
     stale = sorted(set(stored) - {f.name for f in dataclasses.fields(cls)})
     if stale:
         raise run_dir.RunDirError(f"{out} was written by an older skiplab (its config has {', '.join(stale)}); "
                                   "it cannot be resumed by this one")
     stored = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
-    return cls(**{**stored, **given})
+    cfg = cls(**{**stored, **given})
+    return dataclasses.replace(cfg, model=_with_model_options(cfg.model, args))
 
 
-# The MT model options: every field of every translation family but those the data decides.
-MODEL_OPTION_SKIP = ("vocab_size", "pad_id")
+# The model options of a task: every field of its families' configs but those the data decides.
+MODEL_OPTION_SKIP = ("vocab_size", "pad_id", "in_channels", "num_classes")
+TASK_FAMILIES = {"image": lambda: [PreActResNetConfig], "mt": seq2seq_families}
 
 
-def _model_options() -> dict[str, tuple[dataclasses.Field, type, list[str]]]:
-    """name -> (field, type, the families that have it), over the translation families' configs."""
+def _model_options(task: str) -> dict[str, tuple[dataclasses.Field, type, list[str]]]:
+    """name -> (field, type, the families that have it), over the task's model families' configs."""
     options: dict[str, tuple[dataclasses.Field, type, list[str]]] = {}
-    for cls in seq2seq_families():
+    for cls in TASK_FAMILIES[task]():
         hints = typing.get_type_hints(cls)
         for name, f in options_of(cls).items():
             if name not in MODEL_OPTION_SKIP:
@@ -96,19 +102,25 @@ def _model_options() -> dict[str, tuple[dataclasses.Field, type, list[str]]]:
     return options
 
 
-def _add_model_options(p: argparse.ArgumentParser) -> None:
+def _add_model_options(p: argparse.ArgumentParser, task: str, skip: tuple[str, ...] = ()) -> None:
     group = p.add_argument_group("model options", "fields of the model's config; each adds to --model's spec "
                                                   "(default: the preset's value)")
-    every = len(seq2seq_families())
-    for name, (f, tp, families) in _model_options().items():
+    every = len(TASK_FAMILIES[task]())
+    p.set_defaults(model_options=task)
+    for name, (f, tp, families) in _model_options(task).items():
+        if name in skip:
+            continue
         only = "" if len(families) == every else f" [{', '.join(families)} only]"
         group.add_argument("--" + name.replace("_", "-"), dest=name, type=config.parser_for(tp), default=None,
                            metavar=name.upper(), help=f"{f.metadata.get('help', '')}{only}")
 
 
 def _with_model_options(spec: str, args: argparse.Namespace) -> str:
-    """``spec`` with the model options given on the command line added."""
-    given = {name: getattr(args, name) for name in _model_options() if getattr(args, name, None) is not None}
+    """``spec`` with the model options given on the command line added (a value the spec sets otherwise is an
+    error naming both)."""
+    task = getattr(args, "model_options", None)
+    names = _model_options(task) if task else {}
+    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     return with_options(spec, **given) if given else spec
 
 
@@ -126,9 +138,7 @@ def cmd_train_image(args: argparse.Namespace) -> None:
 def cmd_train_mt(args: argparse.Namespace) -> None:
     from .train.mt import train
 
-    cfg = _train_config(MTTrainConfig, args)
-    cfg = dataclasses.replace(cfg, model=_with_model_options(cfg.model, args))
-    _print_summary(train(cfg, resume=args.resume, overwrite=args.overwrite))
+    _print_summary(train(_train_config(MTTrainConfig, args), resume=args.resume, overwrite=args.overwrite))
 
 
 def cmd_eval_image(args: argparse.Namespace) -> None:
@@ -194,11 +204,12 @@ ANALYZE_OPTIONS = ("split", "examples", "seed", "mode", "near_zero", "large", "l
 def cmd_compare(args: argparse.Namespace) -> None:
     from .train.compare import compare, connection_variants, model_variants
 
-    if args.task == "image":
-        compare("image", config.from_arguments(ImageTrainConfig, args), connection_variants(args.connections), args.seeds)
-        return
-    base = config.from_arguments(MTTrainConfig, args)
+    cls = ImageTrainConfig if args.task == "image" else MTTrainConfig
+    base = config.from_arguments(cls, args)
     base = dataclasses.replace(base, model=_with_model_options(base.model, args))
+    if args.task == "image":
+        compare("image", base, connection_variants(base.model, args.connections), args.seeds)
+        return
     if args.connections is not None:
         connections = args.connections
     else:  # the default connections, for a single model that takes connections
@@ -212,7 +223,8 @@ MT_CONNECTIONS = ("PostLN", "2xSkip+LN", "2rSkip+LN")
 def _add_compare(sub, task: str, name: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
     cls = ImageTrainConfig if task == "image" else MTTrainConfig
     p = sub.add_parser(name, help=help, description=help)
-    config.add_arguments(p, cls, skip=("connection", "seed"))
+    config.add_arguments(p, cls, skip=("seed",))
+    _add_model_options(p, task, skip=("connection",))
     if task == "mt":
         p.add_argument("--models", type=config.parse_list, default=(), metavar="SPECS",
                        help="model specs to compare, comma-separated, e.g. transformer-small,dwlstm-small(share=all) "
@@ -220,13 +232,11 @@ def _add_compare(sub, task: str, name: str, help: str, defaults: dict, connectio
         p.add_argument("--connections", type=config.parse_list, default=None, metavar="SPECS",
                        help=f"connection specs to compare, comma-separated (default: {','.join(connections)} without "
                             "--models; with --models, each model's own)")
-        _add_model_options(p)
     else:
         p.add_argument("--connections", type=config.parse_list, default=connections, metavar="SPECS",
                        help=f"connection specs, comma-separated (default: {','.join(connections)})")
     p.add_argument("--seeds", type=int, default=seeds, help=f"seeds 1..N per variant (default: {seeds})")
-    first = {"connection": connections[0]} if task == "image" else {}  # the base's; each run sets its own
-    p.set_defaults(func=cmd_compare, task=task, seed=1, **first, **defaults)
+    p.set_defaults(func=cmd_compare, task=task, seed=1, **defaults)
     return p
 
 
@@ -271,8 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   ("mt", MTTrainConfig, cmd_train_mt, "machine translation (Transformer recipe)")]:
         p = train.add_parser(task, help=help, description=help)
         config.add_arguments(p, cls)
-        if task == "mt":
-            _add_model_options(p)
+        _add_model_options(p, task)
         p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
         p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
         p.set_defaults(func=func)

@@ -10,6 +10,12 @@
 A directory that holds a run is never overwritten silently: ``--resume`` continues it, ``--overwrite``
 replaces it, anything else is an error. Checkpoints are written atomically (temp file + rename) and
 read with ``weights_only=True``: no code in a checkpoint is ever run.
+
+Where a run lives is not part of what it is: the fields of :data:`PLACE` (its directory, its data's
+directory, its device) may differ when a run is resumed, so a run directory can be moved or copied from
+another machine and resumed there. The checkpoint is the truth on resume: metrics.jsonl keeps the records
+the checkpoint covers (the checkpoint holds its own record too, restored where the file lost it) and
+drops the rest, a last line torn by a killed process included, saying what it dropped.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import torch
 from torch import Tensor
 
 RUN_FILES = ("config.json", "metrics.jsonl", "last.pt", "best.pt", "summary.json")
+PLACE = ("out", "data_dir", "device")  # config fields that say where a run is, not what it trains
 
 
 class RunDirError(ValueError):
@@ -91,21 +98,57 @@ def append_metrics(out: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def _parse_metrics(path: Path, torn_last_ok: bool) -> tuple[list[dict[str, Any]], int | None]:
+    """The records of ``path`` and the number of a torn last line (``torn_last_ok``; else it is an error too).
+
+    A line that is not one JSON object is a :class:`RunDirError` naming the file and the line."""
+    records, torn = [], None
+    lines = path.read_text().splitlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record, dict):
+                raise ValueError(f"a {type(record).__name__}, not a record")
+        except ValueError as err:
+            if torn_last_ok and n == len(lines):
+                torn = n
+                break
+            raise RunDirError(f"{path}, line {n}: not a JSON record ({err})") from None
+        records.append(record)
+    return records, torn
+
+
 def read_metrics(out: Path, upto: int | None = None, key: str = "epoch") -> list[dict[str, Any]]:
-    """The records of metrics.jsonl (those with ``key`` <= ``upto`` where given)."""
+    """The records of metrics.jsonl (those with ``key`` <= ``upto`` where given); a bad line is an error."""
     path = Path(out) / "metrics.jsonl"
     if not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records, _ = _parse_metrics(path, torn_last_ok=False)
     return [r for r in records if upto is None or r.get(key, 0) <= upto]
 
 
-def truncate_metrics(out: Path, upto: int, key: str = "epoch") -> None:
-    """Drop records past the checkpoint a resumed run restarts from, so nothing is logged twice."""
-    keep = read_metrics(out, upto, key)
-    tmp = out / "metrics.jsonl.tmp"
+def resume_metrics(out: Path, upto: int, key: str = "epoch", record: dict[str, Any] | None = None) -> str:
+    """Make metrics.jsonl what the checkpoint at ``key`` = ``upto`` covers; return what was dropped ('' if nothing).
+
+    Records past the checkpoint and a torn last line (a process killed while writing it) are dropped; the
+    checkpoint's own ``record``, where the file lost it, is put back. A bad line before the last is an error:
+    it is not what a killed process leaves, and nothing is rewritten."""
+    path = Path(out) / "metrics.jsonl"
+    records, torn = _parse_metrics(path, torn_last_ok=True) if path.exists() else ([], None)
+    keep = [r for r in records if r.get(key, 0) <= upto]
+    if record is not None and not any(r.get(key) == upto for r in keep):
+        keep.append(record)
+    dropped = [f"a torn last line (line {torn})"] if torn else []
+    past = [r.get(key) for r in records if r.get(key, 0) > upto]
+    if past:
+        dropped.append(f"{len(past)} record(s) past the checkpoint ({key} {', '.join(map(str, past))})")
+    tmp = Path(out) / "metrics.jsonl.tmp"
     tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
-    os.replace(tmp, out / "metrics.jsonl")
+    os.replace(tmp, path)
+    return f"{path}: dropped {' and '.join(dropped)}; the checkpoint at {key} {upto} is where the run goes on" \
+        if dropped else ""
 
 
 def changed_settings(stored: dict[str, Any], new: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
@@ -120,16 +163,25 @@ def changed_settings(stored: dict[str, Any], new: dict[str, Any], ignore: tuple[
 
 def check_resumable(out: Path, stored: dict[str, Any], new: dict[str, Any], extendable: tuple[str, ...] = (),
                     defaults: dict[str, Any] | None = None) -> list[str]:
-    """Refuse to resume ``out`` with settings other than ``stored``'s, except ``extendable`` ones; return those.
+    """Refuse to resume ``out`` with settings other than ``stored``'s, except ``extendable`` ones and the
+    :data:`PLACE` fields (a moved run resumes); return the changed ``extendable`` ones.
 
     A field ``stored`` lacks (one added to the config since the run was written) counts as its value in
     ``defaults``: the run was trained as that default says."""
     stored = {**(defaults or {}), **stored}
-    other = changed_settings(stored, new, ignore=extendable)
+    other = changed_settings(stored, new, ignore=extendable + PLACE)
     if other:
         raise RunDirError(f"{out} holds a run with another config (different {', '.join(other)}); resume it with "
                           "that config, or use --overwrite")
-    return [k for k in extendable if k in changed_settings(stored, new)]
+    return [k for k in extendable + PLACE if k in changed_settings(stored, new)]
+
+
+def note_changes(out: Path, stored: dict[str, Any], new: dict[str, Any], changed: list[str]) -> str:
+    """config.json's config becomes ``new`` (the ``changed`` fields of a resumed run); return a line saying so."""
+    if not changed:
+        return ""
+    write_json(out / "config.json", {**read_json(out / "config.json"), "config": new})
+    return f"{out}: resumed with " + ", ".join(f"{k} {stored.get(k)} -> {new[k]}" for k in changed)
 
 
 def rng_state() -> dict[str, Any]:

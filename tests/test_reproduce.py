@@ -15,6 +15,7 @@ import pytest
 
 from skiplab import cli
 from skiplab.analysis.trained import load_trained
+from skiplab.models import model_config
 from skiplab.reproduce import TABLES, plan, reproduce, resolve, scale, table
 from skiplab.reproduce import runs as runs_mod
 from skiplab.reproduce import command as reproduce_mod
@@ -173,7 +174,8 @@ def test_probes_of_a_run_share_one_call_and_match_probing_alone(smoke, monkeypat
 
 def test_rows_restrict_what_is_trained(tmp_path, monkeypatch):
     trained = []
-    monkeypatch.setattr(runs_mod, "train_missing", lambda jobs, **kw: trained.extend(c.connection for _, c in jobs))
+    monkeypatch.setattr(runs_mod, "train_missing", lambda jobs, **kw: trained.extend(
+        model_config(c.model).connection for _, c in jobs))
     (result,) = reproduce(["000-table1"], "cpu", str(tmp_path), rows=("1xSkip", "2rSkip+LN"), progress=False)
     assert sorted(trained) == ["1xSkip", "1xSkip", "2rSkip+LN", "2rSkip+LN"]
     assert all(c.get("mean") is None for c in result["cells"])  # nothing ran: every cell says so
@@ -206,8 +208,8 @@ def test_paper_scale_is_the_published_setting():
     paper = scale("paper")
     t1, t3 = table("000-table1"), table("003-table1")
     cfg = resolve(t1, t1.cell("2rSkip+LN", "CIFAR-10"), paper).config
-    assert (cfg.model, cfg.dataset, cfg.epochs, cfg.weight_decay, cfg.connection) == (
-        "preact-resnet110", "cifar10", 164, 2e-4, "2rSkip+LN")
+    assert (cfg.model, cfg.dataset, cfg.epochs, cfg.weight_decay) == (
+        "preact-resnet110(connection=2rSkip+LN)", "cifar10", 164, 2e-4)
     mt = resolve(t3, t3.cell("Base with depth-wise LSTM", "En-De"), paper).config
     assert (mt.model, mt.warmup, mt.max_steps, mt.schedule) == ("dwlstm-base", 8000, 100_000, "vaswani")
     assert mt.corpus == "wmt14-en-de(valid=newstest2012+newstest2013)" and mt.max_tokens * mt.update_freq == 25_000

@@ -25,8 +25,9 @@ def read_run(path: str | Path) -> tuple[str, list[dict[str, Any]]]:
     if not records:
         raise ValueError(f"{path} has no metrics yet")
     try:
-        cfg = run_dir.read_json(path / "config.json")["config"]
-        label = cfg.get("connection") or cfg["model"]  # image runs name a connection; MT runs a model spec
+        stored = run_dir.read_json(path / "config.json")
+        # image runs are named by their blocks' connection, MT runs by their model spec
+        label = stored["model"]["connection"] if "dataset" in stored["config"] else stored["config"]["model"]
     except (FileNotFoundError, KeyError, TypeError, AttributeError):
         label = path.name
     return label, records

@@ -50,7 +50,9 @@ class Trained:
 
     @property
     def label(self) -> str:
-        return self.config.get("connection") or self.config["model"]
+        """The connection of an image run's blocks; a translation run's model spec."""
+        connection = getattr(getattr(self.model, "cfg", None), "connection", None)
+        return connection if self.kind == "image" and connection else self.config["model"]
 
     def blocks(self) -> dict[str, nn.Module]:
         """The model's blocks in forward order: residual blocks (image), encoder then decoder layers (MT)."""

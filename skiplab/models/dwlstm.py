@@ -8,11 +8,12 @@ layer's:
     c      = [x ; out_{i-1}]                                        (Eq. 2)
     i, f, o = σ(LN_i(W_i c + b_i)), σ(LN_f(W_f c + b_f)), σ(LN_o(W_o c + b_o))       (Eqs. 3-5)
     h      = act(LN(W_h c + b_h))                    hidden_layers=1  (Eq. 6)
-    h      = W_h2 act(LN(W_h1 c + b_h1)) + b_h2      hidden_layers=2  (Eq. 8; inner width ffn_dim)
+    h      = W_h2 Drop(act(LN(W_h1 c + b_h1))) + b_h2   hidden_layers=2  (Eq. 8; inner width ffn_dim)
     cell_i = cell_{i-1} ⊙ f + h ⊙ i                                 (Eq. 9)
     out_i  = cell_i ⊙ o                    (no tanh on the cell)    (Eq. 10)
 
-LN(z) = (z - μ) / σ · w + b with w = 1, b = 0 at the start (Eq. 7); act is GeLU (Section 3.1) or tanh.
+LN(z) = (z - μ) / σ · w + b with w = 1, b = 0 at the start (Eq. 7), ε = 1e-6 in every LN of the family
+(Neutron's ``ieps_ln_default``); act is GeLU (Section 3.1) or tanh.
 
 Encoder layer (Fig. 3): a = Dropout(SelfAttn(LN(out_{i-1}))); (out_i, cell_i) = LSTM(a, out_{i-1}, cell_{i-1}).
 Decoder layer (Fig. 4): s = Dropout(CausalSelfAttn(LN(out_{i-1}))); a = Dropout(CrossAttn(LN(s + out_{i-1}),
@@ -24,15 +25,20 @@ embedded input; each stack ends with a LayerNorm. There is no FFN sub-layer and 
 
 Sharing across the layers of a stack (Table 4): ``share=gates`` (default) binds W_{i,f,o}, b_{i,f,o} and
 the gates' LNs, the hidden computation stays per layer; ``share=all`` binds the whole LSTM unit;
-``share=none`` binds nothing. Attention is never shared. Two deviations from the authors' code, both to
-follow the equations as written: each gate has its own LN (Neutron normalises the three pre-activations
-jointly), and dropout acts on h (as on a Transformer's FFN output).
+``share=none`` binds nothing. Attention is never shared. Dropout acts on h and, with two hidden layers, on
+the activation inside (Drop above), as in the authors' code (Neutron ``modules/rfn.py``, ``LSTMCell4FFN``).
+Where the equations or the text say otherwise, they are followed, not the code (README, "The depth-wise
+LSTM against its authors' code", compares the two point by point): each gate has its own LN (Neutron
+normalises the three pre-activations jointly), the gate and hidden layers have the biases the equations
+write (Neutron has none), the decoder's LSTM input is the merge of the two sub-layers' outputs and the
+cross-attention reads s + out (Section 3.3; Neutron feeds a + LN(s + LN(out)) and queries LN(s + LN(out))).
 
-Initialisation: every linear layer (attention, W_{i,f,o}, W_h, W_h1, W_h2) is Xavier-uniform,
-W ~ U(-b, b) with b = sqrt(6 / (fan_in + fan_out)) (Glorot and Bengio 2010, Eq. 16), biases zero, as
-Neutron initialises its models (:mod:`skiplab.models.linear`). W_i, W_f and W_o are computed by one matmul
-but drawn as the three (|c| -> d) matrices Eqs. 3-5 write, like the stacked attention projections. The
-embedding is N(0, d^-1/2), the LNs start at gain 1 and bias 0 (Eq. 7).
+Initialisation (``init``, the paper is silent; :mod:`skiplab.models.linear`): ``lipschitz`` by default, as
+Neutron initialises its models: every linear layer (attention, W_{i,f,o}, W_h, W_h1, W_h2) is
+U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with zero biases, the embedding U(-b, b) with b = sqrt(2 / (V + d)), the
+LNs gain 1 and bias 0 (Eq. 7). ``init=xavier`` draws the linear layers Xavier-uniform instead (W_i, W_f and
+W_o as the three (|c| -> d) matrices Eqs. 3-5 write) and the embedding N(0, d^-1/2), as the residual
+Transformer family does.
 
 Decoding: the LSTM runs over depth, so incremental decoding caches what the residual Transformer caches
 (self-attention keys/values, the source's cross-attention keys/values) and nothing for the LSTM.
@@ -52,6 +58,7 @@ from .seq2seq import EncoderDecoder, Seq2SeqConfig
 
 ACTIVATIONS = {"gelu": nn.GELU, "tanh": nn.Tanh}
 MERGES, SHARES = ("add", "concat"), ("gates", "all", "none")
+EPS = 1e-6  # every LN of the family (Neutron's ieps_ln_default)
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,8 @@ class DepthWiseLSTMConfig(Seq2SeqConfig):
     merge: str = field(default="add", metadata={"help": "decoder: merge self- and cross-attention by add or concat"})
     share: str = field(default="gates", metadata={"help": "LSTM parameters shared across a stack: gates, all or none"})
     activation: str = field(default="gelu", metadata={"help": "act of the LSTM hidden computation: gelu or tanh"})
+    init: str = field(default="lipschitz", metadata={
+        "help": "initialisation: lipschitz (Neutron's, the authors') or xavier (tensor2tensor's)"})
 
     def __post_init__(self):
         super().__post_init__()
@@ -74,7 +83,7 @@ class DepthWiseLSTMConfig(Seq2SeqConfig):
 class GateNorm(nn.Module):
     """LN over each of ``gates`` blocks of d features, with a gain and bias per gate (Eqs. 3-5 and 7)."""
 
-    def __init__(self, gates: int, d: int, eps: float = 1e-5):
+    def __init__(self, gates: int, d: int, eps: float = EPS):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(gates, d))
         self.bias = nn.Parameter(torch.zeros(gates, d))
@@ -99,18 +108,19 @@ class LSTMGates(nn.Module):
 
 
 class LSTMHidden(nn.Module):
-    """h = act(LN(W_h c + b_h)) (Eq. 6, ``layers=1``) or h = W_h2 act(LN(W_h1 c + b_h1)) + b_h2 (Eq. 8)."""
+    """h = act(LN(W_h c + b_h)) (Eq. 6, ``layers=1``) or h = W_h2 Drop(act(LN(W_h1 c + b_h1))) + b_h2 (Eq. 8)."""
 
-    def __init__(self, in_dim: int, d: int, inner: int, layers: int, activation: str):
+    def __init__(self, in_dim: int, d: int, inner: int, layers: int, activation: str, dropout: float = 0.0):
         super().__init__()
         width = inner if layers == 2 else d
         self.proj = xavier_linear(in_dim, width)
-        self.norm = nn.LayerNorm(width)
+        self.norm = nn.LayerNorm(width, eps=EPS)
         self.act = ACTIVATIONS[activation]()
+        self.drop = nn.Dropout(dropout) if layers == 2 else nn.Identity()
         self.out = xavier_linear(inner, d) if layers == 2 else nn.Identity()
 
     def forward(self, c: Tensor) -> Tensor:
-        return self.out(self.act(self.norm(self.proj(c))))
+        return self.out(self.drop(self.act(self.norm(self.proj(c)))))
 
 
 class DepthWiseLSTM(nn.Module):
@@ -139,7 +149,7 @@ def lstm_units(cfg: DepthWiseLSTMConfig, layers: int, input_dim: int) -> list[De
         return LSTMGates(c_dim, d)
 
     def hidden() -> LSTMHidden:
-        return LSTMHidden(c_dim, d, cfg.ffn_dim, cfg.hidden_layers, cfg.activation)
+        return LSTMHidden(c_dim, d, cfg.ffn_dim, cfg.hidden_layers, cfg.activation, cfg.dropout)
 
     if cfg.share == "all":
         return [DepthWiseLSTM(gates(), hidden(), cfg.dropout)] * layers
@@ -150,7 +160,7 @@ def lstm_units(cfg: DepthWiseLSTMConfig, layers: int, input_dim: int) -> list[De
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: DepthWiseLSTMConfig, lstm: DepthWiseLSTM):
         super().__init__()
-        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.attn_norm = nn.LayerNorm(cfg.d_model, eps=EPS)
         self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
         self.lstm = lstm
         self.drop = nn.Dropout(cfg.dropout)
@@ -165,9 +175,9 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: DepthWiseLSTMConfig, lstm: DepthWiseLSTM):
         super().__init__()
         d = cfg.d_model
-        self.self_norm = nn.LayerNorm(d)
+        self.self_norm = nn.LayerNorm(d, eps=EPS)
         self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
-        self.cross_norm = nn.LayerNorm(d)
+        self.cross_norm = nn.LayerNorm(d, eps=EPS)
         self.cross_attn = CrossAttention(d, cfg.heads, cfg.attention_dropout)
         self.lstm = lstm
         self.drop = nn.Dropout(cfg.dropout)
@@ -187,7 +197,7 @@ class DepthWiseLSTMEncoder(nn.Module):
         super().__init__()
         units = lstm_units(cfg, cfg.encoder_layers, cfg.d_model)
         self.layers = nn.ModuleList(EncoderLayer(cfg, u) for u in units)
-        self.norm = nn.LayerNorm(cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=EPS)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         out = cell = x  # the first layer's (out, cell) start from the embedded input
@@ -202,7 +212,7 @@ class DepthWiseLSTMDecoder(nn.Module):
         width = cfg.d_model * (2 if cfg.merge == "concat" else 1)
         units = lstm_units(cfg, cfg.decoder_layers, width)
         self.layers = nn.ModuleList(DecoderLayer(cfg, u) for u in units)
-        self.norm = nn.LayerNorm(cfg.d_model)
+        self.norm = nn.LayerNorm(cfg.d_model, eps=EPS)
 
     def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         return [layer.cross_attn.project_kv(memory) for layer in self.layers]

@@ -4,9 +4,11 @@
     tgt -> E·sqrt(d) + PE -> dropout -> decoder stack (attending to memory) -> h E^T
 
 The shell owns what does not depend on how layers are connected: the embedding E shared by source,
-target and output (Press & Wolf 2017; Vaswani et al. 2017, Section 3.4), drawn from N(0, d^-1/2) as in
-tensor2tensor and fairseq, so that E·sqrt(d) has unit scale (the pad row zero; the families' linear layers
-are Xavier-uniform, :mod:`skiplab.models.linear`), the sinusoidal positions
+target and output (Press & Wolf 2017; Vaswani et al. 2017, Section 3.4), the initialisation (``init``,
+:mod:`skiplab.models.linear`): ``xavier`` draws E from N(0, d^-1/2) as tensor2tensor and fairseq do, so that
+E·sqrt(d) has unit scale, and the linear layers Xavier-uniform; ``lipschitz`` draws E as Neutron does
+(Glorot-uniform with gain sqrt(1/3): U(-b, b), b = sqrt(2 / (V + d))) and every linear layer outside the
+connections U(-1/sqrt(fan_in), 1/sqrt(fan_in)); the pad row is zero in both), the sinusoidal positions
 PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (Section 3.5), the
 padding mask (decoder self-attention is causal: the stacks attend with ``causal=True``), and incremental decoding (:meth:`encode`, :meth:`start`, :meth:`step`,
 :meth:`select`, the interface ``skiplab.translate`` searches with). A family (the residual Transformer,
@@ -32,7 +34,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..connections import iter_connections
 from .attention import padding_mask
+from .linear import lipschitz_init_
+
+INITS = ("xavier", "lipschitz")
 
 
 @dataclass(frozen=True)
@@ -49,8 +55,12 @@ class Seq2SeqConfig:
     attention_dropout: float = field(default=0.1, metadata={"help": "dropout on attention weights"})
     max_positions: int = field(default=1024, metadata={"help": "longest sequence the positions cover"})
     pad_id: int = field(default=0, metadata={"help": "padding token id"})
+    init: str = field(default="xavier", metadata={
+        "help": "initialisation: xavier (tensor2tensor's) or lipschitz (Neutron's, the depth-wise LSTM authors')"})
 
     def __post_init__(self):
+        if self.init not in INITS:
+            raise ValueError(f"init must be one of {', '.join(INITS)}, got {self.init!r}")
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
         if min(self.vocab_size, self.d_model, self.ffn_dim, self.heads, self.encoder_layers, self.decoder_layers,
@@ -107,13 +117,18 @@ class EncoderDecoder(nn.Module):
         self.cfg = cfg
         d = cfg.d_model
         self.embed = nn.Embedding(cfg.vocab_size, d, padding_idx=cfg.pad_id)
-        nn.init.normal_(self.embed.weight, mean=0.0, std=d**-0.5)  # so that E·sqrt(d) has unit scale
-        with torch.no_grad():
-            self.embed.weight[cfg.pad_id].zero_()
         self.register_buffer("positions", sinusoid(cfg.max_positions, d), persistent=False)
         self.drop = nn.Dropout(cfg.dropout)
         self.encoder: EncoderStack = encoder
         self.decoder: DecoderStack = decoder
+        with torch.no_grad():
+            if cfg.init == "lipschitz":
+                lipschitz_init_(self, keep=tuple(c for _, c in iter_connections(self)))
+                bound = math.sqrt(2 / (cfg.vocab_size + d))
+                self.embed.weight.uniform_(-bound, bound)
+            else:
+                self.embed.weight.normal_(0.0, d**-0.5)  # so that E·sqrt(d) has unit scale
+            self.embed.weight[cfg.pad_id].zero_()
 
     def embed_tokens(self, tokens: Tensor, offset: int = 0) -> Tensor:  # (B, T) -> (B, T, D)
         t = tokens.shape[1]

@@ -32,7 +32,7 @@ from ..analysis.linearity import linearity
 from ..analysis.trained import load_trained
 from ..config import parse_list
 from ..connections import connection
-from ..models import format_model_spec, model_config, parse_model_spec
+from ..models import format_model_spec, model_config, parse_model_spec, with_options
 from ..translate.metrics import paired_bootstrap
 from ..translate.translator import evaluate_split, split_forms
 from . import report, runs, stats
@@ -77,7 +77,7 @@ def resolve(t: Table, cell: Cell, sc: Scale, data_root: str = "", device: str = 
         return Resolved(cell, why=f"not available at {sc.name} scale: {setting}")
     base = setting.config
     if setting.task == "image":
-        cfg = dataclasses.replace(base, connection=_canonical(run.connection),
+        cfg = dataclasses.replace(base, model=with_options(base.model, connection=_canonical(run.connection)),
                                   data_dir=_data_dir(data_root, base.dataset), device=device)
         return Resolved(cell, "image", cfg, setting)
     name, options = parse_model_spec(f"{run.family}-{setting.size}")

@@ -3,8 +3,9 @@
 A run is one config and seed. It lives in ``<root>/<name>-<key>/seed<k>/``: ``name`` says what it is
 (``fashion-mnist_preact-resnet20_2rSkip+LN``), ``key`` is the first 8 hex digits of the SHA-1 of its config
 without the seed and the fields that do not change what is trained (where it is written, where the data
-is, the device). Two tables that need the same run thus find the same directory, and a run with any other
-setting gets its own. A finished (or diverged) run is reused as it is; one cut short is resumed from its
+is, the device), and of the model config its spec resolves to (so a preset whose defaults change, such as
+the depth-wise LSTM's initialisation, names new runs). Two tables that need the same run thus find the
+same directory, and a run with any other setting gets its own. A finished (or diverged) run is reused as it is; one cut short is resumed from its
 last checkpoint, exactly as ``compare`` does.
 
 With ``jobs`` > 1, that many runs train side by side in worker processes, each with
@@ -29,20 +30,27 @@ import torch
 from tqdm import tqdm
 
 from .. import run_dir
+from ..models import format_model_spec, model_config, parse_model_spec
 from ..train.compare import check_same_run, run_name, train_or_resume
 
-NOT_TRAINED = ("seed", "out", "data_dir", "device")
+NOT_TRAINED = ("seed", *run_dir.PLACE)
 
 
 def key(cfg: Any) -> str:
-    """8 hex digits naming a config's run (seed, output, data place and device aside)."""
+    """8 hex digits naming a config's run (seed, output, data place and device aside) and its resolved model."""
     fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TRAINED}
+    fields["resolved_model"] = dataclasses.asdict(model_config(cfg.model))
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def label(task: str, cfg: Any) -> str:
     """What a run is, for its directory name."""
-    what = (cfg.dataset, cfg.model, cfg.connection) if task == "image" else (cfg.corpus, cfg.model)
+    if task == "image":  # the preset and the connection: fashion-mnist_preact-resnet20_2rSkip+LN
+        name, options = parse_model_spec(cfg.model)
+        what = (cfg.dataset, format_model_spec(name, {k: v for k, v in options.items() if k != "connection"}),
+                model_config(cfg.model).connection)
+    else:
+        what = (cfg.corpus, cfg.model)
     return run_name("_".join(what))
 
 
@@ -72,7 +80,7 @@ def train_time(cfg: Any) -> float:
 
 def check_same(cfg: Any) -> None:
     """An error when ``cfg.out`` holds a run with other settings (a directory copied in by hand, say)."""
-    check_same_run(cfg, ignore=("out", "data_dir", "device"), advice="remove it")
+    check_same_run(cfg, advice="remove it")
 
 
 def _worker(task: str, cfg: Any, threads: int) -> dict[str, Any]:

@@ -74,13 +74,19 @@ def run_name(spec: str) -> str:
     return re.sub(r"[^A-Za-z0-9+.=_-]", "_", spec)
 
 
-def connection_variants(connections: tuple[str, ...]) -> list[Variant]:
-    """One variant per connection spec, kept as the user names it (PostLN stays PostLN)."""
-    specs = tuple(c.strip() for c in connections)
+def _connections(connections: tuple[str, ...]) -> list[str]:
+    """The connection specs as the user names them (PostLN stays PostLN), each checked, none twice."""
+    specs = [c.strip() for c in connections]
     canonical = [connection(c, 4).spec for c in specs]  # a bad spec fails before any run
     if len(set(canonical)) != len(canonical):
         raise ValueError(f"a connection is listed twice: {', '.join(connections)}")
-    return [Variant(s, {"connection": s}, comparison.connection_columns(s)) for s in specs]
+    return specs
+
+
+def connection_variants(base_model: str, connections: tuple[str, ...]) -> list[Variant]:
+    """One variant per connection spec on ``base_model``, labelled by the spec."""
+    return [Variant(c, {"model": with_options(base_model, connection=c)}, comparison.connection_columns(c))
+            for c in _connections(connections)]
 
 
 def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[str, ...]) -> list[Variant]:
@@ -93,7 +99,7 @@ def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[
         parse_model_spec(m)
     if len(set(models)) != len(models):
         raise ValueError(f"a model is listed twice: {', '.join(models)}")
-    conns = [v.label for v in connection_variants(connections)] if connections else [None]
+    conns = _connections(connections) if connections else [None]
     out = []
     for m in models:
         for c in conns:
@@ -158,12 +164,13 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
     return rows
 
 
-def check_same_run(cfg, ignore: tuple[str, ...] = (), advice: str = "use another --out") -> None:
-    """An error when ``cfg.out`` holds a run with settings other than ``cfg``'s (``ignore`` aside)."""
+def check_same_run(cfg, advice: str = "use another --out") -> None:
+    """An error when ``cfg.out`` holds a run with settings other than ``cfg``'s (where it lives aside:
+    :data:`~skiplab.run_dir.PLACE`)."""
     out = Path(cfg.out)
     if (out / "config.json").is_file():
-        stored = run_dir.read_json(out / "config.json").get("config") or {}
-        diff = run_dir.changed_settings(stored, dataclasses.asdict(cfg), ignore=ignore)
+        stored = getattr(type(cfg), "upgrade", dict)(run_dir.read_json(out / "config.json").get("config") or {})
+        diff = run_dir.changed_settings(stored, dataclasses.asdict(cfg), ignore=run_dir.PLACE)
         if diff:
             raise run_dir.RunDirError(f"{out} holds a run with other settings ({', '.join(diff)}); {advice}")
 

@@ -28,7 +28,8 @@ from tqdm import tqdm
 from ..data import ImageData, augment_batch, load_image_dataset, normalise
 from .. import distributed, run_dir
 from ..compiled import CompileStats, compile_model
-from ..models import build_model, model_config, model_from_checkpoint
+from ..models import PRESETS, PreActResNetConfig, build_model, family_of, format_model_spec, model_config, \
+    model_from_checkpoint, parse_model_spec
 from ..device import pick_device
 
 PAPER_EPOCHS, PAPER_MILESTONES = 164, (81, 122)
@@ -38,9 +39,9 @@ PAPER_EPOCHS, PAPER_MILESTONES = 164, (81, 122)
 class ImageTrainConfig:
     """Everything that decides an image-classification run; saved as config.json beside its results."""
 
-    model: str = field(default="preact-resnet20", metadata={"help": "model preset"})
-    connection: str = field(default="1xSkip", metadata={"help": "connection spec on every block"})
-    width: int = field(default=1, metadata={"help": "channel multiplier of the model"})
+    model: str = field(default="preact-resnet20", metadata={
+        "help": "model spec: a preset, optionally with options, e.g. preact-resnet110(connection=2rSkip+LN); "
+                "the model options below add to it"})
     dataset: str = field(default="cifar10", metadata={"help": "cifar10, cifar100, fashion-mnist or mnist"})
     data_dir: str = field(default="", metadata={"help": "where the dataset files are ('' = the default place)"})
     epochs: int = field(default=PAPER_EPOCHS, metadata={"help": "epochs; the lr milestones scale with it"})
@@ -65,6 +66,28 @@ class ImageTrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.lr <= 0 or self.train_subset < 0 or self.test_subset < 0:
             raise ValueError("lr must be > 0 and subsets >= 0")
+        if family_of(self.model) is not PreActResNetConfig:
+            raise ValueError(f"{self.model} is not an image model; known: "
+                             f"{', '.join(n for n, (c, _) in PRESETS.items() if c is PreActResNetConfig)}")
+        model_config(self.model)  # a bad spec or option fails here, before anything is written
+
+    def model_config(self, in_channels: int, num_classes: int) -> PreActResNetConfig:
+        """The model's config, resolved from the spec, for images of ``in_channels`` and ``num_classes``."""
+        return model_config(self.model, in_channels=in_channels, num_classes=num_classes)
+
+    @staticmethod
+    def upgrade(stored: dict[str, Any]) -> dict[str, Any]:
+        """A stored config in today's form. Runs written before the model spec held the connection and width
+        have them as fields of their own, which won over the spec's: they move into the spec, as trained."""
+        stored = dict(stored)
+        legacy = {k: stored.pop(k) for k in ("connection", "width") if k in stored}
+        if legacy:
+            name, options = parse_model_spec(stored.get("model", "preact-resnet20"))
+            preset = model_config(name)
+            options.update({k: str(v) for k, v in legacy.items()})
+            options = {k: v for k, v in options.items() if k not in legacy or legacy[k] != getattr(preset, k)}
+            stored["model"] = format_model_spec(name, options)
+        return stored
 
 
 def milestones(epochs: int) -> tuple[int, int]:
@@ -122,8 +145,7 @@ def share_loss(logits: torch.Tensor, y: torch.Tensor, union: int, group: distrib
 
 
 def build(cfg: ImageTrainConfig, data: ImageData):
-    mcfg = model_config(cfg.model, connection=cfg.connection, width=cfg.width,
-                        in_channels=data.channels, num_classes=data.num_classes)
+    mcfg = cfg.model_config(data.channels, data.num_classes)
     torch.manual_seed(cfg.seed)
     return mcfg, build_model(mcfg)
 
@@ -139,7 +161,6 @@ def check_shares(n: int, batch_size: int, group: distributed.Group) -> None:
 
 def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
     """Train as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return the summary."""
-    model_config(cfg.model, connection=cfg.connection)  # a bad model or spec fails before anything is written
     group, device = distributed.setup(pick_device(cfg.device))
     data = group.main_first(lambda: load_image_dataset(cfg.dataset, cfg.data_dir or None))  # rank 0 downloads
     amp = cfg.amp and device.type == "cuda"
@@ -167,8 +188,9 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
 
     if resume:
         ckpt = run_dir.load_checkpoint(out / "last.pt", kind="image")
-        run_dir.check_resumable(out, ckpt["config"], dataclasses.asdict(cfg),
-                                defaults={f.name: f.default for f in dataclasses.fields(cfg)})
+        stored = ImageTrainConfig.upgrade(ckpt["config"])
+        changed = run_dir.check_resumable(out, stored, dataclasses.asdict(cfg),
+                                          defaults={f.name: f.default for f in dataclasses.fields(cfg)})
         distributed.check_resume_world(ckpt.get("world_size", 1), group, str(out))
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
@@ -176,7 +198,10 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
         ranks = ckpt["rng"].get("ranks")
         run_dir.restore_rng(ranks[group.rank] if ranks else ckpt["rng"])
         start_epoch, step, best = ckpt["epoch"], ckpt["step"], ckpt["best_error"]
-        group.on_main(lambda: run_dir.truncate_metrics(out, start_epoch))
+        for line in group.on_main(lambda: (run_dir.note_changes(out, stored, dataclasses.asdict(cfg), changed),
+                                           run_dir.resume_metrics(out, start_epoch, record=ckpt.get("record")))):
+            if line and group.main:
+                print(line)
     else:
         group.on_main(lambda: run_dir.write_json(out / "config.json", {
             "config": dataclasses.asdict(cfg),
@@ -187,13 +212,13 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
             "device": str(device), "amp": amp, "environment": {**run_dir.environment(), **group.describe()},
         }))
 
-    def checkpoint(epoch: int) -> dict[str, Any]:
+    def checkpoint(epoch: int, record: dict[str, Any]) -> dict[str, Any]:
         rng = {"data": gen.get_state(), **run_dir.rng_state()}
         if group.active:  # every rank's own state, each restored to its rank on resume
             rng["ranks"] = group.gather(run_dir.rng_state())
         return {"kind": "image", "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "step": step,
-                "best_error": best, "rng": rng, "world_size": group.world_size,
+                "best_error": best, "rng": rng, "world_size": group.world_size, "record": record,
                 "data_stats": {"mean": list(data.mean), "std": list(data.std)}}
 
     def save(state: dict[str, Any], record: dict[str, Any], improved: bool) -> None:
@@ -240,7 +265,7 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
                   "time": time.time() - t0}
         improved = test_error < best
         best = min(best, test_error)
-        state = checkpoint(epoch + 1)
+        state = checkpoint(epoch + 1, record)
         group.on_main(lambda: save(state, record, improved))
         bar.set_postfix(loss=f"{record['train_loss']:.3f}", test_err=f"{test_error:.2f}%", lr=f"{lr:g}")
     bar.close()
@@ -262,7 +287,7 @@ def load_trained(path: str | Path):
     ckpt = run_dir.load_checkpoint(path, kind="image")
     model = model_from_checkpoint(ckpt, path)
     try:
-        cfg = ImageTrainConfig(**ckpt["config"])
+        cfg = ImageTrainConfig(**ImageTrainConfig.upgrade(ckpt["config"]))
     except (TypeError, ValueError) as err:
         raise run_dir.RunDirError(f"{path}: the checkpoint's config is not an image run's ({err})") from None
     return cfg, model.eval(), ckpt
@@ -274,5 +299,5 @@ def evaluate_checkpoint(path: str | Path, data_dir: str = "", device: str = "aut
     dev = pick_device(device)
     data = load_image_dataset(cfg.dataset, data_dir or cfg.data_dir or None)
     loss, error = evaluate(model.to(dev), data.test_x, data.test_y, data, dev, cfg.amp and dev.type == "cuda")
-    return {"checkpoint": str(path), "epoch": ckpt["epoch"], "connection": cfg.connection, "model": cfg.model,
+    return {"checkpoint": str(path), "epoch": ckpt["epoch"], "connection": model.cfg.connection, "model": cfg.model,
             "dataset": cfg.dataset, "test_images": len(data.test_y), "test_loss": loss, "test_error": error}

@@ -159,17 +159,12 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
 
     if resume:
         ckpt = run_dir.load_checkpoint(out / "last.pt", kind="mt")
-        extended = run_dir.check_resumable(out, ckpt["config"], dataclasses.asdict(cfg), extendable=BUDGET,
-                                           defaults={f.name: f.default for f in dataclasses.fields(cfg)})
+        changed = run_dir.check_resumable(out, ckpt["config"], dataclasses.asdict(cfg), extendable=BUDGET,
+                                          defaults={f.name: f.default for f in dataclasses.fields(cfg)})
         distributed.check_resume_world(ckpt.get("world_size", 1), group, str(out))
         if (cfg.max_steps and cfg.max_steps < ckpt["step"]) or (cfg.epochs and cfg.epochs < ckpt["epoch"]):
             raise run_dir.RunDirError(f"{out} has already trained {ckpt['step']} updates ({ckpt['epoch']} epochs); "
                                       "a resumed run can only be given a larger budget")
-        if extended:
-            changes = ", ".join(f"{k} {ckpt['config'][k]} -> {getattr(cfg, k)}" for k in extended)
-            say(f"{out}: a new budget for the run: {changes}")
-            group.on_main(lambda: run_dir.write_json(out / "config.json", {
-                **run_dir.read_json(out / "config.json"), "config": dataclasses.asdict(cfg)}))
         tok = Tokenizer.from_bytes(ckpt["tokenizer"])
     else:  # rank 0 trains the tokenizer (its files go in the run directory) and hands it to every rank
         spm = group.on_main(lambda: Tokenizer.train(train_data.src + train_data.tgt, out / "spm", cfg.vocab_size,
@@ -206,7 +201,10 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
         epoch_rng = ckpt["rng"]["epoch"]
         ranks = ckpt["rng"].get("ranks")
         run_dir.restore_rng(ranks[group.rank] if ranks else ckpt["rng"])
-        group.on_main(lambda: run_dir.truncate_metrics(out, step, key="step"))
+        for line in group.on_main(lambda: (run_dir.note_changes(out, ckpt["config"], dataclasses.asdict(cfg), changed),
+                                           run_dir.resume_metrics(out, step, key="step", record=ckpt.get("record")))):
+            if line:
+                say(line)
     else:
         say(f"{train_data.name}: {len(kept)} training pairs, {dropped} dropped as longer than {cfg.max_len} tokens; "
             f"vocabulary {tok.vocab_size}")
@@ -218,14 +216,14 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
                      "valid": valid_data.name, "valid_pairs": len(valid_data), "vocab_size": tok.vocab_size},
             "device": str(device), "amp": amp, "environment": {**run_dir.environment(), **group.describe()}}))
 
-    def checkpoint() -> dict[str, Any]:
+    def checkpoint(record: dict[str, Any]) -> dict[str, Any]:
         rng = {"epoch": epoch_rng, **run_dir.rng_state()}
         if group.active:  # every rank's own state (dropout), each restored to its rank on resume
             rng["ranks"] = group.gather(run_dir.rng_state())
         return {"kind": "mt", "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
                 "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
                 "batch_pos": batch_pos, "best_valid_loss": best, "tokenizer": tok.to_bytes(), "rng": rng,
-                "world_size": group.world_size}
+                "world_size": group.world_size, "record": record}
 
     def save(state: dict[str, Any], record: dict[str, Any], improved: bool) -> None:
         run_dir.save_checkpoint(out / f"checkpoint_{step}.pt", state)
@@ -289,7 +287,7 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
                 best = min(best, record["valid_loss"])
                 if batch_pos + span > len(order):  # the epoch is over: a resume starts the next
                     epoch, batch_pos, epoch_rng = epoch + 1, 0, next_epoch_rng
-                state = checkpoint()
+                state = checkpoint(record)
                 group.on_main(lambda: save(state, record, improved))
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}", valid=f"{record['valid_loss']:.3f}",
                                 ppl=f"{record['valid_ppl']:.1f}")

@@ -93,7 +93,7 @@ def test_cli_writes_files_refuses_to_overwrite_and_names_missing_quantities(runs
         assert (run / "analysis" / f"gates.{suffix}").is_file()
     assert (run / "analysis" / "gates_compare.png").is_file()
     stored = json.loads((run / "analysis" / "gates.json").read_text())
-    assert stored["examples"] == 30 and stored["split"] == "train" and stored["config"]["connection"] == "SAS"
+    assert stored["examples"] == 30 and stored["split"] == "train" and stored["config"]["model"] == "preact-resnet20(connection=SAS)"
     before = (run / "analysis" / "gates.json").read_bytes()
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -8,8 +8,15 @@ from skiplab import run_dir
 
 
 def fake_run(path, connection, records):
+    """A run directory as training writes it: image runs (epochs) are named by their connection, MT runs by their
+    model spec."""
     path.mkdir(parents=True)
-    run_dir.write_json(path / "config.json", {"config": {"connection": connection}})
+    if "epoch" in records[0]:
+        stored = {"config": {"dataset": "fashion-mnist", "model": f"preact-resnet20(connection={connection})"},
+                  "model": {"connection": connection}}
+    else:
+        stored = {"config": {"corpus": "multi30k", "model": connection}, "model": {"connection": "PostLN"}}
+    run_dir.write_json(path / "config.json", stored)
     for r in records:
         run_dir.append_metrics(path, r)
     return str(path)

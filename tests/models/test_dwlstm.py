@@ -26,7 +26,7 @@ def perturb(module, seed=3):
             p.add_(0.3 * torch.randn(p.shape, generator=g))
 
 
-def layer_norm(z, w, b, eps=1e-5):  # Eq. 7
+def layer_norm(z, w, b, eps=1e-6):  # Eq. 7, with the family's ε (Neutron's)
     mu = z.mean(-1, keepdim=True)
     var = ((z - mu) ** 2).mean(-1, keepdim=True)
     return (z - mu) / torch.sqrt(var + eps) * w + b
@@ -190,3 +190,21 @@ def test_presets_have_the_papers_widths():
         assert (cfg.d_model, cfg.ffn_dim, cfg.heads, cfg.dropout) == (d, f, h, dropout)
         assert (cfg.hidden_layers, cfg.merge, cfg.share, cfg.activation) == (2, "add", "gates", "gelu")
     assert model_config("dwlstm-base", encoder_layers=24, decoder_layers=24).encoder_layers == 24  # Table 5
+
+
+def test_dropout_acts_inside_the_two_layer_hidden_computation_as_in_the_authors_code():
+    """h = W_h2 Drop(act(LN(W_h1 c + b_h1))) + b_h2: in training about p of the inner activations reach W_h2 as
+    zeros and the rest scaled by 1 / (1 - p); one hidden layer has no inner activation to drop."""
+    torch.manual_seed(0)
+    hidden = LSTMHidden(2 * D, D, FFN, 2, "gelu", dropout=0.5).train()
+    seen = []
+    hidden.out.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    c = torch.randn(64, 2 * D)
+    hidden(c)
+    inner = hidden.act(hidden.norm(hidden.proj(c)))
+    dropped = seen[0] == 0
+    assert 0.45 < dropped.float().mean().item() < 0.55
+    torch.testing.assert_close(seen[0][~dropped], 2 * inner[~dropped], rtol=0, atol=0)
+    hidden.eval()
+    torch.testing.assert_close(hidden(c), hidden.out(inner), rtol=0, atol=0)
+    assert isinstance(LSTMHidden(2 * D, D, FFN, 1, "gelu", dropout=0.5).drop, torch.nn.Identity)

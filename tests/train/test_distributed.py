@@ -133,7 +133,7 @@ def test_a_two_process_run_resumes_exactly_and_only_with_two(corpus, tmp_path, m
     ok(torchrun(*mt_args(corpus, straight, "--dropout", "0.2")))  # dropout on: every rank's RNG state matters
     ok(torchrun(*mt_args(corpus, stopped, "--dropout", "0.2", "--max-steps", "2")))
     resumed = ok(torchrun("train", "mt", "--resume", "--out", stopped, "--max-steps", "4"))
-    assert resumed.stdout.count("a new budget for the run: max_steps 2 -> 4") == 1
+    assert resumed.stdout.count("resumed with max_steps 2 -> 4") == 1
     a, b = model_of(straight), model_of(stopped)
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)

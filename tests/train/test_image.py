@@ -23,7 +23,8 @@ def test_cli_run_writes_config_metrics_checkpoints_and_summary(fashion_dir, tmp_
             "--train-subset", "200", "--batch-size", "64", "--connection", "2rSkip+LN", "--out", str(out)]
     assert main(argv) == 0
     config = json.loads((out / "config.json").read_text())
-    assert config["config"]["connection"] == "2rSkip+LN" and config["config"]["seed"] == 1
+    assert config["config"]["model"] == "preact-resnet20(connection=2rSkip+LN)" and config["config"]["seed"] == 1
+    assert config["model"]["connection"] == "2rSkip+LN" and "connection" not in config["config"]
     assert config["data"]["train"] == 200 and config["model"]["in_channels"] == 1
     (record,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert set(record) >= {"epoch", "train_loss", "train_error", "test_loss", "test_error", "lr", "time"}
@@ -94,7 +95,7 @@ def test_a_non_finite_loss_stops_the_run_naming_epoch_and_step(fashion_dir, tmp_
 
     monkeypatch.setattr(PreActResNet, "forward", blow_up_on_third_step)
     out = tmp_path / "run"
-    summary = train(tiny(fashion_dir, out, train_subset=256, connection="2xSkip"), progress=False)
+    summary = train(tiny(fashion_dir, out, train_subset=256, model="preact-resnet20(connection=2xSkip)"), progress=False)
     assert summary["status"] == "diverged" and (summary["epoch"], summary["step"]) == (1, 3)
     assert "non-finite loss (nan) at epoch 1, step 3" in capsys.readouterr().out
     assert json.loads((out / "summary.json").read_text())["status"] == "diverged"

@@ -223,7 +223,7 @@ def test_resume_with_a_larger_budget_equals_the_longer_run(corpus, tmp_path, cap
     assert main(tiny_args(corpus, straight)) == 0  # 4 steps
     assert main([*tiny_args(corpus, short), "--max-steps", "2"]) == 0
     assert main(["train", "mt", "--resume", "--out", str(short), "--max-steps", "4"]) == 0
-    assert "a new budget for the run: max_steps 2 -> 4" in capsys.readouterr().out
+    assert "resumed with max_steps 2 -> 4" in capsys.readouterr().out
     assert json.loads((short / "config.json").read_text())["config"]["max_steps"] == 4
     assert [json.loads(x)["step"] for x in (short / "metrics.jsonl").read_text().splitlines()] == [2, 4]
     a = torch.load(straight / "last.pt", weights_only=True)["model"]
@@ -311,7 +311,7 @@ def test_dwlstm_trains_translates_and_scores_through_the_same_commands(corpus, t
                                          "hidden_layers=2,merge=concat,share=gates)")  # the options fold into the spec
     assert stored["model"]["class"] == "DepthWiseLSTMTransformer" and stored["model"]["share"] == "gates"
     losses = [json.loads(x)["train_loss"] for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert losses == sorted(losses, reverse=True) and losses[0] - losses[-1] > 0.4, losses  # the training loss falls
+    assert losses == sorted(losses, reverse=True) and losses[0] - losses[-1] > 0.25, losses  # the training loss falls
     capsys.readouterr()
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A man is riding a bike.\n")))
     assert main(["translate", "--checkpoint", str(out), "--beam", "2", "--average", "2"]) == 0
