@@ -235,15 +235,16 @@ def _add_compare(sub, task: str, name: str, help: str, defaults: dict, connectio
     else:
         p.add_argument("--connections", type=config.parse_list, default=connections, metavar="SPECS",
                        help=f"connection specs, comma-separated (default: {','.join(connections)})")
-    p.add_argument("--seeds", type=int, default=seeds, help=f"seeds 1..N per variant (default: {seeds})")
+    p.add_argument("--seeds", type=config.count(1), default=seeds, help=f"seeds 1..N per variant (default: {seeds})")
     p.set_defaults(func=cmd_compare, task=task, seed=1, **defaults)
     return p
 
 
 def _add_decoding(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
-    p.add_argument("--average", type=int, default=0, help="average the run's last N step checkpoints (default: off)")
-    p.add_argument("--beam", type=int, default=4, help="beam size; 1 is greedy search (default: 4)")
+    p.add_argument("--average", type=config.count(0), default=0,
+                   help="average the run's last N step checkpoints (default: 0, off)")
+    p.add_argument("--beam", type=config.count(1), default=4, help="beam size; 1 is greedy search (default: 4)")
     p.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty ((5+|y|)/6)^alpha (default: 0.6)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
 
@@ -267,13 +268,20 @@ def cmd_reproduce(args: argparse.Namespace) -> None:
                         device=args.device, argv=sys.argv[2:] if sys.argv[1:2] == ["reproduce"] else None)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, with its errors on one line (``skiplab train image: error: argument --epochs: ...``)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="skiplab", description="Skip connections with normalisation.")
+    parser = Parser(prog="skiplab", description="Skip connections with normalisation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("connections", help="list every design with its formula")
     p.add_argument("spec", nargs="?", help="also parse this spec and show the module it builds")
-    p.add_argument("--dim", type=int, default=8, help="feature count for the module shown (default: 8)")
+    p.add_argument("--dim", type=config.count(1), default=8, help="feature count for the module shown (default: 8)")
     p.set_defaults(func=cmd_connections)
 
     train = sub.add_parser("train", help="train a model").add_subparsers(dest="task", required=True, metavar="TASK")
@@ -300,12 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("translate", help="translate stdin to stdout with a trained run")
     _add_decoding(p)
-    p.add_argument("--max-tokens", type=int, default=4096, help="source tokens per batch (default: 4096)")
+    p.add_argument("--max-tokens", type=config.count(1), default=4096, help="source tokens per batch (default: 4096)")
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("average", help="average the last N checkpoints of a run into one file")
     p.add_argument("--checkpoint", required=True, help="the run directory")
-    p.add_argument("--last", type=int, default=5, help="how many of the latest step checkpoints (default: 5)")
+    p.add_argument("--last", type=config.count(1), default=5, help="how many of the latest step checkpoints (default: 5)")
     p.add_argument("--out", required=True, help="the averaged checkpoint file to write")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=cmd_average)
@@ -314,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("ref", help="reference translations, one a line")
     p.add_argument("a", help="system A's translations")
     p.add_argument("b", help="system B's translations")
-    p.add_argument("--samples", type=int, default=1000, help="resamples (default: 1000)")
+    p.add_argument("--samples", type=config.count(1), default=1000, help="resamples (default: 1000)")
     p.add_argument("--seed", type=int, default=12345, help="seed (default: 12345)")
     p.add_argument("--metric", default="bleu", choices=("bleu", "bleu_tok", "chrf"),
                    help="bleu (sacrebleu 13a), bleu_tok (tokenised text as given, multi-bleu style) or chrf "
@@ -348,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--compare", nargs="+", default=[], metavar="RUN", help="more runs, overlaid in one figure")
         if split:
             p.add_argument("--split", default=split, help=f"which split's examples (default: {split})")
-            p.add_argument("--examples", type=int, default=examples,
+            p.add_argument("--examples", type=config.count(1), default=examples,
                            help=f"random examples (sentences for MT) of the split (default: {examples})")
         p.add_argument("--seed", type=int, default=0, help="seed of the random choice of examples (default: 0)")
         if name == "gradients":
@@ -362,14 +370,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--layers", type=config.parse_list, required=True, metavar="LAYERS",
                            help="layers to replace, one at a time, comma-separated: block.3 (image), encoder.0, "
                                 "decoder.2 (MT)")
-            p.add_argument("--steps", type=int, default=100, help="updates of W_d, b_d after the least-squares start "
+            p.add_argument("--steps", type=config.count(1), default=100, help="updates of W_d, b_d after the least-squares start "
                                                                   "(default: 100)")
             p.add_argument("--objective", default="task", choices=("task", "regress"),
                            help="train W_d on the task loss or on the layer's own output (default: task)")
-            p.add_argument("--sample", type=int, default=20000, help="positions for the least-squares start "
+            p.add_argument("--sample", type=config.count(1), default=20000, help="positions for the least-squares start "
                                                                      "(default: 20000)")
             p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate for W_d, b_d (default: 1e-3)")
-            p.add_argument("--beam", type=int, default=4, help="beam size of the BLEU evaluation (default: 4)")
+            p.add_argument("--beam", type=config.count(1), default=4, help="beam size of the BLEU evaluation (default: 4)")
             p.add_argument("--score-start", action="store_true",
                            help="also score the model at the least-squares start, before the updates")
         p.add_argument("--overwrite", action="store_true", help="replace the analysis files if they exist")
@@ -389,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="", help="also write bench.md and bench.json into this directory")
     p.add_argument("--data-dir", default="../shared/data/multi30k",
                    help="Multi30k files for the padding-share row (synthetic lengths where absent)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--threads", type=config.count(0), default=0, help="torch threads (default: torch's choice)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("reproduce", help="a table of the papers, run at a scale, with the paper's numbers beside ours",
@@ -398,8 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="every table: rows, cells per scale, runs, estimated time")
     p.add_argument("--scale", default="cpu", help="smoke, cpu or paper (default: cpu)")
     p.add_argument("--out", default="runs/repro", help="root of the runs and tables (default: runs/repro)")
-    p.add_argument("--seeds", type=int, default=2, help="seeds 1..N per row (default: 2; the papers average 5 runs)")
-    p.add_argument("--jobs", type=int, default=1,
+    p.add_argument("--seeds", type=config.count(1), default=2, help="seeds 1..N per row (default: 2; the papers average 5 runs)")
+    p.add_argument("--jobs", type=config.count(1), default=1,
                    help="runs trained side by side, each with cores/jobs threads (default: 1)")
     p.add_argument("--data-root", default="",
                    help="a folder holding datasets by name (cifar10/, multi30k/, wmt14-en-de/ ...); a dataset "

@@ -1,8 +1,10 @@
 """Typed, frozen dataclass configs and the command-line options derived from them.
 
 Each field becomes ``--field-name``; its type (int, float, str, bool, or a tuple of those, written
-comma-separated) and its ``help`` metadata give the option's parser and text. Configs hold only
-strings and numbers, so they serialise to JSON beside every result.
+comma-separated) and its ``help`` metadata give the option's parser and text. A count's ``min`` metadata
+is its lower bound, checked once where options are parsed (:func:`count`) and again where the config is
+made (:func:`check_bounds`), so a zero or negative count is a one-line error before anything is written.
+Configs hold only strings and numbers, so they serialise to JSON beside every result.
 """
 
 from __future__ import annotations
@@ -35,6 +37,27 @@ def parse_list(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in items + [cur] if v.strip())
 
 
+def count(minimum: int = 1):
+    """An argparse type: an integer >= ``minimum`` (a count: examples, steps, seeds, beam, ...)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def check_bounds(cfg: Any) -> None:
+    """A ``ValueError`` naming the first field of ``cfg`` below its ``min`` metadata."""
+    for f in dataclasses.fields(cfg):
+        low = f.metadata.get("min")
+        if low is not None and getattr(cfg, f.name) < low:
+            raise ValueError(f"--{f.name.replace('_', '-')} must be >= {low}, got {getattr(cfg, f.name)}")
+
+
 def parser_for(tp: Any):
     if typing.get_origin(tp) is tuple:
         item = _scalar_parser(typing.get_args(tp)[0])
@@ -53,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
-            type=parser_for(hints[f.name]),
+            type=count(f.metadata["min"]) if "min" in f.metadata else parser_for(hints[f.name]),
             default=default,
             metavar=f.name.upper(),
             help=f"{f.metadata.get('help', '')} (default: {shown})",

@@ -60,8 +60,20 @@ def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> P
     return out
 
 
+def processor() -> str:
+    """The CPU's model name (/proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def environment() -> dict[str, Any]:
-    """What produced a result: versions, device, and the code's git commit where there is one."""
+    """What produced a result: versions, the machine (CPU results depend on the processor's kernels: the
+    instruction set torch's CPU kernels use is recorded), device, and the code's git commit where there is one."""
     try:
         here = Path(__file__).resolve().parent
         commit = subprocess.run(
@@ -72,6 +84,8 @@ def environment() -> dict[str, Any]:
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
+        "cpu": processor(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "threads": torch.get_num_threads(),
         "git_commit": commit or None,
@@ -242,6 +256,8 @@ def step_checkpoints(run: Path) -> list[Path]:
 
 def average_checkpoints(run: str | Path, last: int, kind: str = "mt") -> tuple[dict[str, Any], list[Path]]:
     """A checkpoint whose model is the mean of the last ``last`` step checkpoints of ``run``."""
+    if last < 1:
+        raise ValueError(f"the number of checkpoints to average must be >= 1, got {last}")
     run = Path(run)
     files = step_checkpoints(run)[-last:] if run.is_dir() else []
     if len(files) < last:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from ..config import check_bounds
 from ..connections import connection
 
 DESIGNS = ("NoSkip", "1xSkip", "2xSkip", "PostLN", "PreLN", "2xSkip+LN", "2rSkip+LN", "SAS")
@@ -32,15 +33,14 @@ class GradientFlowConfig:
     """What the demo builds and measures."""
 
     designs: tuple[str, ...] = field(default=DESIGNS, metadata={"help": "connection specs, comma-separated"})
-    depth: int = field(default=50, metadata={"help": "number of tanh blocks"})
-    width: int = field(default=512, metadata={"help": "features per layer"})
-    batch: int = field(default=16, metadata={"help": "random inputs averaged over (the tutorial uses 1)"})
+    depth: int = field(default=50, metadata={"min": 1, "help": "number of tanh blocks"})
+    width: int = field(default=512, metadata={"min": 1, "help": "features per layer"})
+    batch: int = field(default=16, metadata={"min": 1, "help": "random inputs averaged over (the tutorial uses 1)"})
     seed: int = field(default=0, metadata={"help": "seed for weights, inputs and read-out"})
     out: str = field(default="runs/gradient-flow", metadata={"help": "directory for the table, JSON and plot"})
 
     def __post_init__(self):
-        if self.depth < 1 or self.width < 1 or self.batch < 1:
-            raise ValueError("depth, width and batch must be positive integers")
+        check_bounds(self)
         if not self.designs:
             raise ValueError("give at least one connection spec")
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import socket
 import tempfile
 import time
@@ -32,6 +31,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from .. import run_dir
 from ..connections.norms import make_norm
 from ..text import Tokenizer, encode_parallel, load_corpus, make_batches
 from ..translate.search import beam_search
@@ -268,17 +268,10 @@ GROUPS: dict[str, Callable[[Sizes, dict], list[Row]]] = {
 
 
 def machine_name() -> str:
-    """The CPU model (and GPU, where there is one) the numbers were measured on."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """The CPU model and its kernels' instruction set (and GPU, where there is one) the numbers were measured on."""
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
-    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads{gpu}; torch {torch.__version__}"
+    return (f"{run_dir.processor()} ({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} cores, "
+            f"{torch.get_num_threads()} threads{gpu}; torch {torch.__version__}")
 
 
 def run(quick: bool = False, groups: tuple[str, ...] = tuple(GROUPS), out: str | None = None,

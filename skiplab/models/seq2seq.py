@@ -61,11 +61,11 @@ class Seq2SeqConfig:
     def __post_init__(self):
         if self.init not in INITS:
             raise ValueError(f"init must be one of {', '.join(INITS)}, got {self.init!r}")
-        if self.d_model % self.heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
         if min(self.vocab_size, self.d_model, self.ffn_dim, self.heads, self.encoder_layers, self.decoder_layers,
                self.max_positions) < 1:
             raise ValueError("vocab_size, d_model, ffn_dim, heads, max_positions and the layer counts must be positive")
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
         if not (0 <= self.dropout < 1 and 0 <= self.attention_dropout < 1):
             raise ValueError(f"dropout and attention_dropout must be in [0, 1), got {self.dropout}, {self.attention_dropout}")
 

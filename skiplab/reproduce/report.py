@@ -73,8 +73,10 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
     for title, text in (("Reading", result["reading"]), *(("Note", n) for n in result["notes"])):
         if text:
             parts.append(f"{title}: {text}")
+    env = result.get("environment") or {}
+    machine = f" Machine: {env['cpu']} ({env['cpu_capability']} kernels), torch {env['torch']}." if "cpu" in env else ""
     runs_line = (f"Wall time of this invocation {duration(result['wall_time_s'])}; the runs' own training time "
-                 f"{duration(result['train_time_s'])} in all (one thread each where two ran side by side).")
+                 f"{duration(result['train_time_s'])} in all (one thread each where two ran side by side).{machine}")
     parts.append("Made with:\n\n```bash\n" + result["command"] + "\n```\n\n" + runs_line)
     if result["train_commands"]:
         parts.append("Each run on its own (K = 1 .. seeds):\n\n```bash\n"

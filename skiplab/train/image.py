@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from ..data import ImageData, augment_batch, load_image_dataset, normalise
 from .. import distributed, run_dir
+from ..config import check_bounds
 from ..compiled import CompileStats, compile_model
 from ..models import PRESETS, PreActResNetConfig, build_model, family_of, format_model_spec, model_config, \
     model_from_checkpoint, parse_model_spec
@@ -44,15 +45,15 @@ class ImageTrainConfig:
                 "the model options below add to it"})
     dataset: str = field(default="cifar10", metadata={"help": "cifar10, cifar100, fashion-mnist or mnist"})
     data_dir: str = field(default="", metadata={"help": "where the dataset files are ('' = the default place)"})
-    epochs: int = field(default=PAPER_EPOCHS, metadata={"help": "epochs; the lr milestones scale with it"})
-    batch_size: int = field(default=128, metadata={"help": "mini-batch size"})
+    epochs: int = field(default=PAPER_EPOCHS, metadata={"min": 1, "help": "epochs; the lr milestones scale with it"})
+    batch_size: int = field(default=128, metadata={"min": 1, "help": "mini-batch size"})
     lr: float = field(default=0.1, metadata={"help": "peak learning rate"})
     momentum: float = field(default=0.9, metadata={"help": "SGD momentum"})
     weight_decay: float = field(default=2e-4, metadata={"help": "L2 weight decay (2e-4 as the papers; 1e-4 as He et al.)"})
-    warmup_iters: int = field(default=-1, metadata={"help": "iterations at lr 0.01 first; -1 = 400 for depth >= 110, else 0"})
+    warmup_iters: int = field(default=-1, metadata={"min": -1, "help": "iterations at lr 0.01 first; -1 = 400 for depth >= 110, else 0"})
     seed: int = field(default=1, metadata={"help": "seed for initialisation, subsets, shuffling and augmentation"})
-    train_subset: int = field(default=0, metadata={"help": "train on a fixed random subset of N images (0 = all)"})
-    test_subset: int = field(default=0, metadata={"help": "evaluate on a fixed random subset of N test images (0 = all)"})
+    train_subset: int = field(default=0, metadata={"min": 0, "help": "train on a fixed random subset of N images (0 = all)"})
+    test_subset: int = field(default=0, metadata={"min": 0, "help": "evaluate on a fixed random subset of N test images (0 = all)"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
     amp: bool = field(default=True, metadata={"help": "bf16 autocast on CUDA (ignored on CPU)"})
     sync_bn: bool = field(default=False, metadata={
@@ -61,11 +62,9 @@ class ImageTrainConfig:
     out: str = field(default="runs/image", metadata={"help": "run directory"})
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.lr <= 0 or self.train_subset < 0 or self.test_subset < 0:
-            raise ValueError("lr must be > 0 and subsets >= 0")
+        check_bounds(self)
+        if self.lr <= 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
         if family_of(self.model) is not PreActResNetConfig:
             raise ValueError(f"{self.model} is not an image model; known: "
                              f"{', '.join(n for n, (c, _) in PRESETS.items() if c is PreActResNetConfig)}")

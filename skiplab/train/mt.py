@@ -39,6 +39,7 @@ from ..models import PRESETS, Seq2SeqConfig, build_model, family_of, model_confi
 from ..text import Tokenizer, encode_parallel, filter_long, load_split, make_batches
 from ..text.corpus import Parallel
 from .. import distributed, run_dir
+from ..config import check_bounds
 from ..compiled import CompileStats, compile_model
 from ..device import pick_device
 from .recipe_mt import SCHEDULES, inverse_sqrt_lr, label_smoothed_loss, peak_lr
@@ -60,28 +61,28 @@ class MTTrainConfig:
     test_prefix: str = field(default="", metadata={"help": "with --corpus '': test files"})
     src: str = field(default="en", metadata={"help": "source language"})
     tgt: str = field(default="de", metadata={"help": "target language"})
-    train_subset: int = field(default=0, metadata={"help": "train on the first N pairs (0 = all)"})
-    vocab_size: int = field(default=8000, metadata={"help": "joint subword vocabulary size (an upper bound)"})
+    train_subset: int = field(default=0, metadata={"min": 0, "help": "train on the first N pairs (0 = all)"})
+    vocab_size: int = field(default=8000, metadata={"min": 1, "help": "joint subword vocabulary size (an upper bound)"})
     subword: str = field(default="bpe", metadata={"help": "sentencepiece model type: bpe or unigram"})
-    max_len: int = field(default=256, metadata={"help": "drop training pairs with a side longer than this (tokens)"})
-    max_tokens: int = field(default=4096, metadata={"help": "tokens per batch (padding included)"})
-    update_freq: int = field(default=1, metadata={"help": "batches accumulated per update"})
+    max_len: int = field(default=256, metadata={"min": 1, "help": "drop training pairs with a side longer than this (tokens)"})
+    max_tokens: int = field(default=4096, metadata={"min": 1, "help": "tokens per batch (padding included)"})
+    update_freq: int = field(default=1, metadata={"min": 1, "help": "batches accumulated per update"})
     schedule: str = field(default="inverse_sqrt", metadata={
         "help": "learning-rate schedule: inverse_sqrt (linear warm-up to --lr, then ∝ step^-0.5) or vaswani "
                 "(Vaswani et al. 2017 Eq. 3: d_model^-0.5 · min(s^-0.5, s · warmup^-1.5), peak d_model^-0.5 · "
                 "warmup^-0.5 from the model and --warmup; --lr is not used)"})
     lr: float = field(default=5e-4, metadata={
         "help": "peak learning rate, reached at the end of warm-up (--schedule inverse_sqrt; not used by vaswani)"})
-    warmup: int = field(default=4000, metadata={"help": "linear warm-up steps (8000 in the depth-wise LSTM paper)"})
+    warmup: int = field(default=4000, metadata={"min": 0, "help": "linear warm-up steps (8000 in the depth-wise LSTM paper)"})
     adam_betas: tuple[float, ...] = field(default=(0.9, 0.98), metadata={"help": "Adam β1, β2"})
     adam_eps: float = field(default=1e-9, metadata={"help": "Adam ε"})
     weight_decay: float = field(default=0.0, metadata={"help": "decoupled weight decay (AdamW); 0 = plain Adam"})
     label_smoothing: float = field(default=0.1, metadata={"help": "ε of the label-smoothed cross-entropy"})
     clip_norm: float = field(default=0.0, metadata={"help": "clip the gradient norm to this (0 = off)"})
-    max_steps: int = field(default=0, metadata={"help": "updates to train for (0 = use --epochs)"})
-    epochs: int = field(default=0, metadata={"help": "epochs to train for when --max-steps is 0"})
-    save_every: int = field(default=1000, metadata={"help": "validate and save a checkpoint every N updates"})
-    keep_checkpoints: int = field(default=10, metadata={"help": "step checkpoints kept (for averaging)"})
+    max_steps: int = field(default=0, metadata={"min": 0, "help": "updates to train for (0 = use --epochs)"})
+    epochs: int = field(default=0, metadata={"min": 0, "help": "epochs to train for when --max-steps is 0"})
+    save_every: int = field(default=1000, metadata={"min": 1, "help": "validate and save a checkpoint every N updates"})
+    keep_checkpoints: int = field(default=10, metadata={"min": 1, "help": "step checkpoints kept (for averaging)"})
     seed: int = field(default=1, metadata={"help": "seed for initialisation, batch order and dropout"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
     amp: bool = field(default=True, metadata={"help": "bf16 autocast on CUDA (ignored on CPU)"})
@@ -92,10 +93,11 @@ class MTTrainConfig:
     out: str = field(default="runs/mt", metadata={"help": "run directory"})
 
     def __post_init__(self):
+        check_bounds(self)
         if (self.max_steps > 0) == (self.epochs > 0):
             raise ValueError("give exactly one of --max-steps and --epochs (> 0)")
-        if self.max_tokens < 1 or self.update_freq < 1 or self.save_every < 1 or self.lr <= 0:
-            raise ValueError("max_tokens, update_freq and save_every must be >= 1 and lr > 0")
+        if self.lr <= 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
         if self.schedule == "vaswani" and self.warmup < 1:

@@ -41,5 +41,5 @@ def test_run_writes_table_json_and_plot(tmp_path, capsys):
 
 
 def test_bad_config_is_refused():
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="--depth must be >= 1, got 0"):
         GradientFlowConfig(depth=0)

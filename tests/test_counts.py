@@ -1,0 +1,59 @@
+"""Every count option is checked where options are parsed: zero or negative is a one-line error, nothing written."""
+
+import pytest
+
+from skiplab import run_dir
+from skiplab.cli import main
+
+# (command, option, the least it takes): every count option of every command
+COUNTS = [
+    (["train", "image"], "--epochs", 1), (["train", "image"], "--batch-size", 1),
+    (["train", "image"], "--train-subset", 0), (["train", "image"], "--test-subset", 0),
+    (["train", "image"], "--warmup-iters", -1),
+    (["train", "mt"], "--max-tokens", 1), (["train", "mt"], "--update-freq", 1), (["train", "mt"], "--save-every", 1),
+    (["train", "mt"], "--keep-checkpoints", 1), (["train", "mt"], "--max-len", 1), (["train", "mt"], "--vocab-size", 1),
+    (["train", "mt"], "--warmup", 0), (["train", "mt"], "--max-steps", 0), (["train", "mt"], "--epochs", 0),
+    (["train", "mt"], "--train-subset", 0),
+    (["compare", "image"], "--seeds", 1), (["compare", "mt"], "--seeds", 1), (["demo", "image"], "--seeds", 1),
+    (["eval", "mt", "--checkpoint", "RUN"], "--beam", 1), (["eval", "mt", "--checkpoint", "RUN"], "--average", 0),
+    (["translate", "--checkpoint", "RUN"], "--beam", 1), (["translate", "--checkpoint", "RUN"], "--max-tokens", 1),
+    (["translate", "--checkpoint", "RUN"], "--average", 0),
+    (["average", "--checkpoint", "RUN", "--out", "OUT"], "--last", 1),
+    (["bootstrap", "R", "A", "B"], "--samples", 1),
+    (["analyze", "gradients", "RUN"], "--examples", 1), (["analyze", "gates", "RUN"], "--examples", 1),
+    (["analyze", "ratios", "RUN"], "--examples", 1), (["analyze", "activations", "RUN"], "--examples", 1),
+    (["analyze", "linearity", "RUN", "--layers", "block.0"], "--steps", 1),
+    (["analyze", "linearity", "RUN", "--layers", "block.0"], "--sample", 1),
+    (["analyze", "linearity", "RUN", "--layers", "block.0"], "--beam", 1),
+    (["connections", "PostLN"], "--dim", 1), (["bench", "--quick"], "--threads", 0),
+    (["reproduce", "000-table1"], "--seeds", 1), (["reproduce", "000-table1"], "--jobs", 1),
+    (["demo", "gradient-flow"], "--depth", 1), (["demo", "gradient-flow"], "--width", 1),
+    (["demo", "gradient-flow"], "--batch", 1),
+]
+
+
+@pytest.mark.parametrize("command,option,least", COUNTS, ids=[f"{' '.join(c[:2])} {o}" for c, o, _ in COUNTS])
+def test_a_count_below_its_least_is_a_one_line_error(command, option, least, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # anything a command wrote would land here
+    for value in (least - 1, least - 5):
+        with pytest.raises(SystemExit) as stop:
+            main([*command, option, str(value)])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("skiplab ")
+        assert f"error: argument {option}: must be >= {least}, got {value}\n" in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_options_and_library_counts_are_refused_too(tmp_path, capsys):
+    for argv, message in [
+        (["train", "image", "--width", "0"], "width must be a positive integer, got 0"),
+        (["train", "image", "--depth", "-4"], "depth must be 6n + 2 with n >= 1"),
+        (["train", "mt", "--max-steps", "2", "--heads", "0"], "must be positive"),
+    ]:
+        assert main([*argv, "--out", str(tmp_path / "run")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="checkpoints to average must be >= 1, got 0"):
+        run_dir.average_checkpoints(tmp_path, 0)  # a slice [-0:] would have averaged them all
