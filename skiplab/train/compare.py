@@ -27,7 +27,7 @@ from tqdm import tqdm
 from .. import run_dir
 from ..analysis import comparison
 from ..connections import connection
-from ..models import parse_model_spec, with_options
+from ..models import format_model_spec, parse_model_spec, with_options
 from ..translate.translator import evaluate_split
 from . import image, mt
 
@@ -151,7 +151,9 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
     (root / "table.csv").write_text(comparison.to_csv(rows))
     data = getattr(base, "dataset", None) or f"{getattr(base, 'corpus', '') or 'files'} {base.src}-{base.tgt}"
     length = f"{base.epochs} epochs" if base.epochs else f"{base.max_steps} steps"
-    models = sorted({dataclasses.replace(base, **v.changes).model for v in variants})
+    specs = (parse_model_spec(dataclasses.replace(base, **v.changes).model) for v in variants)
+    models = sorted({format_model_spec(name, {k: o for k, o in options.items() if k != "connection"})
+                     for name, options in specs})  # the models compared, whatever connections they hold
     title = f"{models[0] if len(models) == 1 else 'models'} on {data}, {seeds} seed(s), {length}"
     comparison.plot_curves(curves, spec.curves, root / "curves.png", title, x="epoch" if task == "image" else "step")
     run_dir.write_json(root / "compare.json", {

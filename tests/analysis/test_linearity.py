@@ -1,5 +1,6 @@
 """The layer non-linearity probe: a linear layer loses nothing, a needed non-linear one loses clearly."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from torch import nn
 from skiplab.analysis.linearity import LinearLayer, linearity
 from skiplab.analysis.trained import Examples, Trained
 from skiplab.cli import main
+from tests.noise import EPS32, FACTOR, assert_within_noise, noise
 
 
 def xor_data(n, seed):
@@ -56,7 +58,11 @@ def toy(tmp_path_factory):
 
 def test_a_linear_layer_loses_nothing_and_a_needed_non_linearity_loses_clearly(toy):
     exact = linearity(toy, ["block.0"], steps=0, sample=1000, progress=False)["layers"][0]
-    assert exact["lsq_relative_residual"] < 1e-5 and abs(exact["delta_pct"]) < 1e-6  # the fit is the layer
+    x, _ = xor_data(2000, 0)
+    with torch.no_grad():  # the fit is the layer: its residual is the layer's float32 error, relative
+        y, y64 = toy.model.blocks[0](x), copy.deepcopy(toy.model.blocks[0]).double()(x.double())
+    assert exact["lsq_relative_residual"] <= FACTOR * ((y - y64).norm() / y64.norm()).item()
+    assert abs(exact["delta_pct"]) < 1e-6
     result = linearity(toy, ["block.0", "block.1"], steps=30, sample=1000, progress=False)
     assert result["metric"] == "error" and 0 < result["untouched"] < 10  # the toy learned XOR
     linear, nonlinear = result["layers"]
@@ -70,10 +76,15 @@ def test_least_squares_recovers_a_linear_map_and_splits_pairs():
     lin = LinearLayer(orig, 6, 6, n_state=2, widths=[3, 3])
     w, b = torch.randn(6, 6), torch.randn(6)
     x = torch.randn(200, 6)
-    assert lin.fit(x, x @ w.T + b) < 1e-5
-    torch.testing.assert_close(lin.map.weight, w, rtol=1e-4, atol=1e-4)
+    y, y64 = x @ w.T + b, x.double() @ w.double().T + b.double()
+    # y64 is linear in x: no fit of float32 y leaves more than y's distance from it (plus float64 rounding)
+    assert lin.fit(x, y) <= ((y - y64).norm() / y64.norm()).item() + 1e-12
+    assert lin.fit(x, y64) < 1e-12  # exact data: the map itself, to float32 rounding
+    torch.testing.assert_close(lin.map.weight, w, rtol=EPS32, atol=0)
+    torch.testing.assert_close(lin.map.bias, b, rtol=EPS32, atol=0)
     out, cell = lin(x[:, :3], x[:, 3:], "ignored mask")
-    torch.testing.assert_close(torch.cat([out, cell], -1), x @ w.T + b, rtol=1e-4, atol=1e-4)
+    got = torch.cat([out, cell], -1)
+    assert_within_noise(got, y, noise((y, y64), (got, y64)))
 
 
 def test_cli_probes_translation_layers_of_both_families(mt_runs, capsys):

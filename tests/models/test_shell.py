@@ -1,5 +1,6 @@
 """The encoder-decoder shell and the model spec: what the refactor into families must keep and add."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -8,6 +9,7 @@ import torch
 from skiplab.models import (EncoderDecoder, Transformer, build_model, format_model_spec, model_config,
                             parse_model_spec, with_options)
 from skiplab.translate.translator import Translator
+from tests.noise import assert_within_noise, noise
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -19,7 +21,10 @@ def test_a_checkpoint_written_before_the_shell_gives_the_same_logits_and_transla
     assert isinstance(tr.model, Transformer) and tr.model.cfg.connection == "PreLN"
     with torch.no_grad():
         logits = tr.model(expected["src"], expected["tgt_in"])
-    torch.testing.assert_close(logits, expected["logits"], rtol=1e-5, atol=1e-5)  # thread counts reorder sums
+        logits64 = copy.deepcopy(tr.model).double()(expected["src"], expected["tgt_in"])
+    # The stored logits came from another machine's kernels: both float32 results against float64 measure the noise
+    level = noise((expected["logits"], logits64), (logits, logits64))
+    assert_within_noise(logits, expected["logits"], level)
     assert tr.translate(expected["lines"], beam=2) == expected["beam2"]
     assert tr.describe()["connection"] == "PreLN"
 

@@ -1,3 +1,5 @@
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -6,6 +8,7 @@ from torch import nn
 import skiplab
 from skiplab.models import build_model, model_config
 from skiplab.models.seq2seq import sinusoid
+from tests.noise import assert_within_noise, noise
 
 V = 50
 
@@ -57,7 +60,7 @@ def test_postln_equals_pytorchs_own_post_norm_layers():
             ref.out_proj.load_state_dict(ours.out_proj.state_dict())
 
     def reference(ours, layer_cls, attns):
-        ref = layer_cls(**kw).eval()
+        ref = layer_cls(**kw).eval().to(ours.ffn[0].weight.dtype)
         for name, attn in attns.items():
             copy_attn(getattr(ref, name), attn)
         ref.linear1.load_state_dict(ours.ffn[0].state_dict())
@@ -66,22 +69,27 @@ def test_postln_equals_pytorchs_own_post_norm_layers():
             getattr(ref, f"norm{i}").load_state_dict(conn.norm.state_dict())  # LN(x + F): the connection's LN
         return ref
 
-    enc = [reference(o, nn.TransformerEncoderLayer, {"self_attn": o.self_attn}) for o in model.encoder.layers]
-    dec = [reference(o, nn.TransformerDecoderLayer, {"self_attn": o.self_attn, "multihead_attn": o.cross_attn})
-           for o in model.decoder.layers]
+    def pytorch_layers(model, src, tgt):
+        """The logits of PyTorch's own layers holding ``model``'s weights."""
+        enc = [reference(o, nn.TransformerEncoderLayer, {"self_attn": o.self_attn}) for o in model.encoder.layers]
+        dec = [reference(o, nn.TransformerDecoderLayer, {"self_attn": o.self_attn, "multihead_attn": o.cross_attn})
+               for o in model.decoder.layers]
+        d, dtype = cfg.d_model, model.embed.weight.dtype
+        pe = sinusoid(64, d).to(dtype)
+        x = model.embed(src) * d**0.5 + pe[: src.shape[1]]
+        for layer in enc:
+            x = layer(x, src_key_padding_mask=src == 0)
+        y = model.embed(tgt) * d**0.5 + pe[: tgt.shape[1]]
+        causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1], dtype=dtype)
+        for layer in dec:
+            y = layer(y, x, tgt_mask=causal, memory_key_padding_mask=src == 0)
+        return y @ model.embed.weight.T
 
     src, tgt = batch()
-    d = cfg.d_model
-    pe = sinusoid(64, d)
-    x = model.embed(src) * d**0.5 + pe[: src.shape[1]]
-    for layer in enc:
-        x = layer(x, src_key_padding_mask=src == 0)
-    y = model.embed(tgt) * d**0.5 + pe[: tgt.shape[1]]
-    causal = nn.Transformer.generate_square_subsequent_mask(tgt.shape[1])
-    for layer in dec:
-        y = layer(y, x, tgt_mask=causal, memory_key_padding_mask=src == 0)
-    expect = y @ model.embed.weight.T
-    torch.testing.assert_close(model(src, tgt), expect, rtol=1e-4, atol=1e-4)
+    ours, expect = model(src, tgt), pytorch_layers(model, src, tgt)
+    model64 = copy.deepcopy(model).double()  # both computations in float64 measure their float32 noise
+    level = noise((expect, pytorch_layers(model64, src, tgt)), (ours, model64(src, tgt)))
+    assert_within_noise(ours, expect, level)
 
 
 def test_sinusoidal_positions():
@@ -91,15 +99,22 @@ def test_sinusoidal_positions():
     assert pe[5, 4] == pytest.approx(torch.sin(torch.tensor(5 / 10000 ** (4 / 8))).item())
 
 
+@torch.no_grad()
+def full_and_incremental(model, src, tgt):
+    """Log-probabilities of ``tgt`` from one pass over it, from one step per position, and the decoder state."""
+    full = F.log_softmax(model(src, tgt), -1)
+    state = model.start(model.encode(src))
+    steps = torch.stack([model.step(tgt[:, t], state) for t in range(tgt.shape[1])], 1)
+    return full, steps, state
+
+
 @pytest.mark.parametrize("spec", ["PostLN", "PreLN", "2rSkip+LN", "SAS"])
 def test_incremental_decoding_gives_the_scores_of_full_recomputation(spec):
     model = tiny(spec).eval()
     src, tgt = batch()
-    with torch.no_grad():
-        full = F.log_softmax(model(src, tgt), -1)
-        state = model.start(model.encode(src))
-        steps = torch.stack([model.step(tgt[:, t], state) for t in range(tgt.shape[1])], 1)
-    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-5)
+    full, steps, state = full_and_incremental(model, src, tgt)
+    full64, steps64, _ = full_and_incremental(copy.deepcopy(model).double(), src, tgt)
+    assert_within_noise(steps, full, noise((full, full64), (steps, steps64)))
     assert state.caches[0]["k"].shape[2] == tgt.shape[1]  # one cached position per step
 
 

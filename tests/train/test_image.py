@@ -10,6 +10,7 @@ from skiplab.models import PreActResNet
 from skiplab.train import image as image_train
 from skiplab import run_dir
 from skiplab.train.image import ImageTrainConfig, learning_rate, milestones, train
+from tests.noise import DELTA, assert_within_noise, image_training_in_float64, noise
 
 
 def tiny(fashion_dir, out, **kw) -> ImageTrainConfig:
@@ -202,17 +203,27 @@ def test_a_run_written_before_the_multi_process_options_resumes(fashion_dir, tmp
 
 @pytest.mark.slow
 def test_a_compiled_model_trains_as_the_eager_one(fashion_dir, tmp_path):
-    """torch.compile on a tiny PreAct-ResNet-8: two steps and an evaluation (about 30 s of compiling)."""
+    """torch.compile on a tiny PreAct-ResNet-8: two steps and an evaluation (about 30 s of compiling).
+
+    Compiled and eager differ by float32 rounding, whose size depends on the CPU's kernels: the tolerance is
+    FACTOR times the noise measured here (tests/noise.py), from the eager run against the same training in
+    float64, and that float64 training against itself on images perturbed at float32 size (ReLU kinks)."""
     kw = dict(model="preact-resnet20(depth=8)", train_subset=64, test_subset=32, batch_size=32)
     eager = train(tiny(fashion_dir, tmp_path / "eager", **kw), progress=False)
     compiled = train(tiny(fashion_dir, tmp_path / "compiled", compile=True, **kw), progress=False)
-    (a,), (b,) = (run_dir.read_metrics(tmp_path / name) for name in ("eager", "compiled"))
-    assert b["train_loss"] == pytest.approx(a["train_loss"], rel=1e-4)
-    assert b["test_loss"] == pytest.approx(a["test_loss"], rel=1e-3)
-    x, y = (torch.load(tmp_path / name / "last.pt", weights_only=True)["model"] for name in ("eager", "compiled"))
+    with image_training_in_float64():
+        train(tiny(fashion_dir, tmp_path / "exact", **kw), progress=False)
+    with image_training_in_float64(delta=DELTA):
+        train(tiny(fashion_dir, tmp_path / "perturbed", **kw), progress=False)
+    runs = ("eager", "compiled", "exact", "perturbed")
+    a, b, exact, moved = (run_dir.read_metrics(tmp_path / name)[0] for name in runs)
+    for key in ("train_loss", "test_loss"):
+        level = noise((a[key], exact[key]), (moved[key], exact[key]))
+        assert_within_noise(b[key], a[key], level, msg=key)
+    x, y, x64, moved64 = (torch.load(tmp_path / name / "last.pt", weights_only=True)["model"] for name in runs)
     assert list(x) == list(y)  # the plain model's names, no "_orig_mod." prefix
     for key in x:
-        torch.testing.assert_close(y[key], x[key], rtol=1e-3, atol=1e-4, msg=key)
+        assert_within_noise(y[key], x[key], noise((x[key], x64[key]), (moved64[key], x64[key])), msg=key)
     report = compiled["compile"]
     assert "compile" not in eager and report["graphs_compiled"] >= 2 and report["recompile_limit"] == 8
     assert set(report) == {"graphs_compiled", "frames_compiled", "recompiles", "graph_breaks", "recompile_limit"}
