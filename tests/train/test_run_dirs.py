@@ -43,6 +43,15 @@ def same_weights(a, b):
         torch.testing.assert_close(y[key], x[key], rtol=0, atol=0, msg=key)
 
 
+def move_and_resume(task, first, moved, capsys):
+    """Move the stopped run ``first`` to ``moved``, resume it there, check that it says so; return ``moved``."""
+    shutil.move(first, moved)
+    capsys.readouterr()
+    assert main(["train", task, "--resume", "--out", str(moved)]) == 0
+    assert f"resumed with out {first} -> {moved}" in capsys.readouterr().out
+    return moved
+
+
 def records(out):
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -59,11 +68,7 @@ def test_a_moved_run_resumes_and_ends_as_an_uninterrupted_one(fashion_dir, strai
     undo = stop_after_epoch(monkeypatch, 1)
     assert main(image_args(fashion_dir, first)) == 130  # interrupted
     undo()
-    moved = tmp_path / "here" / "b"
-    shutil.move(first, moved)
-    capsys.readouterr()
-    assert main(["train", "image", "--resume", "--out", str(moved)]) == 0
-    assert f"resumed with out {first} -> {moved}" in capsys.readouterr().out
+    moved = move_and_resume("image", first, tmp_path / "here" / "b", capsys)
     same_weights(straight, moved)
     assert [r["epoch"] for r in records(moved)] == [1, 2, 3]
     assert json.loads((moved / "config.json").read_text())["config"]["out"] == str(moved)
@@ -125,11 +130,7 @@ def test_a_moved_translation_run_resumes_exactly(corpus, tmp_path, monkeypatch, 
     undo = interrupt_after_step(monkeypatch, 2)
     assert main(tiny_args(corpus, first)) == 130
     undo()
-    moved = tmp_path / "elsewhere" / "b"
-    shutil.move(first, moved)
-    capsys.readouterr()
-    assert main(["train", "mt", "--resume", "--out", str(moved)]) == 0
-    assert f"resumed with out {first} -> {moved}" in capsys.readouterr().out
+    moved = move_and_resume("mt", first, tmp_path / "elsewhere" / "b", capsys)
     same_weights(straight, moved)
     assert [r["step"] for r in records(moved)] == [2, 4]
 
