@@ -27,7 +27,7 @@ Sharing across the layers of a stack (Table 4): ``share=gates`` (default) binds 
 the gates' LNs, the hidden computation stays per layer; ``share=all`` binds the whole LSTM unit;
 ``share=none`` binds nothing. Attention is never shared. Dropout acts on h and, with two hidden layers, on
 the activation inside (Drop above), as in the authors' code (Neutron ``modules/rfn.py``, ``LSTMCell4FFN``).
-Where the equations or the text say otherwise, they are followed, not the code (README, "The depth-wise
+Where the equations or the text say otherwise, they are followed, not the code (docs/translation.md, "The depth-wise
 LSTM against its authors' code", compares the two point by point): each gate has its own LN (Neutron
 normalises the three pre-activations jointly), the gate and hidden layers have the biases the equations
 write (Neutron has none), the decoder's LSTM input is the merge of the two sub-layers' outputs and the

@@ -21,7 +21,7 @@ decoder stack that keep these contracts (shapes (B, T, D)):
         with ``caches`` (one dict per layer), x holds only the new positions: each layer appends their
         self-attention keys and values to its cache and attends over every cached position.
 
-Adding a family: a config (subclass :class:`Seq2SeqConfig`), the two stacks, presets; see README.
+Adding a family: a config (subclass :class:`Seq2SeqConfig`), the two stacks, presets; see docs/layout.md.
 """
 
 from __future__ import annotations
