@@ -34,13 +34,17 @@ import typing
 import warnings
 from pathlib import Path
 
-from . import bench, config, distributed, reproduce
+from . import bench, config, distributed, reproduce, run_dir, tasks
 from .analysis import gradient_flow
+from .analysis.analyze import analyze
+from .analysis.curves import plot_runs
 from .connections import available_connections, connection, parse_spec
-from .models import PreActResNetConfig, family_of, options_of, seq2seq_families, with_options
-from . import run_dir
-from .train.image import ImageTrainConfig
-from .train.mt import MTTrainConfig
+from .models import family_of, options_of, with_options
+from .tasks.compare import compare
+from .tasks.mt import add_decoding_arguments
+from .text import decode_lines, read_lines
+from .translate import paired_bootstrap
+from .translate.translator import Translator
 
 # The main job: sized to about five minutes on 2 CPU cores.
 DEMO = dict(model="preact-resnet20", dataset="fashion-mnist", epochs=6, train_subset=2000, test_subset=2000,
@@ -88,13 +92,12 @@ def _train_config(cls, args: argparse.Namespace):
 
 # The model options of a task: every field of its families' configs but those the data decides.
 MODEL_OPTION_SKIP = ("vocab_size", "pad_id", "in_channels", "num_classes")
-TASK_FAMILIES = {"image": lambda: [PreActResNetConfig], "mt": seq2seq_families}
 
 
 def _model_options(task: str) -> dict[str, tuple[dataclasses.Field, type, list[str]]]:
     """name -> (field, type, the families that have it), over the task's model families' configs."""
     options: dict[str, tuple[dataclasses.Field, type, list[str]]] = {}
-    for cls in TASK_FAMILIES[task]():
+    for cls in tasks.get(task).families():
         hints = typing.get_type_hints(cls)
         for name, f in options_of(cls).items():
             if name not in MODEL_OPTION_SKIP:
@@ -105,7 +108,7 @@ def _model_options(task: str) -> dict[str, tuple[dataclasses.Field, type, list[s
 def _add_model_options(p: argparse.ArgumentParser, task: str, skip: tuple[str, ...] = ()) -> None:
     group = p.add_argument_group("model options", "fields of the model's config; each adds to --model's spec "
                                                   "(default: the preset's value)")
-    every = len(TASK_FAMILIES[task]())
+    every = len(tasks.get(task).families())
     p.set_defaults(model_options=task)
     for name, (f, tp, families) in _model_options(task).items():
         if name in skip:
@@ -129,35 +132,16 @@ def _print_summary(summary: dict) -> None:
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
 
 
-def cmd_train_image(args: argparse.Namespace) -> None:
-    from .train.image import train
-
-    _print_summary(train(_train_config(ImageTrainConfig, args), resume=args.resume, overwrite=args.overwrite))
-
-
-def cmd_train_mt(args: argparse.Namespace) -> None:
-    from .train.mt import train
-
-    _print_summary(train(_train_config(MTTrainConfig, args), resume=args.resume, overwrite=args.overwrite))
+def cmd_train(args: argparse.Namespace) -> None:
+    task = tasks.get(args.task)
+    _print_summary(task.train(_train_config(task.config, args), resume=args.resume, overwrite=args.overwrite))
 
 
-def cmd_eval_image(args: argparse.Namespace) -> None:
-    from .train.image import evaluate_checkpoint
-
-    print(json.dumps(evaluate_checkpoint(args.checkpoint, args.data_dir, args.device), indent=2))
-
-
-def cmd_eval_mt(args: argparse.Namespace) -> None:
-    from .translate.translator import evaluate_split
-
-    result = evaluate_split(args.checkpoint, args.split, args.average, args.beam, args.alpha, args.data_dir, args.device)
-    print(json.dumps(result, indent=2))
+def cmd_eval(args: argparse.Namespace) -> None:
+    print(json.dumps(tasks.get(args.task).evaluate(args), indent=2))
 
 
 def cmd_translate(args: argparse.Namespace) -> None:
-    from .text import decode_lines
-    from .translate.translator import Translator
-
     tr = Translator.load(args.checkpoint, args.average, args.device)
     lines = decode_lines(sys.stdin.buffer.read(), "standard input")
     for line in tr.translate(lines, beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens, progress=True):
@@ -174,16 +158,11 @@ def cmd_average(args: argparse.Namespace) -> None:
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> None:
-    from .text import read_lines
-    from .translate import paired_bootstrap
-
     refs, a, b = (read_lines(p) for p in (args.ref, args.a, args.b))
     print(json.dumps(paired_bootstrap(refs, a, b, args.samples, args.seed, args.metric), indent=2))
 
 
 def cmd_curves(args: argparse.Namespace) -> None:
-    from .analysis.curves import plot_runs
-
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
@@ -191,10 +170,9 @@ def cmd_curves(args: argparse.Namespace) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:
-    from .analysis.analyze import analyze
-
     options = {k: getattr(args, k) for k in ANALYZE_OPTIONS if getattr(args, k, None) is not None}
-    analyze(args.analysis, [args.run, *args.compare], overwrite=args.overwrite, **options)
+    trained = [tasks.load_trained(r) for r in [args.run, *args.compare]]
+    analyze(args.analysis, trained, overwrite=args.overwrite, **options)
 
 
 ANALYZE_OPTIONS = ("split", "examples", "seed", "mode", "near_zero", "large", "layers", "steps", "objective", "sample",
@@ -202,51 +180,30 @@ ANALYZE_OPTIONS = ("split", "examples", "seed", "mode", "near_zero", "large", "l
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
-    from .train.compare import compare, connection_variants, model_variants
-
-    cls = ImageTrainConfig if args.task == "image" else MTTrainConfig
-    base = config.from_arguments(cls, args)
+    task = tasks.get(args.task)
+    base = config.from_arguments(task.config, args)
     base = dataclasses.replace(base, model=_with_model_options(base.model, args))
-    if args.task == "image":
-        compare("image", base, connection_variants(base.model, args.connections), args.seeds)
-        return
     if args.connections is not None:
         connections = args.connections
     else:  # the default connections, for a single model that takes connections
-        connections = () if args.models or "connection" not in options_of(family_of(base.model)) else MT_CONNECTIONS
-    compare("mt", base, model_variants(base.model, args.models, connections), args.seeds)
-
-
-MT_CONNECTIONS = ("PostLN", "2xSkip+LN", "2rSkip+LN")
+        takes = "connection" in options_of(family_of(base.model))
+        connections = () if args.models or not takes else args.default_connections
+    compare(task.name, base, task.variants(base.model, args.models, connections), args.seeds)
 
 
 def _add_compare(sub, task: str, name: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
-    cls = ImageTrainConfig if task == "image" else MTTrainConfig
     p = sub.add_parser(name, help=help, description=help)
-    config.add_arguments(p, cls, skip=("seed",))
+    config.add_arguments(p, tasks.get(task).config, skip=("seed",))
     _add_model_options(p, task, skip=("connection",))
-    if task == "mt":
-        p.add_argument("--models", type=config.parse_list, default=(), metavar="SPECS",
-                       help="model specs to compare, comma-separated, e.g. transformer-small,dwlstm-small(share=all) "
-                            "(default: --model alone)")
-        p.add_argument("--connections", type=config.parse_list, default=None, metavar="SPECS",
-                       help=f"connection specs to compare, comma-separated (default: {','.join(connections)} without "
-                            "--models; with --models, each model's own)")
-    else:
-        p.add_argument("--connections", type=config.parse_list, default=connections, metavar="SPECS",
-                       help=f"connection specs, comma-separated (default: {','.join(connections)})")
+    p.add_argument("--models", type=config.parse_list, default=(), metavar="SPECS",
+                   help="model specs to compare, comma-separated, e.g. transformer-small,dwlstm-small(share=all) "
+                        "(default: --model alone)")
+    p.add_argument("--connections", type=config.parse_list, default=None, metavar="SPECS",
+                   help=f"connection specs to compare, comma-separated (default: {','.join(connections)} without "
+                        "--models; with --models, each model's own)")
     p.add_argument("--seeds", type=config.count(1), default=seeds, help=f"seeds 1..N per variant (default: {seeds})")
-    p.set_defaults(func=cmd_compare, task=task, seed=1, **defaults)
+    p.set_defaults(func=cmd_compare, task=task, seed=1, default_connections=connections, **defaults)
     return p
-
-
-def _add_decoding(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
-    p.add_argument("--average", type=config.count(0), default=0,
-                   help="average the run's last N step checkpoints (default: 0, off)")
-    p.add_argument("--beam", type=config.count(1), default=4, help="beam size; 1 is greedy search (default: 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty ((5+|y|)/6)^alpha (default: 0.6)")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
 
 
 def cmd_bench(args: argparse.Namespace) -> None:
@@ -285,29 +242,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_connections)
 
     train = sub.add_parser("train", help="train a model").add_subparsers(dest="task", required=True, metavar="TASK")
-    for task, cls, func, help in [("image", ImageTrainConfig, cmd_train_image, "image classification (PreAct-ResNet, CIFAR recipe)"),
-                                  ("mt", MTTrainConfig, cmd_train_mt, "machine translation (Transformer recipe)")]:
-        p = train.add_parser(task, help=help, description=help)
-        config.add_arguments(p, cls)
-        _add_model_options(p, task)
+    ev = sub.add_parser("eval", help="evaluate a trained run").add_subparsers(dest="task", required=True, metavar="TASK")
+    for task in tasks.TASKS.values():
+        p = train.add_parser(task.name, help=task.help, description=task.help)
+        config.add_arguments(p, task.config)
+        _add_model_options(p, task.name)
         p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
         p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
-        p.set_defaults(func=func)
-
-    ev = sub.add_parser("eval", help="evaluate a trained run").add_subparsers(dest="task", required=True, metavar="TASK")
-    p = ev.add_parser("image", help="test loss and error of an image run")
-    p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
-    p.add_argument("--data-dir", default="", help="where the dataset is, if not where the run found it")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
-    p.set_defaults(func=cmd_eval_image)
-    p = ev.add_parser("mt", help="BLEU and chrF of a translation run on a split")
-    _add_decoding(p)
-    p.add_argument("--split", default="test", choices=("valid", "test"), help="which split (default: test)")
-    p.add_argument("--data-dir", default="", help="where the corpus is, if not where the run found it")
-    p.set_defaults(func=cmd_eval_mt)
+        p.set_defaults(func=cmd_train)
+        doc = (task.evaluate.__doc__ or "").strip().split("\n")[0] or f"evaluate a {task.name} run"
+        p = ev.add_parser(task.name, help=doc, description=doc)
+        task.add_eval_arguments(p)
+        p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("translate", help="translate stdin to stdout with a trained run")
-    _add_decoding(p)
+    add_decoding_arguments(p)
     p.add_argument("--max-tokens", type=config.count(1), default=4096, help="source tokens per batch (default: 4096)")
     p.set_defaults(func=cmd_translate)
 
@@ -384,10 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(func=cmd_analyze)
 
     cmp = sub.add_parser("compare", help="compare connections over seeds").add_subparsers(dest="task", required=True, metavar="TASK")
-    _add_compare(cmp, "image", "image", "image classification: every connection x seed, then a table",
-                 {"out": "runs/compare"}, DEMO_CONNECTIONS, 3)
-    _add_compare(cmp, "mt", "mt", "machine translation: every model x connection x seed, then a BLEU table",
-                 {"out": "runs/compare-mt"}, MT_CONNECTIONS, 2)
+    for task in tasks.TASKS.values():
+        _add_compare(cmp, task.name, task.name, f"{task.help}: every model x connection x seed, then a "
+                                                f"{task.metric_label} table",
+                     {"out": task.compare_out}, task.compare_connections, task.compare_seeds)
 
     p = sub.add_parser("bench", help="what each design and the engine cost on this machine (ratios, side by side)",
                        description=bench.__doc__.split("\n\n")[0] if bench.__doc__ else None)

@@ -88,10 +88,8 @@ def activations(tr: Trained, split: str = "test", examples: int = 2000, seed: in
 
 def _rows(tr: Trained, name: str, value: torch.Tensor, ex) -> torch.Tensor:
     """The values that count: an image block's whole output, an MT layer's real positions."""
-    if tr.kind == "image":
-        return value
-    mask = ex.masks[name.split(".")[0]]
-    return per_position(value, mask, len(ex)) if value.dim() == 3 else value
+    mask = tr.mask(ex, name)
+    return per_position(value, mask, len(ex)) if mask is not None and value.dim() == 3 else value
 
 
 def table(result: dict[str, Any]) -> str:

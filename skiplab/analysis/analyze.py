@@ -17,7 +17,7 @@ from typing import Any, Callable
 from .. import run_dir
 from . import activations, gradients, learned, linearity
 from .report import outputs, pyplot, write
-from .trained import load_trained
+from .trained import Trained
 
 # name -> (compute(trained, **options), table(result), figure(results))
 ANALYSES: dict[str, tuple[Callable[..., dict[str, Any]], Callable, Callable]] = {
@@ -29,11 +29,10 @@ ANALYSES: dict[str, tuple[Callable[..., dict[str, Any]], Callable, Callable]] = 
 }
 
 
-def analyze(name: str, runs: list[str], overwrite: bool = False, progress: bool = True,
+def analyze(name: str, trained: list[Trained], overwrite: bool = False, progress: bool = True,
             **options: Any) -> list[dict[str, Any]]:
-    """Run analysis ``name`` on every run, write its files, print its table; return the results."""
+    """Run analysis ``name`` on every trained run, write its files, print its table; return the results."""
     compute, table, figure = ANALYSES[name]
-    trained = [load_trained(r) for r in runs]
     kinds = {t.kind for t in trained}
     if len(kinds) > 1:
         raise ValueError(f"cannot overlay runs of different tasks ({', '.join(sorted(kinds))}) in one figure")

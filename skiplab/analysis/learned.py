@@ -50,7 +50,7 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
             for ex in tr.examples(split, examples, seed):
                 tr.forward(ex)
                 for name, conn in chosen.items():
-                    mask = ex.masks.get(name.split(".")[0] if tr.kind == "mt" else "")
+                    mask = tr.mask(ex, tr.block_of(name))
                     for entry in logs[name]:
                         for key, value in _values(conn, entry).items():
                             moments[name].setdefault(key, Moments()).add(per_position(value, mask, len(ex)))

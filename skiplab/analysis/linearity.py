@@ -28,9 +28,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from ..text import Tokenizer, load_split
-from ..translate.metrics import bleu_forms, score_forms
-from ..translate.translator import Translator
 from .report import markdown, pyplot
 from .trained import Trained
 
@@ -91,7 +88,8 @@ def linearity(tr: Trained, layers: list[str], steps: int = 100, objective: str =
     tr.model.eval()
     try:
         t0 = time.time()
-        metric, name, scored, metric_tok = _score(tr, beam, progress)
+        name = tr.metric
+        metric, scored, extra = tr.score_test(beam, progress)
         rows = []
         for layer in layers:
             t_layer = time.time()
@@ -102,24 +100,24 @@ def linearity(tr: Trained, layers: list[str], steps: int = 100, objective: str =
             residual = lin.fit(xs, ys)
             tr.replace_block(layer, lin)
             try:
-                before = _score(tr, beam, False)[0] if score_start else None
+                before = tr.score_test(beam, False)[0] if score_start else None
                 _train(tr, layer, lin, original, steps, objective, lr, seed, progress)
-                score, _, _, score_tok = _score(tr, beam, progress)
+                score, _, score_extra = tr.score_test(beam, progress)
             finally:
                 tr.replace_block(layer, original)
             kind = f"{type(lin.map).__name__} {xs.shape[1]} -> {ys.shape[1]}" + (f", stride {stride}" if stride else "")
             rows.append({"layer": layer, name: score, "delta_pct": 100.0 * (score - metric) / metric if metric else None,
-                         **({"bleu_tok": score_tok} if score_tok is not None else {}),
+                         **score_extra,
                          f"{name}_least_squares": before, "lsq_relative_residual": residual, "fit_rows": len(xs),
                          "map": kind, "time_s": time.time() - t_layer})
     finally:
         for p in frozen:
             p.requires_grad_(True)
     return {"analysis": "linearity", "run": str(tr.path), "label": tr.label, "metric": name, "untouched": metric,
-            **({"untouched_bleu_tok": metric_tok} if metric_tok is not None else {}),
+            **{f"untouched_{k}": v for k, v in extra.items()},
             "split": "test", "examples": scored,
             "mode": "eval", "objective": objective, "steps": steps, "lr": lr, "sample": sample, "beam": beam,
-            "seed": seed, "sign": "BLEU: negative Δ% is a loss" if name == "bleu" else "error: positive Δ% is a loss",
+            "seed": seed, "sign": f"{tr.metric_title}: {'negative' if tr.higher_is_better else 'positive'} Δ% is a loss",
             "layers": rows, "time_s": time.time() - t0, "config": tr.config}
 
 
@@ -135,7 +133,7 @@ def _capture(tr: Trained, layer: str, module: nn.Module, sample: int, seed: int)
             tr.forward(ex)
             out = _state(got["out"])
             ins = list(got["args"][: len(out)])
-            mask = ex.masks.get(layer.split(".")[0]) if tr.kind == "mt" else None
+            mask = tr.mask(ex, layer)
             stride = ins[0].shape[-1] // out[0].shape[-1] if ins[0].dim() == 4 else 0
             shapes = {"n_state": len(out), "widths": [t.shape[-1] for t in out], "stride": stride}
             xs.append(torch.cat([_rows(t, mask, stride or 1) for t in ins], 1))
@@ -165,8 +163,7 @@ def _train(tr: Trained, layer: str, lin: LinearLayer, original: nn.Module, steps
         opt.zero_grad(set_to_none=True)
         if objective == "task":
             out = tr.forward(ex)
-            loss = tr.losses(ex, out).sum() / (ex.target != Tokenizer.PAD).sum() if tr.kind == "mt" else \
-                tr.losses(ex, out).mean()
+            loss = tr.mean_loss(ex, out)
         else:  # the layer's own output, on the inputs the frozen model gives it
             tr.replace_block(layer, original)
             handle = original.register_forward_hook(lambda m, args, out: teacher.update(args=args, out=out))
@@ -180,25 +177,6 @@ def _train(tr: Trained, layer: str, lin: LinearLayer, original: nn.Module, steps
         opt.step()
         bar.update(1)
     bar.close()
-
-
-@torch.no_grad()
-def _score(tr: Trained, beam: int, progress: bool) -> tuple[float, str, int, float | None]:
-    """(metric, its name, test examples, tokenised BLEU): test BLEU (beam search, the run's tokenizer; sacrebleu
-    on detokenised text, and tokenised BLEU as the papers report it, see skiplab.translate.metrics) or test
-    error % (and None)."""
-    if tr.kind == "image":
-        wrong = total = 0
-        for ex in tr.examples("test", 10**9, batch=500):
-            wrong += int((tr.forward(ex).argmax(1) != ex.target).sum())
-            total += len(ex)
-        return 100.0 * wrong / total, "error", total, None
-    test = load_split(tr.config, "test")
-    translator = Translator(tr.model, Tokenizer.from_bytes(tr.checkpoint["tokenizer"]), tr.config, tr.checkpoint,
-                            torch.device("cpu"))
-    hyps = translator.translate(test.src, beam=beam, progress=progress)
-    scores = score_forms(bleu_forms(hyps, test.tgt, test.tokenized, tr.config["tgt"]))
-    return scores["bleu"], "bleu", len(hyps), scores["bleu_tok"]
 
 
 def table(result: dict[str, Any]) -> str:

@@ -29,12 +29,8 @@ from tqdm import tqdm
 from .. import run_dir
 from ..analysis import comparison
 from ..analysis.linearity import linearity
-from ..analysis.trained import load_trained
 from ..config import parse_list
-from ..connections import connection
-from ..models import format_model_spec, model_config, parse_model_spec, with_options
-from ..translate.metrics import paired_bootstrap
-from ..translate.translator import evaluate_split, split_forms
+from ..tasks import get as get_task, load_trained
 from . import report, runs, stats
 from .papers import TABLES, table as get_table
 from .scales import Scale, Setting, scale as get_scale
@@ -55,10 +51,6 @@ class Resolved:
     why: str = ""
 
 
-def _canonical(spec: str) -> str:
-    return connection(spec, 4).spec
-
-
 def _data_dir(root: str, name: str) -> str:
     """``root/<name>`` when it exists, else '' (the dataset's own default places)."""
     if not root:
@@ -75,28 +67,12 @@ def resolve(t: Table, cell: Cell, sc: Scale, data_root: str = "", device: str = 
     setting = sc.settings[run.setting]
     if isinstance(setting, str):
         return Resolved(cell, why=f"not available at {sc.name} scale: {setting}")
-    base = setting.config
-    if setting.task == "image":
-        cfg = dataclasses.replace(base, model=with_options(base.model, connection=_canonical(run.connection)),
-                                  data_dir=_data_dir(data_root, base.dataset), device=device)
-        return Resolved(cell, "image", cfg, setting)
-    name, options = parse_model_spec(f"{run.family}-{setting.size}")
-    options = {**options, **dict(run.options)}
-    if run.family == "transformer" and run.connection:
-        options["connection"] = _canonical(run.connection)
-    preset = model_config(format_model_spec(name, options), vocab_size=100)
-    layers = preset.encoder_layers
-    if run.layers:
-        if run.layers not in setting.layers:
-            return Resolved(cell, why=f"not available at {sc.name} scale: no {run.layers}-layer model there")
-        layers = setting.layers[run.layers]
-        if layers != preset.encoder_layers or layers != preset.decoder_layers:
-            options.update(encoder_layers=layers, decoder_layers=layers)
-    if run.probe and run.probe[1] > layers:
-        return Resolved(cell, why=f"not available at {sc.name} scale: the model there has {layers} layers")
-    cfg = dataclasses.replace(base, model=format_model_spec(name, options),
-                              data_dir=_data_dir(data_root, base.corpus), device=device)
-    return Resolved(cell, "mt", cfg, setting)
+    task = get_task(setting.task)
+    cfg = task.cell_config(setting.config, run, setting)
+    if isinstance(cfg, str):
+        return Resolved(cell, why=f"not available at {sc.name} scale: {cfg}")
+    cfg = dataclasses.replace(cfg, data_dir=_data_dir(data_root, task.data_name(cfg)), device=device)
+    return Resolved(cell, setting.task, cfg, setting)
 
 
 def _seeded(r: Resolved, seed: int, root: Path) -> Any:
@@ -104,20 +80,6 @@ def _seeded(r: Resolved, seed: int, root: Path) -> Any:
 
 
 # ---- measuring a cell ------------------------------------------------------------------------------------
-def _mt_score(cfg: Any, average: int, beam: int, progress: bool) -> dict[str, Any]:
-    """The test scores of a finished MT run, averaged over its last ``average`` checkpoints (cached)."""
-    out = Path(cfg.out)
-    average = max(1, min(average, len(run_dir.step_checkpoints(out))))
-    cache = out / f"score.test.beam{beam}.avg{average}.json"
-    if cache.is_file():
-        return run_dir.read_json(cache)
-    result = evaluate_split(out, "test", average=average, beam=beam, data_dir=cfg.data_dir, device=cfg.device,
-                            progress=progress)
-    result = {k: v for k, v in result.items() if k != "model_config"}
-    run_dir.write_json(cache, result)
-    return result
-
-
 def _layer(probe: tuple[str, int]) -> str:
     """A probe cell's ("decoder", k), k 1-based as the papers count, as the model's block name: decoder.<k-1>."""
     side, k = probe
@@ -156,9 +118,6 @@ def _measure(t: Table, r: Resolved, cfg: Any, sc: Scale, progress: bool) -> dict
     summary = run_dir.read_json(out / "summary.json") if (out / "summary.json").is_file() else {}
     if summary.get("status") != "finished":
         return None if not summary else {"value": None, "diverged": True}
-    if r.task == "image":
-        error = summary["final_test_error"]
-        return {"value": 100.0 - error if t.metric.startswith("accuracy") else error, "train_time_s": summary["train_time_s"]}
     average = t.averaged(r.cell.run.setting)
     if t.probes:
         batch = tuple(_layer(c.run.probe) for c in t.cells if c.run and c.run.probe)
@@ -168,22 +127,7 @@ def _measure(t: Table, r: Resolved, cfg: Any, sc: Scale, progress: bool) -> dict
             return {"value": probe["untouched_bleu_tok"], "train_time_s": summary["train_time_s"]}
         row = probe["layers"][0]
         return {"value": row["bleu_tok"], "train_time_s": summary["train_time_s"], "probe_time_s": row.get("time_s")}
-    score = _mt_score(cfg, average, t.beam, progress)
-    return {"value": score["bleu_tok"], "bleu_detok": score["bleu"], "bleu_tok_signature": score["bleu_tok_signature"],
-            "bleu_signature": score["bleu_signature"], "averaged": score.get("averaged") or average,
-            "hypotheses": score["hypotheses"], "train_time_s": summary["train_time_s"]}
-
-
-def _bootstrap(a: dict[str, Any], b: dict[str, Any], cfg_a: Any, cfg_b: Any) -> float | None:
-    """p of the paired bootstrap (1,000 resamples, tokenised BLEU) between two seed-matched test outputs."""
-    if not (a and b and a.get("hypotheses") and b.get("hypotheses")):
-        return None
-    config = dataclasses.asdict(cfg_a)
-    hyps_a = Path(a["hypotheses"]).read_text().splitlines()
-    hyps_b = Path(b["hypotheses"]).read_text().splitlines()
-    fa = split_forms(config, "test", hyps_a, cfg_a.data_dir)
-    fb = split_forms(dataclasses.asdict(cfg_b), "test", hyps_b, cfg_b.data_dir)
-    return paired_bootstrap(fa.tok_refs, fa.tok_hyps, fb.tok_hyps, metric="bleu_tok")["p_value"]
+    return get_task(r.task).measure(cfg, summary, t.metric, average, t.beam, progress)
 
 
 # ---- the command -----------------------------------------------------------------------------------------
@@ -247,9 +191,9 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         figures = [table_dir / "deltas.png"] if report.deltas_figure(result, table_dir / "deltas.png") else []
         curves = _curves(t, resolved, seeds, root)
         if curves:
-            keys = ("train_loss", "test_error") if t.task == "image" else ("train_loss", "valid_loss")
-            comparison.plot_curves(curves, keys, table_dir / "curves.png", f"{t.id} at {sc.name} scale, seeds 1-{seeds}",
-                                   x="epoch" if t.task == "image" else "step")
+            task = get_task(next(r.task for r in resolved if r.config is not None))
+            comparison.plot_curves(curves, task.curves, table_dir / "curves.png",
+                                   f"{t.id} at {sc.name} scale, seeds 1-{seeds}", x=task.x)
             figures.append(table_dir / "curves.png")
         print(report.markdown(result, brief=True))
         print(f"wrote {', '.join(str(p) for p in [table_dir / 'table.md', table_dir / 'table.csv', table_dir / 'table.json', *figures])}")
@@ -300,13 +244,14 @@ def _cell_result(t: Table, r: Resolved, sc: Scale, seeds: int, root: Path, resol
     base_seeds = [_measure(t, base, _seeded(base, k, root), sc, progress) for k in range(1, seeds + 1)]
     base_values = [m["value"] for m in base_seeds if m and m.get("value") is not None]
     delta = (out["mean"] - sum(base_values) / len(base_values)) if values and base_values else None
-    if r.task == "image":
-        return {**out, "delta": delta, "p": stats.welch_p(values, base_values), "test": "Welch's t-test over seeds"}
+    task = get_task(r.task)
     if t.probes:
         return {**out, "delta": delta, "p": None, "test": PROBE_TEST}
-    ps = [_bootstrap(a, b, _seeded(r, k, root), _seeded(base, k, root))
+    if not task.paired:
+        return {**out, "delta": delta, "p": stats.welch_p(values, base_values), "test": task.significance}
+    ps = [task.paired_p(a, b, _seeded(r, k, root), _seeded(base, k, root))
           for k, (a, b) in enumerate(zip(per_seed, base_seeds), start=1)]
-    return {**out, "delta": delta, "p": ps, "test": "paired bootstrap per seed (1,000 resamples, tokenised BLEU)"}
+    return {**out, "delta": delta, "p": ps, "test": task.significance}
 
 
 def listing() -> str:

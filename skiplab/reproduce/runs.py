@@ -30,8 +30,8 @@ import torch
 from tqdm import tqdm
 
 from .. import run_dir
-from ..models import format_model_spec, model_config, parse_model_spec
-from ..train.compare import check_same_run, run_name, train_or_resume
+from ..models import model_config
+from ..tasks import check_same_run, get as get_task, run_name, train_or_resume
 
 NOT_TRAINED = ("seed", *run_dir.PLACE)
 
@@ -44,14 +44,8 @@ def key(cfg: Any) -> str:
 
 
 def label(task: str, cfg: Any) -> str:
-    """What a run is, for its directory name."""
-    if task == "image":  # the preset and the connection: fashion-mnist_preact-resnet20_2rSkip+LN
-        name, options = parse_model_spec(cfg.model)
-        what = (cfg.dataset, format_model_spec(name, {k: v for k, v in options.items() if k != "connection"}),
-                model_config(cfg.model).connection)
-    else:
-        what = (cfg.corpus, cfg.model)
-    return run_name("_".join(what))
+    """What a run is, for its directory name (the task's :meth:`~skiplab.tasks.base.Task.run_label`)."""
+    return run_name("_".join(get_task(task).run_label(cfg)))
 
 
 def run_path(root: Path, task: str, cfg: Any) -> Path:

@@ -76,6 +76,3 @@ class Table:
     def probes(self) -> bool:
         return any(c.run is not None and c.run.probe for c in self.cells)
 
-    @property
-    def task(self) -> str:
-        return "image" if self.metric.endswith("%") else "mt"

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from skiplab.analysis.gradients import gradient_norms
 from skiplab.analysis.learned import learned
 from skiplab.analysis.report import per_position
-from skiplab.analysis.trained import load_trained
+from skiplab.tasks import load_trained
 from skiplab.cli import main
 from skiplab.connections import iter_connections
 from tests.noise import assert_within_noise, noise

@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from skiplab.analysis.linearity import LinearLayer, linearity
-from skiplab.analysis.trained import Examples, Trained
+from skiplab.analysis.trained import Examples
+from skiplab.tasks.image import ImageTrained
 from skiplab.cli import main
 from tests.noise import EPS32, FACTOR, assert_within_noise, noise
 
@@ -21,7 +22,7 @@ def xor_data(n, seed):
     return x[:, :, None, None], y
 
 
-class Toy(Trained):
+class Toy(ImageTrained):
     """An 'image' model on 2-d points (1x1 'images'): block.0 linear, block.1 non-linear, a linear head."""
 
     def examples(self, split, count, seed=0, batch=250, max_tokens=4096, data_dir="", shuffle=False):
@@ -30,7 +31,7 @@ class Toy(Trained):
             torch.arange(min(count, len(y)))
         for i in range(0, len(order), batch):
             idx = order[i : i + batch]
-            yield Examples((x[idx],), y[idx], {"": None})
+            yield Examples((x[idx],), y[idx], {})
 
 
 class Net(nn.Module):
@@ -46,14 +47,14 @@ class Net(nn.Module):
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     torch.manual_seed(0)
-    tr = Toy(tmp_path_factory.mktemp("toy"), "image", Net(), {"model": "toy"}, {})
+    tr = Toy(tmp_path_factory.mktemp("toy"), Net(), {"model": "toy"}, {})
     opt = torch.optim.Adam(tr.model.parameters(), lr=0.03)
     for _ in range(4):
         for ex in tr.examples("train", 2000, batch=100, shuffle=True):
             opt.zero_grad()
             tr.losses(ex, tr.forward(ex)).mean().backward()
             opt.step()
-    return tr.__class__(tr.path, "image", tr.model.eval(), tr.config, {})
+    return tr.__class__(tr.path, tr.model.eval(), tr.config, {})
 
 
 def test_a_linear_layer_loses_nothing_and_a_needed_non_linearity_loses_clearly(toy):

@@ -1,12 +1,11 @@
 import csv
-import dataclasses
 import json
 
 import pytest
 
 from skiplab.analysis.comparison import lambda_and_norm, mean_std, summarise
 from skiplab.cli import main
-from skiplab.train import compare as compare_mod
+from skiplab import tasks
 
 
 def test_compare_writes_its_table_and_resumes(fashion_dir, tmp_path, capsys, monkeypatch):
@@ -29,7 +28,7 @@ def test_compare_writes_its_table_and_resumes(fashion_dir, tmp_path, capsys, mon
     def no_training(*a, **k):
         raise AssertionError("a finished run was trained again")
 
-    monkeypatch.setitem(compare_mod.TASKS, "image", dataclasses.replace(compare_mod.TASKS["image"], train=no_training))
+    monkeypatch.setattr(tasks.TASKS["image"], "train", no_training)
     assert main(argv) == 0  # everything finished: only the table is rebuilt
 
     argv[argv.index("--epochs") + 1] = "2"  # same out, other settings: refused, nothing overwritten
@@ -56,7 +55,8 @@ def test_demo_parser_defaults():
     from skiplab.cli import DEMO, build_parser
 
     args = build_parser().parse_args(["demo", "image"])
-    assert args.dataset == "fashion-mnist" and args.connections == ("1xSkip", "2xSkip", "2xSkip+LN", "2rSkip+LN")
+    assert args.dataset == "fashion-mnist" and args.connections is None  # none given: the demo's four
+    assert args.default_connections == ("1xSkip", "2xSkip", "2xSkip+LN", "2rSkip+LN")
     assert args.out == DEMO["out"] and args.seeds == 2
     args = build_parser().parse_args(["compare", "image", "--connections", "SAS(gate=single,gamma=free),PostLN"])
     assert args.connections == ("SAS(gate=single,gamma=free)", "PostLN")

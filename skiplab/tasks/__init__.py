@@ -1,0 +1,62 @@
+"""The task registry: every command asks it what a task does (skiplab.tasks.base.Task).
+
+    image   image classification (skiplab.tasks.image)
+    mt      machine translation (skiplab.tasks.mt)
+
+A new task is one module with a :class:`Task` subclass, added to :data:`TASKS` here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from .. import run_dir
+from ..analysis.trained import Trained
+from ..models import model_from_checkpoint
+from .base import Task
+from .image import ImageTask
+from .mt import MTTask
+from .variants import Variant, connection_variants, model_variants, run_name
+
+TASKS: dict[str, Task] = {t.name: t for t in (ImageTask(), MTTask())}
+
+
+def get(name: str) -> Task:
+    """The task called ``name``; an error naming the known ones."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; known: {', '.join(TASKS)}") from None
+
+
+def load_trained(path: str | Path) -> Trained:
+    """The run at ``path`` (a run directory or a checkpoint file of any task) in evaluation mode, on the CPU."""
+    ckpt = run_dir.load_checkpoint(path, kind=tuple(TASKS))
+    model = model_from_checkpoint(ckpt, path)
+    run = Path(path) if Path(path).is_dir() else Path(path).parent
+    return TASKS[ckpt["kind"]].trained(run, model.eval(), ckpt["config"], ckpt)
+
+
+def check_same_run(cfg: Any, advice: str = "use another --out") -> None:
+    """An error when ``cfg.out`` holds a run with settings other than ``cfg``'s (where it lives aside:
+    :data:`~skiplab.run_dir.PLACE`)."""
+    out = Path(cfg.out)
+    if (out / "config.json").is_file():
+        stored = getattr(type(cfg), "upgrade", dict)(run_dir.read_json(out / "config.json").get("config") or {})
+        diff = run_dir.changed_settings(stored, dataclasses.asdict(cfg), ignore=run_dir.PLACE)
+        if diff:
+            raise run_dir.RunDirError(f"{out} holds a run with other settings ({', '.join(diff)}); {advice}")
+
+
+def train_or_resume(task: str, cfg: Any, progress: bool = True) -> dict[str, Any]:
+    """Train ``cfg``'s run into ``cfg.out``, resuming it from its last checkpoint when one is there."""
+    out = Path(cfg.out)
+    resume = (out / "last.pt").is_file()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return get(task).train(cfg, resume=resume, overwrite=not resume and out.exists(), progress=progress)
+
+
+__all__ = ["TASKS", "Task", "Trained", "Variant", "check_same_run", "connection_variants", "get", "load_trained",
+           "model_variants", "run_name", "train_or_resume"]

@@ -1,0 +1,91 @@
+"""What a task is: everything train, eval, compare, analyze and reproduce need to know of one.
+
+A task (image classification, translation, ...) is one subclass of :class:`Task`, in a module of its own,
+registered by name (``skiplab.tasks``); the commands consult the registry and never branch on a task's name,
+so a new task adds one module. A task names its training config and loop, the model families it trains, its
+metric and learning curves, how a trained run is read for the analyses (its :class:`Trained`), how its runs
+are evaluated and labelled, and what a cell of a paper's table becomes for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, ClassVar
+
+from ..analysis.trained import Trained
+from .variants import Variant, model_variants
+
+
+class Task:
+    """One task; subclasses fill in the class attributes and override what differs."""
+
+    name: ClassVar[str]
+    help: ClassVar[str]  # one line, for the command line
+    config: ClassVar[type]  # the training config (a frozen dataclass; the CLI's options derive from it)
+    trained: ClassVar[type[Trained]]  # a trained run as the analyses read it
+
+    # what compare reports: the summary's key, the table's header, the learning curves and their x axis
+    metric: ClassVar[str]
+    metric_label: ClassVar[str]
+    higher_is_better: ClassVar[bool]
+    curves: ClassVar[tuple[str, ...]]
+    x: ClassVar[str] = "step"
+    cost_columns: ClassVar[bool] = False  # parameters and seconds per update in compare's table
+    compare_connections: ClassVar[tuple[str, ...]] = ()  # compare's default connections (model takes them)
+    compare_seeds: ClassVar[int] = 2
+    compare_out: ClassVar[str] = "runs/compare"
+    significance: ClassVar[str] = "Welch's t-test over seeds"  # reproduce's test between a cell and its baseline
+
+    def families(self) -> list[type]:
+        """The model families' config classes this task trains."""
+        raise NotImplementedError
+
+    def train(self, cfg: Any, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+        """Train ``cfg``'s run into ``cfg.out``; return its summary."""
+        raise NotImplementedError
+
+    def score(self, cfg: Any, summary: dict[str, Any], progress: bool) -> dict[str, Any]:
+        """A finished run's summary with :attr:`metric` in it (computing and saving it where training does not)."""
+        return summary
+
+    def variants(self, base_model: str, models: tuple[str, ...], connections: tuple[str, ...]) -> list[Variant]:
+        """compare's rows: every model spec x connection."""
+        return model_variants(base_model, models, connections)
+
+    def data_name(self, cfg: Any) -> str:
+        """The dataset or corpus a config reads, as a folder of ``reproduce --data-root`` names it."""
+        raise NotImplementedError
+
+    def describe_data(self, cfg: Any) -> str:
+        """The data, for a comparison's title."""
+        return self.data_name(cfg)
+
+    def run_label(self, cfg: Any) -> tuple[str, ...]:
+        """What a run is, for its directory name under ``reproduce``."""
+        return (self.data_name(cfg), cfg.model)
+
+    def add_eval_arguments(self, p: argparse.ArgumentParser) -> None:
+        """The options of ``skiplab eval <task>``."""
+        raise NotImplementedError
+
+    def evaluate(self, args: argparse.Namespace) -> dict[str, Any]:
+        """``skiplab eval <task>``: a trained run's scores."""
+        raise NotImplementedError
+
+    # ---- reproduce ---------------------------------------------------------------------------------------
+    def cell_config(self, base: Any, run: Any, setting: Any) -> Any:
+        """The config a table cell's ``run`` (skiplab.reproduce.tables.Run) starts from at ``setting`` (from
+        ``base``, its config there), or a string saying why it has none there."""
+        raise NotImplementedError
+
+    def measure(self, cfg: Any, summary: dict[str, Any], metric: str, average: int, beam: int,
+                progress: bool) -> dict[str, Any]:
+        """A finished run's value of a table whose metric is ``metric`` (``value``), with what tests need."""
+        raise NotImplementedError
+
+    def paired_p(self, a: dict[str, Any], b: dict[str, Any], cfg_a: Any, cfg_b: Any) -> float | None:
+        """p of a paired test between two seed-matched measurements; tasks without one keep Welch's test
+        over seeds (:attr:`paired` false)."""
+        raise NotImplementedError
+
+    paired: ClassVar[bool] = False

@@ -1,0 +1,68 @@
+"""The variants a comparison trains: what each changes from the base config, and its label.
+
+A variant is a connection (every task), a model spec (another family or its options,
+``dwlstm-small(share=all)``, ``preact-resnet32``), or both. Runs are labelled by what varied.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..analysis import comparison
+from ..connections import connection
+from ..models import parse_model_spec, with_options
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row of a comparison: its ``label``, the config ``changes`` it makes, its describing ``columns``."""
+
+    label: str
+    changes: dict[str, Any]
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
+def run_name(spec: str) -> str:
+    """A directory name for a label: ``2rSkip+LN`` stays; characters a shell would mind become ``_``."""
+    return re.sub(r"[^A-Za-z0-9+.=_-]", "_", spec)
+
+
+def _connections(connections: tuple[str, ...]) -> list[str]:
+    """The connection specs as the user names them (PostLN stays PostLN), each checked, none twice."""
+    specs = [c.strip() for c in connections]
+    canonical = [connection(c, 4).spec for c in specs]  # a bad spec fails before any run
+    if len(set(canonical)) != len(canonical):
+        raise ValueError(f"a connection is listed twice: {', '.join(connections)}")
+    return specs
+
+
+def connection_variants(base_model: str, connections: tuple[str, ...]) -> list[Variant]:
+    """One variant per connection spec on ``base_model``, labelled by the spec."""
+    return [Variant(c, {"model": with_options(base_model, connection=c)}, comparison.connection_columns(c))
+            for c in _connections(connections)]
+
+
+def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[str, ...]) -> list[Variant]:
+    """Every model spec x connection (either list may be empty: the base's model, the model's own connection).
+
+    Labels say what varies: the connection alone (``PostLN``), the model alone (``dwlstm-small``), or both.
+    """
+    models = tuple(m.strip() for m in models) or (base_model,)
+    for m in models:
+        parse_model_spec(m)
+    if len(set(models)) != len(models):
+        raise ValueError(f"a model is listed twice: {', '.join(models)}")
+    conns = _connections(connections) if connections else [None]
+    out = []
+    for m in models:
+        for c in conns:
+            spec = with_options(m, connection=c) if c else m  # a family without connections fails here
+            label = " ".join(x for x, varies in ((m, len(models) > 1), (c, len(conns) > 1)) if varies) or m
+            if len(models) > 1:
+                columns = {"model": m, **(comparison.connection_columns(c) if c else {})}
+            else:
+                columns = comparison.connection_columns(c) if c else {"model": m}
+            out.append(Variant(label, {"model": spec}, columns))
+    return out
