@@ -1,1 +1,1 @@
-"""Training loops (linear, one file per task), comparisons, and the run-directory contract."""
+"""Training loops, linear, one file per task, and the run-directory life cycle they share (run.py)."""

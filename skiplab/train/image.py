@@ -14,7 +14,6 @@ loss (:func:`share_loss`). N processes thus compute on the images one process wo
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -28,10 +27,10 @@ from tqdm import tqdm
 from ..data import ImageData, augment_batch, load_image_dataset, normalise
 from .. import distributed, run_dir
 from ..config import check_bounds
-from ..compiled import CompileStats, compile_model
 from ..models import PRESETS, PreActResNetConfig, build_model, family_of, format_model_spec, model_config, \
     model_from_checkpoint, parse_model_spec
 from ..device import pick_device
+from .run import Run
 
 PAPER_EPOCHS, PAPER_MILESTONES = 164, (81, 122)
 
@@ -162,14 +161,14 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
     """Train as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return the summary."""
     group, device = distributed.setup(pick_device(cfg.device))
     data = group.main_first(lambda: load_image_dataset(cfg.dataset, cfg.data_dir or None))  # rank 0 downloads
-    amp = cfg.amp and device.type == "cuda"
-
     train_idx = subset(len(data.train_y), cfg.train_subset, cfg.seed)
     test_idx = subset(len(data.test_y), cfg.test_subset, cfg.seed + 10_000)
     train_x, train_y = (data.train_x, data.train_y) if train_idx is None else (data.train_x[train_idx], data.train_y[train_idx])
     test_x, test_y = (data.test_x, data.test_y) if test_idx is None else (data.test_x[test_idx], data.test_y[test_idx])
     check_shares(len(train_y), cfg.batch_size, group)
-    out = group.on_main(lambda: run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite))
+    run = Run(cfg, "image", group, device, resume=resume, overwrite=overwrite)
+    ckpt = run.resume(upgrade=ImageTrainConfig.upgrade)
+    amp = run.amp
 
     mcfg, model = build(cfg, data)
     model.to(device)
@@ -177,54 +176,22 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
         torch.manual_seed(cfg.seed + group.rank)  # each rank its own random stream; rank 0 goes on with the seed's
     if cfg.sync_bn and group.active:
         distributed.sync_batch_norm(model)
-    compile_stats = CompileStats() if cfg.compile else None
-    net = compile_model(model) if cfg.compile else model  # evaluates; ``model`` keeps the plain parameter names
+    net = run.compile(model)  # evaluates; ``model`` keeps the plain parameter names
     example = normalise(train_x[:2], data.mean, data.std).to(device)
     train_net = distributed.data_parallel(net, group, example)  # trains
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    run.attach(model, mcfg, opt)
     gen = torch.Generator().manual_seed(cfg.seed)  # shuffling and augmentation, the same on every rank
     start_epoch, step, best = 0, 0, math.inf
 
-    if resume:
-        ckpt = run_dir.load_checkpoint(out / "last.pt", kind="image")
-        stored = ImageTrainConfig.upgrade(ckpt["config"])
-        changed = run_dir.check_resumable(out, stored, dataclasses.asdict(cfg),
-                                          defaults={f.name: f.default for f in dataclasses.fields(cfg)})
-        distributed.check_resume_world(ckpt.get("world_size", 1), group, str(out))
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+    if ckpt:
+        run.restore(ckpt, key="epoch")
         gen.set_state(ckpt["rng"]["data"])
-        ranks = ckpt["rng"].get("ranks")
-        run_dir.restore_rng(ranks[group.rank] if ranks else ckpt["rng"])
         start_epoch, step, best = ckpt["epoch"], ckpt["step"], ckpt["best_error"]
-        for line in group.on_main(lambda: (run_dir.note_changes(out, stored, dataclasses.asdict(cfg), changed),
-                                           run_dir.resume_metrics(out, start_epoch, record=ckpt.get("record")))):
-            if line and group.main:
-                print(line)
     else:
-        group.on_main(lambda: run_dir.write_json(out / "config.json", {
-            "config": dataclasses.asdict(cfg),
-            "model": {"class": type(model).__name__, **dataclasses.asdict(mcfg)},
-            "parameters": sum(p.numel() for p in model.parameters()),
+        run.write_config({
             "data": {"name": data.name, "train": len(train_y), "test": len(test_y), "mean": data.mean, "std": data.std},
-            "milestones": milestones(cfg.epochs),
-            "device": str(device), "amp": amp, "environment": {**run_dir.environment(), **group.describe()},
-        }))
-
-    def checkpoint(epoch: int, record: dict[str, Any]) -> dict[str, Any]:
-        rng = {"data": gen.get_state(), **run_dir.rng_state()}
-        if group.active:  # every rank's own state, each restored to its rank on resume
-            rng["ranks"] = group.gather(run_dir.rng_state())
-        return {"kind": "image", "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
-                "model": model.state_dict(), "optimizer": opt.state_dict(), "epoch": epoch, "step": step,
-                "best_error": best, "rng": rng, "world_size": group.world_size, "record": record,
-                "data_stats": {"mean": list(data.mean), "std": list(data.std)}}
-
-    def save(state: dict[str, Any], record: dict[str, Any], improved: bool) -> None:
-        run_dir.save_checkpoint(out / "last.pt", state)
-        if improved:
-            run_dir.save_checkpoint(out / "best.pt", state)
-        run_dir.append_metrics(out, record)
+            "milestones": milestones(cfg.epochs)})
 
     steps_per_epoch = math.ceil(len(train_y) / cfg.batch_size)
     bar = tqdm(range(start_epoch, cfg.epochs), initial=start_epoch, total=cfg.epochs, desc=Path(cfg.out).name,
@@ -248,8 +215,7 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
             batch_loss /= group.world_size
             if not math.isfinite(batch_loss):
                 bar.close()
-                return group.on_main(lambda: run_dir.stop_diverged(out, dataclasses.asdict(cfg), batch_loss,
-                                                                    epoch + 1, step + 1))
+                return run.diverged(batch_loss, epoch + 1, step + 1)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -264,21 +230,12 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
                   "time": time.time() - t0}
         improved = test_error < best
         best = min(best, test_error)
-        state = checkpoint(epoch + 1, record)
-        group.on_main(lambda: save(state, record, improved))
+        run.save(run.checkpoint(record, rng={"data": gen.get_state()}, epoch=epoch + 1, step=step, best_error=best,
+                                data_stats={"mean": list(data.mean), "std": list(data.std)}), improved)
         bar.set_postfix(loss=f"{record['train_loss']:.3f}", test_err=f"{test_error:.2f}%", lr=f"{lr:g}")
     bar.close()
-
-    def finish() -> dict[str, Any]:
-        history = run_dir.read_metrics(out)
-        summary = {"status": "finished", "epochs": cfg.epochs, "final_test_error": history[-1]["test_error"],
-                   "final_test_loss": history[-1]["test_loss"], "best_test_error": best,
-                   "train_time_s": sum(r["time"] for r in history), "world_size": group.world_size,
-                   **({"compile": compile_stats.report()} if compile_stats else {}), "config": dataclasses.asdict(cfg)}
-        run_dir.write_json(out / "summary.json", summary)
-        return summary
-
-    return group.on_main(finish)
+    return run.finish(lambda last: {"epochs": cfg.epochs, "final_test_error": last["test_error"],
+                                    "final_test_loss": last["test_loss"], "best_test_error": best})
 
 
 def load_trained(path: str | Path):

@@ -40,8 +40,8 @@ from ..text import Tokenizer, encode_parallel, filter_long, load_split, make_bat
 from ..text.corpus import Parallel
 from .. import distributed, run_dir
 from ..config import check_bounds
-from ..compiled import CompileStats, compile_model
 from ..device import pick_device
+from .run import Run
 from .recipe_mt import SCHEDULES, inverse_sqrt_lr, label_smoothed_loss, peak_lr
 
 
@@ -150,26 +150,22 @@ def validate(model, batches, eps: float, device, amp: bool,
 def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
     """Train as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return the summary."""
     group, device = distributed.setup(pick_device(cfg.device))
-    amp = cfg.amp and device.type == "cuda"
     where = dataclasses.asdict(cfg)
     # rank 0 reads (downloads what is missing) first
     train_data, valid_data = group.main_first(lambda: (load_split(where, "train"), load_split(where, "valid")))
     if cfg.train_subset:
         train_data = Parallel(train_data.src[: cfg.train_subset], train_data.tgt[: cfg.train_subset], train_data.name)
-    out = group.on_main(lambda: run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite))
-    say = print if group.main else (lambda *args: None)
+    run = Run(cfg, "mt", group, device, resume=resume, overwrite=overwrite)
+    amp = run.amp
 
-    if resume:
-        ckpt = run_dir.load_checkpoint(out / "last.pt", kind="mt")
-        changed = run_dir.check_resumable(out, ckpt["config"], dataclasses.asdict(cfg), extendable=BUDGET,
-                                          defaults={f.name: f.default for f in dataclasses.fields(cfg)})
-        distributed.check_resume_world(ckpt.get("world_size", 1), group, str(out))
+    ckpt = run.resume(extendable=BUDGET)
+    if ckpt:
         if (cfg.max_steps and cfg.max_steps < ckpt["step"]) or (cfg.epochs and cfg.epochs < ckpt["epoch"]):
-            raise run_dir.RunDirError(f"{out} has already trained {ckpt['step']} updates ({ckpt['epoch']} epochs); "
+            raise run_dir.RunDirError(f"{run.out} has already trained {ckpt['step']} updates ({ckpt['epoch']} epochs); "
                                       "a resumed run can only be given a larger budget")
         tok = Tokenizer.from_bytes(ckpt["tokenizer"])
     else:  # rank 0 trains the tokenizer (its files go in the run directory) and hands it to every rank
-        spm = group.on_main(lambda: Tokenizer.train(train_data.src + train_data.tgt, out / "spm", cfg.vocab_size,
+        spm = group.on_main(lambda: Tokenizer.train(train_data.src + train_data.tgt, run.out / "spm", cfg.vocab_size,
                                                     cfg.subword).to_bytes())
         tok = Tokenizer.from_bytes(spm)
     train_src, train_tgt = encode_parallel(tok, train_data)
@@ -186,55 +182,27 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
         torch.manual_seed(cfg.seed + group.rank)  # dropout differs per rank; rank 0 goes on with the seed's stream
     if cfg.sync_bn and group.active:
         distributed.sync_batch_norm(model)
-    compile_stats = CompileStats() if cfg.compile else None
-    net = compile_model(model, dynamic=True) if cfg.compile else model  # validates; ``model`` keeps plain names
+    net = run.compile(model, dynamic=True)  # validates; ``model`` keeps plain names
     example = torch.tensor([[Tokenizer.UNK, Tokenizer.EOS]], device=device)
     train_net = distributed.data_parallel(net, group, example, example)  # trains
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
                             weight_decay=cfg.weight_decay)
+    run.attach(model, mcfg, opt)
     gen = torch.Generator().manual_seed(cfg.seed)  # batch order, the same on every rank
     step, epoch, batch_pos, best = 0, 0, 0, math.inf
     epoch_rng = gen.get_state()
 
-    if resume:
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
+    if ckpt:
+        run.restore(ckpt, key="step")
         step, epoch, batch_pos, best = ckpt["step"], ckpt["epoch"], ckpt["batch_pos"], ckpt["best_valid_loss"]
         epoch_rng = ckpt["rng"]["epoch"]
-        ranks = ckpt["rng"].get("ranks")
-        run_dir.restore_rng(ranks[group.rank] if ranks else ckpt["rng"])
-        for line in group.on_main(lambda: (run_dir.note_changes(out, ckpt["config"], dataclasses.asdict(cfg), changed),
-                                           run_dir.resume_metrics(out, step, key="step", record=ckpt.get("record")))):
-            if line:
-                say(line)
     else:
-        say(f"{train_data.name}: {len(kept)} training pairs, {dropped} dropped as longer than {cfg.max_len} tokens; "
-            f"vocabulary {tok.vocab_size}")
-        group.on_main(lambda: run_dir.write_json(out / "config.json", {
-            "config": dataclasses.asdict(cfg), "model": {"class": type(model).__name__, **dataclasses.asdict(mcfg)},
-            "parameters": sum(p.numel() for p in model.parameters()),
+        run.say(f"{train_data.name}: {len(kept)} training pairs, {dropped} dropped as longer than {cfg.max_len} "
+                f"tokens; vocabulary {tok.vocab_size}")
+        run.write_config({
             "schedule": {"name": cfg.schedule, "peak_lr": peak, "warmup": cfg.warmup},
             "data": {"train": train_data.name, "train_pairs": len(kept), "dropped_long": dropped,
-                     "valid": valid_data.name, "valid_pairs": len(valid_data), "vocab_size": tok.vocab_size},
-            "device": str(device), "amp": amp, "environment": {**run_dir.environment(), **group.describe()}}))
-
-    def checkpoint(record: dict[str, Any]) -> dict[str, Any]:
-        rng = {"epoch": epoch_rng, **run_dir.rng_state()}
-        if group.active:  # every rank's own state (dropout), each restored to its rank on resume
-            rng["ranks"] = group.gather(run_dir.rng_state())
-        return {"kind": "mt", "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
-                "model": model.state_dict(), "optimizer": opt.state_dict(), "step": step, "epoch": epoch,
-                "batch_pos": batch_pos, "best_valid_loss": best, "tokenizer": tok.to_bytes(), "rng": rng,
-                "world_size": group.world_size, "record": record}
-
-    def save(state: dict[str, Any], record: dict[str, Any], improved: bool) -> None:
-        run_dir.save_checkpoint(out / f"checkpoint_{step}.pt", state)
-        run_dir.save_checkpoint(out / "last.pt", state)
-        if improved:
-            run_dir.save_checkpoint(out / "best.pt", state)
-        for old in sorted(out.glob("checkpoint_*.pt"), key=checkpoint_step)[: -cfg.keep_checkpoints]:
-            old.unlink()
-        run_dir.append_metrics(out, record)
+                     "valid": valid_data.name, "valid_pairs": len(valid_data), "vocab_size": tok.vocab_size}})
 
     span = cfg.update_freq * group.world_size  # batches per update, over all ranks
     mine = slice(group.rank * cfg.update_freq, (group.rank + 1) * cfg.update_freq)  # this rank's of an update's
@@ -265,8 +233,7 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
                     (every_rank,) = group.sum([value])  # non-finite if any rank's is: all stop together
                     if not math.isfinite(every_rank):
                         bar.close()
-                        return group.on_main(lambda: run_dir.stop_diverged(out, dataclasses.asdict(cfg), every_rank,
-                                                                            epoch + 1, step + 1))
+                        return run.diverged(every_rank, epoch + 1, step + 1)
                     loss.backward()
                 loss_sum += value
             for p in model.parameters():  # the loss is a sum: normalise by the update's target tokens (see above)
@@ -289,27 +256,18 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
                 best = min(best, record["valid_loss"])
                 if batch_pos + span > len(order):  # the epoch is over: a resume starts the next
                     epoch, batch_pos, epoch_rng = epoch + 1, 0, next_epoch_rng
-                state = checkpoint(record)
-                group.on_main(lambda: save(state, record, improved))
+                state = run.checkpoint(record, rng={"epoch": epoch_rng}, step=step, epoch=epoch, batch_pos=batch_pos,
+                                       best_valid_loss=best, tokenizer=tok.to_bytes())
+                run.save(state, improved, step=step, keep=cfg.keep_checkpoints)
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}", valid=f"{record['valid_loss']:.3f}",
                                 ppl=f"{record['valid_ppl']:.1f}")
                 window = {"loss": 0.0, "tokens": 0, "time": time.time()}
         if batch_pos + span > len(order):
             epoch, batch_pos, epoch_rng = epoch + 1, 0, next_epoch_rng
     bar.close()
-
-    def finish() -> dict[str, Any]:
-        history = run_dir.read_metrics(out)
-        summary = {"status": "finished", "steps": step,
-                   "epochs": round(epoch + batch_pos / max(batches_per_epoch, 1), 3),
-                   "final_valid_loss": history[-1]["valid_loss"], "final_valid_ppl": history[-1]["valid_ppl"],
-                   "best_valid_loss": best, "train_time_s": sum(r["time"] for r in history),
-                   "world_size": group.world_size, **({"compile": compile_stats.report()} if compile_stats else {}),
-                   "config": dataclasses.asdict(cfg)}
-        run_dir.write_json(out / "summary.json", summary)
-        return summary
-
-    return group.on_main(finish)
+    return run.finish(lambda last: {"steps": step, "epochs": round(epoch + batch_pos / max(batches_per_epoch, 1), 3),
+                                    "final_valid_loss": last["valid_loss"], "final_valid_ppl": last["valid_ppl"],
+                                    "best_valid_loss": best})
 
 
 def checkpoint_step(path: Path) -> int:

@@ -1,0 +1,174 @@
+"""One training run's directory, from its creation to its summary: what every task's loop shares.
+
+A task's ``train`` makes a :class:`Run` once its data are read, and then only says what is its own::
+
+    run = Run(cfg, "image", group, device, resume, overwrite)   # OUT made ready (rank 0)
+    ckpt = run.resume()                  # last.pt, checked against cfg; None for a fresh run
+    ... tokenizer, model, optimizer ...
+    run.attach(model, model_config, optimizer)
+    run.restore(ckpt) if ckpt else run.write_config({...})
+    for each evaluation:  run.save(run.checkpoint(record, rng={...}, **extras), improved)
+    return run.finish(lambda last: {...})  # or run.diverged(loss, epoch, step) on a non-finite loss
+
+What a run directory holds when a task goes through a Run (the files themselves: ``skiplab.run_dir``):
+
+    config.json             written once, by a fresh run: the config, the model's class and config, its
+                            parameter count, what the task adds (data, schedule, ...), device, amp, and the
+                            environment (versions, processor, git commit, world size and backend)
+    metrics.jsonl           one record a save, in the order of the run's ``key`` (epoch or step)
+    last.pt                 the checkpoint of the latest save; best.pt that of the best one so far
+    checkpoint_<step>.pt    with step checkpoints, one a save, the last ``keep`` of them kept
+    summary.json            status "finished" (what the task reports, train_time_s summed over the
+                            records' "time", world_size, the compile report where compiled, the config)
+                            or "diverged" (where the loss stopped being finite)
+
+A checkpoint is ``kind`` (the task), ``config``, ``model_config``, ``model``, ``optimizer``, the task's
+own entries, ``rng`` (the task's generators, the global RNG states, and under torchrun ``ranks``: every
+rank's own, in rank order), ``world_size`` and the save's ``record``.
+
+What resume guarantees: a run stopped after any save and resumed goes on exactly as if it had never
+stopped, to the bit, given the same number of processes (its RNG states and batch shares are per rank)
+and the same config, apart from the fields a task lets grow (a budget) and where the run lives
+(``run_dir.PLACE``: a moved run resumes). Anything else is refused with a one-line error before a file
+is touched. A resumed run's metrics.jsonl is cut back to the records its checkpoint covers, and a
+changed field is written into config.json, each said in a line.
+
+Under torchrun every rank holds a Run; rank 0 alone writes, and what it reads or raises reaches every
+rank (``Group.on_main``). ``checkpoint`` gathers every rank's RNG state, so every rank calls it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import distributed, run_dir
+from ..compiled import CompileStats, compile_model
+
+
+class Run:
+    """The run directory ``cfg.out`` of a training run of task ``kind`` ("image", "mt", ...).
+
+    ``cfg`` is the task's config, a frozen dataclass with at least ``out``, ``amp`` and ``compile``. Making a Run
+    prepares the directory (fresh, ``resume`` or ``overwrite``: :func:`run_dir.prepare`) on rank 0."""
+
+    def __init__(self, cfg: Any, kind: str, group: distributed.Group, device: torch.device,
+                 resume: bool = False, overwrite: bool = False) -> None:
+        self.cfg, self.kind, self.group, self.device, self.resuming = cfg, kind, group, device, resume
+        self.amp = cfg.amp and device.type == "cuda"  # bf16 autocast: CUDA only
+        self.out = group.on_main(lambda: run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite))
+        self.model: nn.Module | None = None
+        self.model_config: Any = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.compile_stats: CompileStats | None = None
+        self.stored: dict[str, Any] = {}  # the resumed run's config, and the fields of it cfg changes
+        self.changed: list[str] = []
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.cfg)
+
+    def say(self, line: str) -> None:
+        """Print ``line`` on rank 0 (once, under torchrun)."""
+        if self.group.main:
+            print(line)
+
+    # -- before the model --------------------------------------------------------------------------------
+    def resume(self, upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+               extendable: tuple[str, ...] = ()) -> dict[str, Any] | None:
+        """The checkpoint to go on from (last.pt; None for a fresh run), refused unless it is this task's,
+        of this config (``upgrade`` brings a stored config to today's form; ``extendable`` fields may
+        differ) and of this number of processes. The task reads its own entries from it."""
+        if not self.resuming:
+            return None
+        ckpt = run_dir.load_checkpoint(self.out / "last.pt", kind=self.kind)
+        self.stored = upgrade(ckpt["config"]) if upgrade else ckpt["config"]
+        self.changed = run_dir.check_resumable(self.out, self.stored, self.config, extendable=extendable,
+                                               defaults={f.name: f.default for f in dataclasses.fields(self.cfg)})
+        distributed.check_resume_world(ckpt.get("world_size", 1), self.group, str(self.out))
+        return ckpt
+
+    def compile(self, model: nn.Module, dynamic: bool | None = None) -> nn.Module:
+        """``model`` through torch.compile where the config asks (what compiling costs is counted from here,
+        for the summary), else ``model`` itself."""
+        if not self.cfg.compile:
+            return model
+        self.compile_stats = CompileStats()
+        return compile_model(model, dynamic=dynamic)
+
+    # -- with the model -----------------------------------------------------------------------------------
+    def attach(self, model: nn.Module, model_config: Any, optimizer: torch.optim.Optimizer) -> None:
+        """The plain (not compiled, not wrapped) model, its config (a dataclass) and the optimizer the
+        checkpoints hold."""
+        self.model, self.model_config, self.optimizer = model, model_config, optimizer
+
+    def restore(self, ckpt: dict[str, Any], key: str = "epoch") -> None:
+        """Model, optimizer and RNG state (this rank's, under torchrun) from ``ckpt``; metrics.jsonl cut back
+        to the records up to the checkpoint's ``key`` and config.json given the changed fields, each said."""
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        ranks = ckpt["rng"].get("ranks")
+        run_dir.restore_rng(ranks[self.group.rank] if ranks else ckpt["rng"])
+        for line in self.group.on_main(lambda: (
+                run_dir.note_changes(self.out, self.stored, self.config, self.changed),
+                run_dir.resume_metrics(self.out, ckpt[key], key=key, record=ckpt.get("record")))):
+            if line:
+                self.say(line)
+
+    def write_config(self, extra: dict[str, Any]) -> None:
+        """config.json of a fresh run; ``extra`` (the task's data, schedule, ...) goes after the parameters."""
+        model = self.model
+        self.group.on_main(lambda: run_dir.write_json(self.out / "config.json", {
+            "config": self.config, "model": {"class": type(model).__name__, **dataclasses.asdict(self.model_config)},
+            "parameters": sum(p.numel() for p in model.parameters()), **extra,
+            "device": str(self.device), "amp": self.amp,
+            "environment": {**run_dir.environment(), **self.group.describe()}}))
+
+    def checkpoint(self, record: dict[str, Any], rng: dict[str, Any], **extras: Any) -> dict[str, Any]:
+        """The checkpoint of now: the task's ``extras`` (epoch, step, best, ...) and ``rng`` (its own
+        generators' states) with the model, optimizer and global RNG states. Every rank calls it."""
+        rng = {**rng, **run_dir.rng_state()}
+        if self.group.active:  # every rank's own state, each restored to its rank on resume
+            rng["ranks"] = self.group.gather(run_dir.rng_state())
+        return {"kind": self.kind, "config": self.config, "model_config": dataclasses.asdict(self.model_config),
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **extras, "rng": rng,
+                "world_size": self.group.world_size, "record": record}
+
+    def save(self, state: dict[str, Any], improved: bool, step: int | None = None, keep: int | None = None) -> None:
+        """Write ``state`` (rank 0): checkpoint_<step>.pt where ``step`` is given (the last ``keep`` of them
+        kept; None: all), last.pt, best.pt where ``improved``; then its record goes to metrics.jsonl."""
+        def write() -> None:
+            if step is not None:
+                run_dir.save_checkpoint(self.out / f"checkpoint_{step}.pt", state)
+            run_dir.save_checkpoint(self.out / "last.pt", state)
+            if improved:
+                run_dir.save_checkpoint(self.out / "best.pt", state)
+            if step is not None and keep:
+                for old in run_dir.step_checkpoints(self.out)[:-keep]:
+                    old.unlink()
+            run_dir.append_metrics(self.out, state["record"])
+
+        self.group.on_main(write)
+
+    # -- the end ------------------------------------------------------------------------------------------
+    def diverged(self, loss: float, epoch: int, step: int) -> dict[str, Any]:
+        """A non-finite ``loss`` at ``epoch`` and ``step`` (from 1): the run is recorded as diverged; its summary."""
+        return self.group.on_main(lambda: run_dir.stop_diverged(self.out, self.config, loss, epoch, step))
+
+    def finish(self, summary: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """Write summary.json of a finished run and return it: ``summary(last record)`` gives the task's
+        entries (final and best metrics, epochs, ...), followed by the training time (the sum of every
+        record's "time"), world size, compile report and config."""
+        def write() -> dict[str, Any]:
+            history = run_dir.read_metrics(self.out)
+            result = {"status": "finished", **summary(history[-1]), "train_time_s": sum(r["time"] for r in history),
+                      "world_size": self.group.world_size,
+                      **({"compile": self.compile_stats.report()} if self.compile_stats else {}), "config": self.config}
+            run_dir.write_json(self.out / "summary.json", result)
+            return result
+
+        return self.group.on_main(write)
