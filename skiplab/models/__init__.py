@@ -4,6 +4,7 @@
     seq2seq         the encoder-decoder shell: embedding, positions, tied output, incremental decoding
     linear          the translation families' linear layers: Xavier-uniform, stacked ones slice by slice
     transformer     the residual Transformer family (a connection on every sub-layer)
+    gpt             the decoder-only language model family (a connection on every sub-layer)
     dwlstm          the depth-wise LSTM Transformer family (no residual connections)
     presets         presets as data, the model spec ``name(field=value, ...)``, ``build_model``
 """
@@ -11,6 +12,7 @@
 from __future__ import annotations
 
 from .dwlstm import DepthWiseLSTMConfig, DepthWiseLSTMTransformer
+from .gpt import GPT, GPTConfig
 from .preact_resnet import PreActBlock, PreActResNet, PreActResNetConfig
 from .presets import (
     FAMILIES,
@@ -18,6 +20,7 @@ from .presets import (
     build_model,
     family_of,
     format_model_spec,
+    lm_families,
     model_config,
     model_from_checkpoint,
     options_of,
@@ -28,7 +31,7 @@ from .presets import (
 from .seq2seq import DecoderState, EncoderDecoder, Memory, Seq2SeqConfig
 from .transformer import Transformer, TransformerConfig
 
-__all__ = ["FAMILIES", "PRESETS", "DecoderState", "DepthWiseLSTMConfig", "DepthWiseLSTMTransformer", "EncoderDecoder",
+__all__ = ["FAMILIES", "GPT", "GPTConfig", "PRESETS", "DecoderState", "DepthWiseLSTMConfig", "DepthWiseLSTMTransformer", "EncoderDecoder",
            "Memory", "PreActBlock", "PreActResNet", "PreActResNetConfig", "Seq2SeqConfig", "Transformer",
-           "TransformerConfig", "build_model", "family_of", "format_model_spec", "model_config", "model_from_checkpoint", "options_of",
+           "TransformerConfig", "build_model", "family_of", "format_model_spec", "lm_families", "model_config", "model_from_checkpoint", "options_of",
            "parse_model_spec", "seq2seq_families", "with_options"]

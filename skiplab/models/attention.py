@@ -57,14 +57,17 @@ class _Attention(nn.Module):
 
 
 class SelfAttention(_Attention):
-    """Queries, keys and values from the same sequence, through one stacked projection ``qkv_proj``."""
+    """Queries, keys and values from the same sequence, through one stacked projection ``qkv_proj``; with
+    ``rope``, queries and keys are rotated by their positions (:class:`Rotary`) before they meet."""
 
     stacks = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
 
-    def __init__(self, d_model: int, heads: int, dropout: float = 0.0):
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0, bias: bool = True,
+                 rope: "Rotary | None" = None):
         super().__init__(d_model, heads, dropout)
-        self.qkv_proj = stacked_linear(d_model, d_model, 3)
-        self.out_proj = xavier_linear(d_model, d_model)
+        self.qkv_proj = stacked_linear(d_model, d_model, 3, bias)
+        self.out_proj = xavier_linear(d_model, d_model, bias)
+        self.rope = rope
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
                 cache: dict[str, Tensor] | None = None) -> Tensor:
@@ -72,9 +75,11 @@ class SelfAttention(_Attention):
         position i sees positions <= i). With a ``cache`` (incremental decoding) x holds the new positions;
         their keys and values are appended to the cached ones of the earlier positions."""
         q, k, v = (self.split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
+        past = cache["k"].shape[2] if cache is not None and "k" in cache else 0
+        if self.rope is not None:
+            q, k = self.rope(q, past), self.rope(k, past)
         if cache is None:  # training and full decoding: no branch on shapes (compiles to one graph)
             return self.attend(q, k, v, mask, causal=causal)
-        past = cache["k"].shape[2] if "k" in cache else 0
         if past:
             k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
         cache["k"], cache["v"] = k, v
@@ -103,6 +108,32 @@ class CrossAttention(_Attention):
     def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None) -> Tensor:
         """``query`` (B, T, D) attends to projected keys/values (B, H, S, D/H) under the source ``mask``."""
         return self.attend(self.split(self.q_proj(query)), *kv, mask)
+
+
+class Rotary(nn.Module):
+    """Rotary position embedding (Su et al. 2021, "RoFormer", Eq. 34), in the half-split layout of GPT-NeoX
+    and LLaMA: feature pairs (i, i + d/2) of each head are rotated by the angle p·θ_i at position p,
+
+        RoPE(x)_p = x_p · cos(p θ) + rotate_half(x_p) · sin(p θ),   θ_i = base^(-2i/d),  i < d/2,
+        rotate_half([x1, x2]) = [-x2, x1],
+
+    so that q_p · k_s depends on p − s alone. No parameters; ``positions`` angles are precomputed."""
+
+    def __init__(self, head_dim: int, positions: int, base: float = 10000.0):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"rotary positions need an even head width, got {head_dim}")
+        theta = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.arange(positions, dtype=torch.float32)[:, None] * theta  # (P, d/2)
+        angles = torch.cat([angles, angles], dim=-1)
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:  # (B, H, T, d) at positions offset, offset + 1, ...
+        t = x.shape[2]
+        cos, sin = self.cos[offset : offset + t].to(x.dtype), self.sin[offset : offset + t].to(x.dtype)
+        x1, x2 = x.chunk(2, dim=-1)
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 def padding_mask(tokens: Tensor, pad_id: int) -> Tensor:

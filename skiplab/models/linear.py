@@ -31,14 +31,15 @@ import torch
 from torch import nn
 
 
-def xavier_linear(d_in: int, d_out: int) -> nn.Linear:
-    """``nn.Linear(d_in, d_out)`` with W ~ U(-b, b), b = sqrt(6 / (d_in + d_out)), and a zero bias.
+def xavier_linear(d_in: int, d_out: int, bias: bool = True) -> nn.Linear:
+    """``nn.Linear(d_in, d_out)`` with W ~ U(-b, b), b = sqrt(6 / (d_in + d_out)), and a zero bias (or none).
 
     The weight takes one draw of d_out x d_in uniform numbers (PyTorch's default initialisation is skipped)."""
-    lin = nn.utils.skip_init(nn.Linear, d_in, d_out)
+    lin = nn.utils.skip_init(nn.Linear, d_in, d_out, bias=bias)
     with torch.no_grad():
         nn.init.xavier_uniform_(lin.weight)
-        lin.bias.zero_()
+        if bias:
+            lin.bias.zero_()
     return lin
 
 
@@ -61,13 +62,14 @@ def lipschitz_init_(model: nn.Module, keep: tuple[nn.Module, ...] = ()) -> None:
             seen.add(id(module))
 
 
-def stacked_linear(d_in: int, d_out: int, parts: int) -> nn.Linear:
+def stacked_linear(d_in: int, d_out: int, parts: int, bias: bool = True) -> nn.Linear:
     """``nn.Linear(d_in, parts * d_out)`` whose ``parts`` row blocks are drawn, one after the other, as separate
     :func:`xavier_linear` ``(d_in, d_out)`` layers: the bound sqrt(6 / (d_in + d_out)) per block and the same
     random draws, so a seed gives the weights it gives separate layers."""
-    layers = [xavier_linear(d_in, d_out) for _ in range(parts)]
-    stacked = nn.utils.skip_init(nn.Linear, d_in, parts * d_out)
+    layers = [xavier_linear(d_in, d_out, bias) for _ in range(parts)]
+    stacked = nn.utils.skip_init(nn.Linear, d_in, parts * d_out, bias=bias)
     with torch.no_grad():
         stacked.weight.copy_(torch.cat([lin.weight for lin in layers]))
-        stacked.bias.copy_(torch.cat([lin.bias for lin in layers]))
+        if bias:
+            stacked.bias.copy_(torch.cat([lin.bias for lin in layers]))
     return stacked

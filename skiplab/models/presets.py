@@ -17,6 +17,7 @@ from torch import nn
 from .. import run_dir
 from ..config import parse_list, parser_for
 from .dwlstm import DepthWiseLSTMConfig, DepthWiseLSTMTransformer
+from .gpt import GPT, GPTConfig
 from .preact_resnet import PreActResNet, PreActResNetConfig
 from .seq2seq import Seq2SeqConfig
 from .transformer import Transformer, TransformerConfig
@@ -26,6 +27,7 @@ FAMILIES: dict[type, type[nn.Module]] = {
     PreActResNetConfig: PreActResNet,
     TransformerConfig: Transformer,
     DepthWiseLSTMConfig: DepthWiseLSTMTransformer,
+    GPTConfig: GPT,
 }
 
 _BASE = dict(d_model=512, ffn_dim=2048, heads=8, encoder_layers=6, decoder_layers=6, dropout=0.1, attention_dropout=0.1)
@@ -46,6 +48,21 @@ PRESETS: dict[str, tuple[type, dict[str, Any]]] = {
     "dwlstm-base": (DepthWiseLSTMConfig, _BASE),
     "dwlstm-big": (DepthWiseLSTMConfig, _BIG),
     "dwlstm-small": (DepthWiseLSTMConfig, _SMALL),
+    # decoder-only language models, small enough for a CPU
+    "gpt-mini": (GPTConfig, dict(d_model=128, heads=4, layers=4, ffn_dim=512, context=256)),
+    "gpt-small": (GPTConfig, dict(d_model=256, heads=4, layers=6, ffn_dim=1024, context=256)),
+    # GPT-2 124M (Radford et al. 2019; openai/gpt-2 src/model.py: n_embd 768, n_head 12, n_layer 12,
+    # n_ctx 1024, vocabulary 50257, learned positions, biases, tied output; no dropout in OpenAI's code)
+    "gpt2-small": (GPTConfig, dict(vocab_size=50257, d_model=768, heads=12, layers=12, ffn_dim=3072, mlp="gelu",
+                                   positions="learned", context=1024, bias=True, tie=True, init="gpt2")),
+    # LLaMA-71M and LLaMA-130M as the Mix-LN (Li et al., ICLR 2025) and curse-of-depth (Sun et al. 2025)
+    # papers train them: their configs/llama_71m.json and llama_130m.json (from GaLore): hidden 512 / 768,
+    # intermediate 1368 / 2048, 8 / 12 heads, 12 layers, RMSNorm, rotary positions, SwiGLU, no biases, an
+    # untied output layer, vocabulary 32000 (the T5 tokenizer); trained on sequences of 256 tokens
+    "llama-71m": (GPTConfig, dict(vocab_size=32000, d_model=512, heads=8, layers=12, ffn_dim=1368, mlp="swiglu",
+                                  positions="rope", context=256, bias=False, tie=False, connection="PreRMS")),
+    "llama-130m": (GPTConfig, dict(vocab_size=32000, d_model=768, heads=12, layers=12, ffn_dim=2048, mlp="swiglu",
+                                   positions="rope", context=256, bias=False, tie=False, connection="PreRMS")),
 }
 
 
@@ -141,6 +158,11 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: Any) -> nn.Module:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise run_dir.RunDirError(f"{path}: checkpoint does not match the model it names ({first})") from None
     return model
+
+
+def lm_families() -> list[type]:
+    """The config classes of the language-model families."""
+    return [GPTConfig]
 
 
 def seq2seq_families() -> list[type]:

@@ -1,0 +1,163 @@
+"""The decoder-only language model family (GPT-style) with a skiplab connection on every sub-layer.
+
+    tokens -> E (+ P, learned positions) -> dropout -> L x layer -> final norm -> logits = h E^T (tied)
+    layer:  x <- conn(x, Dropout ∘ CausalSelfAttn) ; x <- conn(x, Dropout ∘ MLP)
+
+Attention is causal on ``F.scaled_dot_product_attention(is_causal=True)`` (no mask tensor), with a key/value
+cache for generation (one position a step; ``forward(tokens, caches)``). Positions: ``rope`` rotates queries
+and keys (Su et al. 2021; :class:`~skiplab.models.attention.Rotary`), ``learned`` adds a learned vector per
+position (Radford et al. 2019, GPT-2). The MLP is ``gelu``: W2 GELU(W1 x) (GPT-2, tanh approximation), or
+``swiglu``: W2 (SiLU(W1 x) ⊙ W3 x) (Shazeer 2020, Eq. 6; the LLaMA MLP). With pre-norm connections
+(``PreLN``, ``PreRMS``) the stack ends with one norm of their kind; with post-norm ones (``PostLN``,
+``2rSkip+LN``, ``SAS``) the last layer's output is already normalised and no final norm is added.
+
+Initialisation (``init``): ``default`` draws every linear layer and the embeddings from N(0, 0.02²), biases
+zero (GPT-2's ``initializer_range``, nanoGPT ``model.py`` ``_init_weights``); ``gpt2`` also scales the output
+projection of every sub-layer (attention's W_O, the MLP's W2) to N(0, (0.02/√(2L))²), "a factor of 1/√N
+where N is the number of residual layers" (Radford et al. 2019, Section 2.3; nanoGPT ``c_proj`` with
+std 0.02/sqrt(2 * n_layer)). The connections keep their own initialisation (e.g. SAS's gate biases ±3).
+
+``tie`` shares the embedding with the output projection (GPT-2); the LLaMA shapes of the Mix-LN and
+curse-of-depth papers have a separate output layer (``tie=false``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..connections import connection, iter_connections, parse_spec
+from .attention import Rotary, SelfAttention
+from .linear import stacked_linear, xavier_linear
+from .transformer import final_norm
+
+MLPS = ("gelu", "swiglu")
+POSITIONS = ("rope", "learned")
+GPT_INITS = ("default", "gpt2")
+STD = 0.02
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """A decoder-only language model; ``vocab_size`` comes from the tokenizer."""
+
+    vocab_size: int = field(default=256, metadata={"help": "vocabulary (the tokenizer's)"})
+    d_model: int = field(default=256, metadata={"help": "model width d"})
+    heads: int = field(default=4, metadata={"help": "attention heads"})
+    layers: int = field(default=6, metadata={"help": "decoder layers L"})
+    ffn_dim: int = field(default=1024, metadata={"help": "inner width of the MLP"})
+    mlp: str = field(default="gelu", metadata={"help": "gelu (GPT-2) or swiglu (LLaMA)"})
+    positions: str = field(default="rope", metadata={"help": "rope (rotary) or learned (GPT-2)"})
+    context: int = field(default=256, metadata={"help": "longest sequence the model reads (its positions)"})
+    dropout: float = field(default=0.0, metadata={"help": "dropout on embeddings, attention and sub-layer outputs"})
+    bias: bool = field(default=True, metadata={"help": "biases in the linear layers"})
+    tie: bool = field(default=True, metadata={"help": "output projection tied with the token embedding"})
+    init: str = field(default="default", metadata={
+        "help": "default: N(0, 0.02^2); gpt2: also each sub-layer's output projection scaled by 1/sqrt(2L)"})
+    rope_base: float = field(default=10000.0, metadata={"help": "rotary base (theta_i = base^(-2i/d_head))"})
+    connection: str = field(default="PreLN", metadata={"help": "connection spec on every sub-layer"})
+
+    def __post_init__(self):
+        for name, value, known in (("mlp", self.mlp, MLPS), ("positions", self.positions, POSITIONS),
+                                   ("init", self.init, GPT_INITS)):
+            if value not in known:
+                raise ValueError(f"{name} must be one of {', '.join(known)}, got {value!r}")
+        if min(self.vocab_size, self.d_model, self.heads, self.layers, self.ffn_dim, self.context) < 1:
+            raise ValueError("vocab_size, d_model, heads, layers, ffn_dim and context must be positive")
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        parse_spec(self.connection)
+
+
+class MLP(nn.Module):
+    """gelu: W2 GELU(W1 x); swiglu: W2 (SiLU(W1 x) ⊙ W3 x), W1 and W3 in one matmul (``up``)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.swiglu = cfg.mlp == "swiglu"
+        if self.swiglu:
+            self.up = stacked_linear(cfg.d_model, cfg.ffn_dim, 2, cfg.bias)
+        else:
+            self.up = xavier_linear(cfg.d_model, cfg.ffn_dim, cfg.bias)
+        self.down = xavier_linear(cfg.ffn_dim, cfg.d_model, cfg.bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.swiglu:
+            gate, value = self.up(x).chunk(2, dim=-1)
+            return self.down(F.silu(gate) * value)
+        return self.down(F.gelu(self.up(x), approximate="tanh"))
+
+
+class Layer(nn.Module):
+    def __init__(self, cfg: GPTConfig, rope: Rotary | None):
+        super().__init__()
+        d = cfg.d_model
+        self.attn = SelfAttention(d, cfg.heads, cfg.dropout, cfg.bias, rope)
+        self.mlp = MLP(cfg)
+        self.conn_attn = connection(cfg.connection, d)
+        self.conn_mlp = connection(cfg.connection, d)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None) -> Tensor:
+        """``x`` (B, T, D); with ``cache``, x holds the new positions only, after the cached ones."""
+        x = self.conn_attn(x, lambda h: self.drop(self.attn(h, causal=True, cache=cache)))
+        return self.conn_mlp(x, lambda h: self.drop(self.mlp(h)))
+
+
+class GPT(nn.Module):
+    """Token embedding, positions, the layers, the final norm and the output projection."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed = nn.Embedding(cfg.vocab_size, d)
+        self.pos_embed = nn.Embedding(cfg.context, d) if cfg.positions == "learned" else None
+        rope = Rotary(d // cfg.heads, cfg.context, cfg.rope_base) if cfg.positions == "rope" else None
+        self.drop = nn.Dropout(cfg.dropout)
+        self.layers = nn.ModuleList(Layer(cfg, rope) for _ in range(cfg.layers))
+        self.norm = final_norm(cfg)
+        self.head = None if cfg.tie else nn.Linear(d, cfg.vocab_size, bias=False)
+        self._init_weights()
+
+    @torch.no_grad()
+    def _init_weights(self) -> None:
+        kept = {id(m) for _, c in iter_connections(self) for m in c.modules()}
+        for module in self.modules():
+            if id(module) in kept:
+                continue
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                module.weight.normal_(0.0, STD)
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                module.bias.zero_()
+        if self.cfg.init == "gpt2":
+            for layer in self.layers:
+                for out in (layer.attn.out_proj, layer.mlp.down):
+                    out.weight.normal_(0.0, STD / math.sqrt(2 * self.cfg.layers))
+
+    def forward(self, tokens: Tensor, caches: list[dict[str, Tensor]] | None = None) -> Tensor:
+        """Logits (B, T, V) of the next token at every position of ``tokens`` (B, T). With ``caches`` (one
+        dict per layer, empty at first) ``tokens`` continue the cached positions, whose keys and values
+        each layer extends."""
+        offset = caches[0]["k"].shape[2] if caches is not None and "k" in caches[0] else 0
+        t = tokens.shape[1]
+        if offset + t > self.cfg.context:
+            raise ValueError(f"a sequence of {offset + t} tokens is longer than the model's context ({self.cfg.context})")
+        x = self.embed(tokens)
+        if self.pos_embed is not None:
+            x = x + self.pos_embed.weight[offset : offset + t]
+        x = self.drop(x)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, None if caches is None else caches[i])
+        h = self.norm(x)
+        return self.head(h) if self.head is not None else F.linear(h, self.embed.weight)
+
+    def new_caches(self) -> list[dict[str, Tensor]]:
+        """Empty key/value caches, one per layer, for :meth:`forward`."""
+        return [{} for _ in self.layers]
