@@ -10,6 +10,10 @@
     skiplab average --checkpoint RUN     average the last N checkpoints into one file
     skiplab bootstrap REF A B            paired bootstrap resampling between two systems' outputs
     skiplab compare mt [...]             models x connections x seeds, then a BLEU table
+    skiplab train lm [...]               train a decoder-only language model (any connection)
+    skiplab eval lm --checkpoint RUN     loss and bits per byte of a split
+    skiplab generate --checkpoint RUN    continue a prompt (key/value cache, temperature, top-k, top-p)
+    skiplab compare lm [...]             models x connections x seeds, then a bits-per-byte table
     skiplab curves RUN [RUN ...]         learning curves of runs in one figure
     skiplab analyze NAME RUN [...]       gradients, gates, ratios, activations of trained runs
     skiplab bench [--quick]              what the designs and the engine cost here, as side-by-side ratios
@@ -41,6 +45,7 @@ from .analysis.curves import plot_runs
 from .connections import available_connections, connection, parse_spec
 from .models import family_of, options_of, with_options
 from .tasks.compare import compare
+from .tasks.lm import sample_text
 from .tasks.mt import add_decoding_arguments
 from .text import decode_lines, read_lines
 from .translate import paired_bootstrap
@@ -146,6 +151,11 @@ def cmd_translate(args: argparse.Namespace) -> None:
     lines = decode_lines(sys.stdin.buffer.read(), "standard input")
     for line in tr.translate(lines, beam=args.beam, alpha=args.alpha, max_tokens=args.max_tokens, progress=True):
         print(line)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    print(args.prompt + sample_text(args.checkpoint, args.prompt, args.max_new_tokens, args.temperature, args.top_k,
+                                    args.top_p, args.seed, args.average))
 
 
 def cmd_average(args: argparse.Namespace) -> None:
@@ -259,6 +269,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_decoding_arguments(p)
     p.add_argument("--max-tokens", type=config.count(1), default=4096, help="source tokens per batch (default: 4096)")
     p.set_defaults(func=cmd_translate)
+
+    p = sub.add_parser("generate", help="continue a prompt with a trained language model")
+    p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
+    p.add_argument("--prompt", default="", help="the text to continue (default: none, a new document)")
+    p.add_argument("--max-new-tokens", type=config.count(1), default=200, help="tokens to add (default: 200)")
+    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 is greedy (default: 1)")
+    p.add_argument("--top-k", type=config.count(0), default=0, help="sample from the k likeliest (default: 0, all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the nucleus of mass p (default: 1, all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+    p.add_argument("--average", type=config.count(0), default=0,
+                   help="average the run's last N step checkpoints (default: 0, off)")
+    p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("average", help="average the last N checkpoints of a run into one file")
     p.add_argument("--checkpoint", required=True, help="the run directory")

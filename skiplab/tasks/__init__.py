@@ -2,6 +2,7 @@
 
     image   image classification (skiplab.tasks.image)
     mt      machine translation (skiplab.tasks.mt)
+    lm      language modelling (skiplab.tasks.lm)
 
 A new task is one module with a :class:`Task` subclass, added to :data:`TASKS` here.
 """
@@ -17,10 +18,11 @@ from ..analysis.trained import Trained
 from ..models import model_from_checkpoint
 from .base import Task
 from .image import ImageTask
+from .lm import LMTask
 from .mt import MTTask
 from .variants import Variant, connection_variants, model_variants, run_name
 
-TASKS: dict[str, Task] = {t.name: t for t in (ImageTask(), MTTask())}
+TASKS: dict[str, Task] = {t.name: t for t in (ImageTask(), MTTask(), LMTask())}
 
 
 def get(name: str) -> Task:

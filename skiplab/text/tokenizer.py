@@ -36,12 +36,16 @@ class Tokenizer:
         vocab_size: int = 8000,
         model_type: str = "bpe",
         character_coverage: float = 1.0,
+        lossless: bool = False,
     ) -> Tokenizer:
         """Train on ``texts`` (both sides of the training corpus), write ``MODEL_PREFIX.model`` and
         ``.vocab``, and return the loaded tokenizer.
 
         Deterministic: the lines are used in order, all of them (no sampling, no shuffling).
         ``vocab_size`` is an upper bound: on little text the vocabulary comes out smaller.
+        ``lossless`` (language models) keeps runs of spaces, makes the newline a piece of its own and falls
+        back to the 256 byte pieces for characters not seen in training, so that decoding the encoding of
+        any text gives it back exactly.
         """
         if model_type not in MODEL_TYPES:
             raise ValueError(f"unknown model_type {model_type!r}; known: {', '.join(MODEL_TYPES)}")
@@ -72,6 +76,8 @@ class Tokenizer:
                 shuffle_input_sentence=False,
                 num_threads=2,
                 minloglevel=2,  # sentencepiece otherwise logs hundreds of lines to stderr
+                **(dict(remove_extra_whitespaces=False, byte_fallback=True, user_defined_symbols=["\n"],
+                        allow_whitespace_only_pieces=True) if lossless else {}),
             )
         except RuntimeError as exc:
             raise ValueError(_training_error(prefix, vocab_size, exc)) from None

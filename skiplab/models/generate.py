@@ -1,0 +1,67 @@
+"""Sampling text from a decoder-only model, one position a step through its key/value cache.
+
+The prompt is fed at once (filling every layer's cache), then each new token alone, so a step costs one
+position's computation rather than the whole prefix's. The next token is drawn from
+
+    p = softmax(logits / T), restricted to the ``top_k`` most likely tokens and to the smallest set whose
+    probabilities reach ``top_p`` (nucleus sampling, Holtzman et al. 2020), renormalised;
+
+``temperature`` 0 takes the most likely token (greedy). Generation stops at ``max_new`` tokens or at the
+end-of-text token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
+    """``logits`` (..., V) with every token outside the top-k and the top-p nucleus set to −inf."""
+    if top_k and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        before = probs.cumsum(-1) - probs  # probability of the tokens ranked above each
+        drop = before >= top_p  # the nucleus: tokens until the mass reaches top_p (the first always kept)
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return logits
+
+
+@torch.no_grad()
+def generate(model: nn.Module, prompt: list[int], max_new: int, eot: int | None = None, temperature: float = 1.0,
+             top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
+             cache: bool = True) -> list[int]:
+    """The tokens sampled after ``prompt`` (at most ``max_new``; ``eot`` ends early and is not returned).
+    ``cache`` false recomputes the whole prefix at every step (the reference the cache is measured against)."""
+    if not prompt:
+        raise ValueError("the prompt is empty: give at least one token (the end-of-text token starts a document)")
+    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+        raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
+    context = model.cfg.context
+    if len(prompt) + max_new > context:
+        raise ValueError(f"a prompt of {len(prompt)} tokens and {max_new} new ones are more than the model's "
+                         f"context ({context})")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    caches = model.new_caches() if cache else None
+    logits = model(torch.tensor([prompt], device=device), caches)[0, -1]
+    out: list[int] = []
+    for _ in range(max_new):
+        if temperature == 0:
+            token = int(logits.argmax())
+        else:
+            probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(-1)
+            token = int(torch.multinomial(probs.cpu(), 1, generator=generator))
+        if token == eot:
+            break
+        out.append(token)
+        if len(out) == max_new:
+            break
+        step = [token] if cache else prompt + out
+        logits = model(torch.tensor([step], device=device), caches)[0, -1]
+    model.train(was_training)
+    return out

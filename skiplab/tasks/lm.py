@@ -1,0 +1,138 @@
+"""Language modelling: the decoder-only family with any connection (skiplab.train.lm), generation.
+
+Blocks are the decoder layers, ``layer.i``; compare's metric is the test bits per byte of the final
+model, lower is better; an example is a window of ``context`` tokens and L_n the sum of its tokens'
+cross-entropies.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .. import run_dir
+from ..analysis.trained import Examples, Trained
+from ..config import count
+from ..models import lm_families
+from ..models.generate import generate
+from ..text.lm_tokenizer import load_lm_tokenizer
+from ..text.windows import eval_windows, sample_windows
+from ..train import lm
+from .base import Task
+
+
+class LMTrained(Trained):
+    kind = "lm"
+    splits = ("train", "valid", "test")
+    stacks = {"layer": "layers"}
+    metric, metric_title, higher_is_better = "bpb", "bits per byte", False
+
+    def _tokenizer(self):
+        data = self.checkpoint.get("tokenizer")
+        return load_lm_tokenizer(data, self.config.get("tokenizer", "")) if data else None
+
+    def losses(self, ex: Examples, output: Tensor) -> Tensor:
+        nll = F.cross_entropy(output.float().transpose(1, 2), ex.target, reduction="none")
+        return nll.sum(1)
+
+    def mean_loss(self, ex: Examples, output: Tensor) -> Tensor:
+        """Per token, as training averages."""
+        return self.losses(ex, output).sum() / ex.target.numel()
+
+    def examples(self, split: str, count: int, seed: int = 0, batch: int = 250, max_tokens: int = 4096,
+                 data_dir: str = "", shuffle: bool = False) -> Iterator[Examples]:
+        """Windows of ``context`` tokens: consecutive from the split's start (``shuffle`` false), or at random
+        offsets; ``batch`` windows at a time (at most ``max_tokens`` tokens)."""
+        self.check_split(split)
+        where = {**self.config, **({"data_dir": data_dir} if data_dir else {})}
+        data = lm.stream(where, split, self._tokenizer())
+        n = self.model.cfg.context
+        rows = max(1, min(batch, max_tokens // n))
+        if shuffle:
+            gen = torch.Generator().manual_seed(seed)
+            for i in range(0, count, rows):
+                x, y = sample_windows(data, n, min(rows, count - i), gen)
+                yield Examples((x,), y, {"layer": torch.ones_like(x, dtype=torch.bool)})
+            return
+        seen = 0
+        for w in eval_windows(data, n, batch=rows):
+            keep = w.scored.all(1)  # whole windows only (the last may be short)
+            x, y = w.inputs[keep][: count - seen], w.targets[keep][: count - seen]
+            if len(x):
+                yield Examples((x,), y, {"layer": torch.ones_like(x, dtype=torch.bool)})
+            seen += len(x)
+            if seen >= count:
+                return
+
+    @torch.no_grad()
+    def score_test(self, beam: int, progress: bool) -> tuple[float, int, dict[str, float]]:
+        """Test bits per byte (every target once, windows of the model's context)."""
+        data = lm.stream(self.config, "test", self._tokenizer())
+        result = lm.evaluate(self.model, data, self.model.cfg.context, torch.device("cpu"), False, progress=progress)
+        if result["bpb"] is None:
+            raise ValueError(f"{self.path}: the test split's bytes are unknown (a .bin without a .bin.json "
+                             "giving them); bits per byte cannot be computed")
+        return result["bpb"], result["tokens"], {"loss": result["loss"]}
+
+
+class LMTask(Task):
+    name = "lm"
+    help = "language modelling (decoder-only, any connection)"
+    config = lm.LMTrainConfig
+    trained = LMTrained
+    metric, metric_label, higher_is_better = "test_bpb", "bits per byte", False
+    curves = ("train_loss", "valid_loss")
+    cost_columns = True
+    compare_connections, compare_seeds, compare_out = ("PreLN", "PostLN", "2rSkip+LN", "SAS"), 2, "runs/compare-lm"
+
+    def families(self) -> list[type]:
+        return lm_families()
+
+    def train(self, cfg: Any, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+        return lm.train(cfg, resume=resume, overwrite=overwrite, progress=progress)
+
+    def score(self, cfg: Any, summary: dict[str, Any], progress: bool) -> dict[str, Any]:
+        """Test loss and bits per byte of the final model, into the summary."""
+        result = lm.evaluate_checkpoint(cfg.out, "test", progress=progress)
+        summary = dict(summary, test_loss=result["loss"], test_bpb=result["bpb"], test_ppl=result["ppl"])
+        run_dir.write_json(Path(cfg.out) / "summary.json", summary)
+        return summary
+
+    def data_name(self, cfg: Any) -> str:
+        return cfg.corpus or Path(cfg.train_file).name
+
+    def describe_data(self, cfg: Any) -> str:
+        return f"{self.data_name(cfg)} ({cfg.tokenizer})"
+
+    def add_eval_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
+        p.add_argument("--split", default="test", choices=("valid", "test"), help="which split (default: test)")
+        p.add_argument("--average", type=count(0), default=0,
+                       help="average the run's last N step checkpoints (default: 0, off)")
+        p.add_argument("--stride", type=count(0), default=0,
+                       help="sliding windows: each scores its last N targets (default: 0, windows do not overlap)")
+        p.add_argument("--data-dir", default="", help="where the corpus is, if not where the run found it")
+        p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+
+    def evaluate(self, args: argparse.Namespace) -> dict[str, Any]:
+        """Loss per token, bits per byte and perplexity of a language-model run on a split."""
+        return lm.evaluate_checkpoint(args.checkpoint, args.split, args.average, args.stride, args.data_dir,
+                                      args.device)
+
+
+def sample_text(path: str, prompt: str, max_new: int = 200, temperature: float = 1.0, top_k: int = 0,
+                top_p: float = 1.0, seed: int = 0, average: int = 0) -> str:
+    """``skiplab generate``: the text a trained run continues ``prompt`` with."""
+    _, model, tok = lm.load_run(path, average)
+    if tok is None:
+        raise ValueError(f"{path}: the run was trained on token files and holds no tokenizer to read a prompt with")
+    ids = [tok.eot] + tok.encode(prompt)  # a document starts after an end of text, as in training
+    gen = torch.Generator().manual_seed(seed)
+    new = generate(model, ids, max_new, tok.eot, temperature, top_k, top_p, gen)
+    return tok.decode(new)

@@ -1,0 +1,88 @@
+"""Tokenizers of the language models: UTF-8 bytes, or sentencepiece subwords trained on the training split.
+
+Both are lossless: decoding the encoding of any text gives it back exactly (bytes trivially; the subword
+model keeps every space and newline and falls back to bytes for characters it has not seen, see
+:meth:`skiplab.text.Tokenizer.train`'s ``lossless``), so that the loss of a model is the loss of the text
+itself and bits per byte compare across tokenizers. Documents are joined with an end-of-text token, ``eot``.
+
+    bytes      ids 0-255 the bytes, 256 end of text: 257 ids
+    bpe        sentencepiece BPE (unigram: ``unigram``); end of text is its EOS id (3)
+
+A tokenizer is stored in its run and every checkpoint as bytes (:meth:`to_bytes`, :func:`load_lm_tokenizer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from .tokenizer import MODEL_TYPES, Tokenizer
+
+LM_TOKENIZERS = ("bytes", *MODEL_TYPES)
+_BYTES_MARK = b"skiplab:bytes"
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids (a text's lone surrogate escapes, from bytes that were not UTF-8, as those bytes)."""
+
+    kind = "bytes"
+    eot = 256
+    vocab_size = 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8", "surrogateescape"))
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids``; end of text is skipped, and a cut multi-byte character becomes U+FFFD."""
+        return bytes(i for i in map(int, ids) if i != self.eot).decode("utf-8", "replace")
+
+    def to_bytes(self) -> bytes:
+        return _BYTES_MARK
+
+
+class SubwordTokenizer:
+    """A sentencepiece model trained losslessly on the training documents; end of text is EOS."""
+
+    eot = Tokenizer.EOS
+
+    def __init__(self, tok: Tokenizer, kind: str) -> None:
+        self.tok, self.kind = tok, kind
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return self.tok.encode(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return self.tok.encode_batch(texts)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        return self.tok.decode(ids)
+
+    def to_bytes(self) -> bytes:
+        return self.tok.to_bytes()
+
+
+LMTokenizer = ByteTokenizer | SubwordTokenizer
+
+
+def train_lm_tokenizer(kind: str, documents: list[str], prefix: str | Path, vocab_size: int) -> LMTokenizer:
+    """A tokenizer of ``kind``; a subword one is trained on the documents' lines (files ``prefix.model``/``.vocab``)."""
+    if kind not in LM_TOKENIZERS:
+        raise ValueError(f"unknown tokenizer {kind!r}; known: {', '.join(LM_TOKENIZERS)}")
+    if kind == "bytes":
+        return ByteTokenizer()
+    lines = (line for doc in documents for line in doc.split("\n"))
+    return SubwordTokenizer(Tokenizer.train(lines, prefix, vocab_size, kind, lossless=True), kind)
+
+
+def load_lm_tokenizer(data: bytes, kind: str = "") -> LMTokenizer:
+    """The tokenizer :meth:`to_bytes` gave (``kind`` names a subword model's type, for its description)."""
+    if data == _BYTES_MARK:
+        return ByteTokenizer()
+    return SubwordTokenizer(Tokenizer.from_bytes(data), kind or "bpe")

@@ -1,0 +1,133 @@
+"""Token streams of a language model's splits, and the windows it trains and is evaluated on.
+
+A split's stream is its documents' tokens, each document followed by the end-of-text token, in one flat
+array (uint16 where the vocabulary fits, else uint32). Pre-tokenised ``.bin`` files (nanoGPT's layout: the
+flat array of one split, no header) are read through ``np.memmap`` without loading them; a sidecar
+``FILE.bin.json`` may give ``{"bytes": N}``, the UTF-8 bytes of the text they hold, for bits per byte.
+
+Training samples ``batch`` windows of ``n + 1`` tokens at uniformly random offsets (inputs the first n,
+targets the last n), from a ``torch.Generator`` whose state a checkpoint keeps, so a resumed run draws the
+windows an uninterrupted one would. Evaluation walks the stream in windows of n: with ``stride`` s < n
+each window after the first starts s tokens after the previous one and scores only its last s targets
+(each target once, with at least n − s tokens of context); without, windows do not overlap.
+
+    bits per byte = Σ NLL (nats) / (ln 2 · UTF-8 bytes of the text)
+
+the tokenizer-independent measure (every token's loss counts, end-of-text tokens included; the bytes are
+the documents', separators aside).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+BIN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
+
+
+@dataclass
+class Stream:
+    """A split's tokens (an array or a memmap) and the UTF-8 bytes of its text (0 where unknown)."""
+
+    tokens: np.ndarray
+    n_bytes: int
+    name: str
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def token_stream(encoded: list[list[int]], eot: int, vocab_size: int, n_bytes: int, name: str) -> Stream:
+    """Documents' token lists joined, each followed by ``eot``."""
+    dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
+    total = sum(len(e) + 1 for e in encoded)
+    tokens = np.empty(total, dtype=dtype)
+    i = 0
+    for e in encoded:
+        tokens[i : i + len(e)] = e
+        tokens[i + len(e)] = eot
+        i += len(e) + 1
+    return Stream(tokens, n_bytes, name)
+
+
+def read_bin(path: str | Path, dtype: str, vocab_size: int) -> Stream:
+    """A pre-tokenised split: ``path`` memory-mapped as ``dtype`` tokens, each checked below ``vocab_size``."""
+    path = Path(path)
+    if dtype not in BIN_DTYPES:
+        raise ValueError(f"unknown token dtype {dtype!r}; known: {', '.join(BIN_DTYPES)}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    width = np.dtype(BIN_DTYPES[dtype]).itemsize
+    size = path.stat().st_size
+    if size % width:
+        raise ValueError(f"{path}: {size} bytes is not a whole number of {dtype} tokens ({width} bytes each)")
+    if not size:
+        raise ValueError(f"{path}: empty token file")
+    tokens = np.memmap(path, dtype=BIN_DTYPES[dtype], mode="r")
+    top = int(tokens.max())
+    if top >= vocab_size:
+        raise ValueError(f"{path}: token id {top} is not below the vocabulary size {vocab_size}")
+    meta = path.with_name(path.name + ".json")
+    n_bytes = int(json.loads(meta.read_text()).get("bytes", 0)) if meta.is_file() else 0
+    return Stream(tokens, n_bytes, path.name)
+
+
+def sample_windows(stream: Stream, n: int, batch: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``batch`` random windows: inputs (B, n) and targets (B, n), the inputs shifted by one."""
+    if len(stream) < n + 1:
+        raise ValueError(f"{stream.name}: {len(stream)} tokens, fewer than a window of context + 1 = {n + 1}")
+    starts = torch.randint(len(stream) - n, (batch,), generator=gen).tolist()
+    rows = torch.from_numpy(np.stack([np.asarray(stream.tokens[s : s + n + 1], dtype=np.int64) for s in starts]))
+    return rows[:, :-1], rows[:, 1:]
+
+
+@dataclass
+class Window:
+    """Inputs (B, n), targets (B, n), and which targets count (B, n), of evaluation windows."""
+
+    inputs: Tensor
+    targets: Tensor
+    scored: Tensor
+
+
+def eval_windows(stream: Stream, n: int, stride: int = 0, batch: int = 16) -> Iterator[Window]:
+    """Every target of the stream once (the first token has no context), in windows of at most n inputs;
+    ``stride`` (0: n) as the module docstring says."""
+    stride = stride or n
+    if not 0 < stride <= n:
+        raise ValueError(f"--stride must be in 1..context ({n}), got {stride}")
+    total = len(stream) - 1  # targets
+    if total < 1:
+        raise ValueError(f"{stream.name}: fewer than two tokens")
+    spans = []  # (start of inputs, first scored target, end)
+    begin = 0
+    while begin < total:
+        end = min(begin + n, total)
+        first = 0 if begin == 0 else n - stride
+        spans.append((begin, begin + first, end))
+        if end == total:
+            break
+        begin += stride
+    for i in range(0, len(spans), batch):
+        part = spans[i : i + batch]
+        width = max(e - s for s, _, e in part)
+        x = torch.zeros(len(part), width, dtype=torch.long)
+        y = torch.zeros(len(part), width, dtype=torch.long)
+        scored = torch.zeros(len(part), width, dtype=torch.bool)
+        for r, (s, f, e) in enumerate(part):
+            seg = torch.from_numpy(np.asarray(stream.tokens[s : e + 1], dtype=np.int64))
+            x[r, : e - s], y[r, : e - s] = seg[:-1], seg[1:]
+            scored[r, f - s : e - s] = True
+        yield Window(x, y, scored)
+
+
+def bits_per_byte(nats: float, n_bytes: int) -> float | None:
+    """Σ NLL / (ln 2 · bytes); None where the bytes are unknown."""
+    return nats / (math.log(2) * n_bytes) if n_bytes else None

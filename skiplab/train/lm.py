@@ -1,0 +1,315 @@
+"""Language modelling with any connection: a decoder-only model on random windows of a corpus.
+
+AdamW (β 0.9 / 0.95, weight decay on matrices only: biases, norms, gains and the connections' vectors are
+not decayed, as nanoGPT's ``configure_optimizers`` does by dimension), a linear warm-up to ``lr`` over
+``warmup`` steps, then cosine decay to ``min_lr`` at ``max_steps`` (or constant), gradient clipping, bf16
+autocast on CUDA. An update is ``grad_accum`` micro-batches of ``batch_size`` windows of ``context + 1``
+tokens (skiplab.text.windows), drawn from one generator whose state the checkpoints keep; the loss is the
+mean cross-entropy over the update's tokens. Every ``eval_every`` steps the validation split is scored
+(loss per token and bits per byte) and the run saved. The loop below is the whole of training.
+
+    lr(s) = lr · s / warmup                                                    s <= warmup
+    lr(s) = min_lr + (lr − min_lr) · (1 + cos(π (s − warmup) / (max_steps − warmup))) / 2   after
+
+Under torchrun the update's micro-batches are shared out, micro-batch k to rank k mod N (``grad_accum``
+must be a multiple of N), every rank drawing the same windows; each rank's loss is scaled by N so that
+DDP's mean over the ranks is the gradient of the update's mean loss. N processes thus compute what one
+process with the same ``grad_accum`` computes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from .. import distributed, run_dir
+from ..config import check_bounds
+from ..device import pick_device
+from ..models import GPTConfig, PRESETS, build_model, family_of, model_config, model_from_checkpoint
+from ..text.documents import Documents, load_documents, read_documents
+from ..text.lm_tokenizer import LM_TOKENIZERS, LMTokenizer, load_lm_tokenizer, train_lm_tokenizer
+from ..text.windows import BIN_DTYPES, Stream, bits_per_byte, eval_windows, read_bin, sample_windows, token_stream
+from .run import Run
+
+SCHEDULES = ("cosine", "constant")
+
+
+@dataclass(frozen=True)
+class LMTrainConfig:
+    """Everything that decides a language-model run; saved as config.json beside its results."""
+
+    model: str = field(default="gpt-small", metadata={
+        "help": "model spec: a preset, optionally with options, e.g. gpt-small(connection=2rSkip+LN); the model "
+                "options below add to it"})
+    corpus: str = field(default="pydocs", metadata={
+        "help": "pydocs, enwik8, text8, wikitext-103-raw or tinystories; '' = the --train-file etc. given"})
+    data_dir: str = field(default="", metadata={"help": "where the corpus is ('' = its default place)"})
+    train_file: str = field(default="", metadata={"help": "with --corpus '': a .jsonl[.gz], .txt[.gz], folder or .bin"})
+    valid_file: str = field(default="", metadata={"help": "with --corpus '': the validation split, likewise"})
+    test_file: str = field(default="", metadata={"help": "with --corpus '': the test split, likewise"})
+    bin_dtype: str = field(default="uint16", metadata={"help": "token type of .bin files: uint16 or uint32"})
+    tokenizer: str = field(default="bytes", metadata={
+        "help": "bytes (UTF-8 bytes, 257 ids with end of text), bpe or unigram (sentencepiece, trained on train)"})
+    vocab_size: int = field(default=4096, metadata={
+        "min": 2, "help": "subword vocabulary (bpe, unigram); of .bin files, the ids they use"})
+    batch_size: int = field(default=32, metadata={"min": 1, "help": "windows per micro-batch"})
+    grad_accum: int = field(default=1, metadata={"min": 1, "help": "micro-batches per update"})
+    max_steps: int = field(default=2000, metadata={"min": 1, "help": "updates"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
+    min_lr: float = field(default=1e-4, metadata={"help": "learning rate at the end of the cosine decay"})
+    warmup: int = field(default=100, metadata={"min": 0, "help": "linear warm-up steps"})
+    schedule: str = field(default="cosine", metadata={"help": "cosine (to --min-lr at --max-steps) or constant"})
+    adam_betas: tuple[float, float] = field(default=(0.9, 0.95), metadata={"help": "AdamW betas"})
+    adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay, on matrices only"})
+    clip_norm: float = field(default=1.0, metadata={"help": "clip the gradient's global norm (0 = off)"})
+    eval_every: int = field(default=200, metadata={"min": 1, "help": "validate and save every N updates"})
+    valid_tokens: int = field(default=0, metadata={
+        "min": 0, "help": "validate on the first documents holding this many tokens (0 = the whole split)"})
+    keep_checkpoints: int = field(default=5, metadata={"min": 1, "help": "step checkpoints kept (for averaging)"})
+    seed: int = field(default=1, metadata={"help": "seed for initialisation, windows and dropout"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
+    amp: bool = field(default=True, metadata={"help": "bf16 autocast on CUDA (ignored on CPU)"})
+    compile: bool = field(default=False, metadata={"help": "run the model through torch.compile"})
+    out: str = field(default="runs/lm", metadata={"help": "run directory"})
+
+    def __post_init__(self):
+        check_bounds(self)
+        if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
+            raise ValueError(f"need 0 <= --min-lr <= --lr and --lr > 0, got {self.min_lr} and {self.lr}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
+        if self.tokenizer not in LM_TOKENIZERS:
+            raise ValueError(f"unknown tokenizer {self.tokenizer!r}; known: {', '.join(LM_TOKENIZERS)}")
+        if self.bin_dtype not in BIN_DTYPES:
+            raise ValueError(f"unknown --bin-dtype {self.bin_dtype!r}; known: {', '.join(BIN_DTYPES)}")
+        if len(self.adam_betas) != 2:
+            raise ValueError(f"adam_betas takes two values, got {self.adam_betas}")
+        if not self.corpus and not (self.train_file and self.valid_file):
+            raise ValueError("with --corpus '' give --train-file and --valid-file")
+        if family_of(self.model) is not GPTConfig:
+            raise ValueError(f"{self.model} is not a language model; known: "
+                             f"{', '.join(n for n, (c, _) in PRESETS.items() if c is GPTConfig)}")
+        model_config(self.model)  # a bad spec or option fails here, before anything is written
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        """The model's config, resolved from the spec, for the tokenizer's ``vocab_size``."""
+        return model_config(self.model, vocab_size=vocab_size)
+
+    @property
+    def binary(self) -> bool:
+        """Pre-tokenised .bin files rather than text."""
+        return not self.corpus and self.train_file.endswith(".bin")
+
+
+# Nothing in the recipe depends on these but the cosine schedule's end, which max_steps is: a constant
+# schedule may be given more steps on resume.
+BUDGET = ("keep_checkpoints",)
+
+
+def learning_rate(cfg: LMTrainConfig, step: int) -> float:
+    """lr of update ``step`` (from 1): warm-up, then cosine decay to min_lr (or constant)."""
+    if step <= cfg.warmup:
+        return cfg.lr * step / cfg.warmup
+    if cfg.schedule == "constant":
+        return cfg.lr
+    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.max_steps - cfg.warmup))
+    return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def documents(cfg: LMTrainConfig | dict[str, Any], split: str) -> Documents:
+    """The text of a split, as the config names it (a config or its stored dict)."""
+    where = cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg)
+    if where["corpus"]:
+        return load_documents(where["corpus"], where["data_dir"] or None, split)
+    path = where.get(f"{split}_file", "")
+    if not path:
+        raise ValueError(f"no --{split}-file given")
+    return read_documents(path)
+
+
+def stream(cfg: LMTrainConfig | dict[str, Any], split: str, tok: LMTokenizer, tokens: int = 0) -> Stream:
+    """A split's tokens: its documents encoded and joined (the first holding ``tokens``, where given), or a .bin
+    file as it is."""
+    where = cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg)
+    path = where.get(f"{split}_file", "")
+    if not where["corpus"] and path.endswith(".bin"):
+        return read_bin(path, where["bin_dtype"], where["vocab_size"])
+    docs = documents(where, split)
+    encoded = tok.encode_batch(docs.texts)
+    if tokens:
+        kept, total = [], 0
+        for e in encoded:
+            kept.append(e)
+            total += len(e) + 1
+            if total >= tokens:
+                break
+        docs = Documents(docs.texts[: len(kept)], docs.name)
+        encoded = kept
+    return token_stream(encoded, tok.eot, tok.vocab_size, docs.n_bytes, docs.name)
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Matrices (2-D or more: linear layers, embeddings) decayed; vectors and scalars (biases, norms' gains,
+    gates' biases, learned skip weights) not."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+@torch.no_grad()
+def evaluate(model, data: Stream, context: int, device, amp: bool, stride: int = 0, batch: int = 16,
+             group: distributed.Group = distributed.Group(), progress: bool = False) -> dict[str, Any]:
+    """Loss per token (nats), bits per byte and perplexity of ``data``, every target once (see
+    skiplab.text.windows). Under torchrun rank r scores batches r, r + N, ...; the sums are added in batch
+    order, as one process adds them."""
+    was_training = model.training
+    model.eval()
+    scores = []
+    windows = list(eval_windows(data, context, stride, batch))
+    for k, w in enumerate(tqdm(windows, desc=f"eval {data.name}", unit="batch", disable=not progress)):
+        if k % group.world_size != group.rank:
+            continue
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
+            logits = model(w.inputs.to(device))
+        nll = F.cross_entropy(logits.float().transpose(1, 2), w.targets.to(device), reduction="none")
+        scores.append((k, float(nll[w.scored.to(device)].double().sum()), int(w.scored.sum())))
+    nats = tokens = 0.0
+    for _, n, t in sorted(s for rank_scores in group.gather(scores) for s in rank_scores):
+        nats, tokens = nats + n, tokens + t
+    model.train(was_training)
+    loss = nats / tokens
+    return {"loss": loss, "bpb": bits_per_byte(nats, data.n_bytes), "ppl": math.exp(min(loss, 50)),
+            "tokens": int(tokens), "bytes": data.n_bytes}
+
+
+def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Train as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return the summary."""
+    group, device = distributed.setup(pick_device(cfg.device))
+    if cfg.grad_accum % group.world_size:
+        raise ValueError(f"--grad-accum {cfg.grad_accum} must be a multiple of the {group.world_size} processes "
+                         "(each takes whole micro-batches)")
+    run = Run(cfg, "lm", group, device, resume=resume, overwrite=overwrite)
+    ckpt = run.resume(extendable=BUDGET + (("max_steps",) if cfg.schedule == "constant" else ()))
+    if ckpt:
+        if cfg.max_steps < ckpt["step"]:
+            raise run_dir.RunDirError(f"{run.out} has already trained {ckpt['step']} updates; a resumed run can only "
+                                      "be given a larger budget")
+        tok = load_lm_tokenizer(ckpt["tokenizer"], cfg.tokenizer) if ckpt["tokenizer"] else None
+    elif cfg.binary:
+        tok = None
+    else:  # rank 0 reads (downloads what is missing) and trains the tokenizer; every rank gets it
+        data = group.on_main(lambda: train_lm_tokenizer(cfg.tokenizer, documents(cfg, "train").texts, run.out / "spm",
+                                                        cfg.vocab_size).to_bytes())
+        tok = load_lm_tokenizer(data, cfg.tokenizer)
+    train_data, valid_data = group.main_first(lambda: (stream(cfg, "train", tok), stream(cfg, "valid", tok,
+                                                                                        cfg.valid_tokens)))
+    vocab = tok.vocab_size if tok else cfg.vocab_size
+
+    mcfg = cfg.model_config(vocab)
+    torch.manual_seed(cfg.seed)
+    model = build_model(mcfg).to(device)
+    if group.rank:
+        torch.manual_seed(cfg.seed + group.rank)  # dropout differs per rank; rank 0 goes on with the seed's stream
+    net = run.compile(model)  # validates; ``model`` keeps plain names
+    train_net = distributed.data_parallel(net, group, torch.zeros(1, 2, dtype=torch.long, device=device))  # trains
+    opt = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                            eps=cfg.adam_eps)
+    run.attach(model, mcfg, opt)
+    gen = torch.Generator().manual_seed(cfg.seed)  # the windows, the same on every rank
+    step, best = 0, math.inf
+    if ckpt:
+        run.restore(ckpt, key="step")
+        step, best = ckpt["step"], ckpt["best_valid_loss"]
+        gen.set_state(ckpt["rng"]["windows"])
+    else:
+        run.say(f"{train_data.name}: {len(train_data):,} training tokens, {valid_data.name}: {len(valid_data):,} "
+                f"validation tokens; vocabulary {vocab}")
+        run.write_config({"data": {"train": train_data.name, "train_tokens": len(train_data),
+                                   "train_bytes": train_data.n_bytes, "valid": valid_data.name,
+                                   "valid_tokens": len(valid_data), "valid_bytes": valid_data.n_bytes,
+                                   "vocab_size": vocab, "tokenizer": cfg.tokenizer},
+                          "tokens_per_update": cfg.batch_size * cfg.grad_accum * mcfg.context})
+
+    n, per_update = mcfg.context, cfg.grad_accum
+    mine = [k for k in range(per_update) if k % group.world_size == group.rank]  # this rank's micro-batches
+    bar = tqdm(total=cfg.max_steps, initial=step, desc=Path(cfg.out).name, unit="step",
+               disable=not (progress and group.main))
+    window = {"loss": 0.0, "updates": 0, "time": time.time()}
+    model.train()
+    while step < cfg.max_steps:
+        lr = learning_rate(cfg, step + 1)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        opt.zero_grad(set_to_none=True)
+        micro = [sample_windows(train_data, n, cfg.batch_size, gen) for _ in range(per_update)]  # every rank draws all
+        loss_sum = 0.0
+        for i, k in enumerate(mine):
+            x, y = (t.to(device) for t in micro[k])
+            last = i == len(mine) - 1  # DDP averages the gradients over the ranks after the last only
+            with nullcontext() if last or not group.active else train_net.no_sync():
+                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.amp):
+                    logits = train_net(x)
+                loss = F.cross_entropy(logits.float().transpose(1, 2), y)
+                (loss * group.world_size / per_update).backward()
+            loss_sum += loss.item()
+        (update_loss,) = group.sum([loss_sum])
+        update_loss /= per_update
+        if not math.isfinite(update_loss):
+            bar.close()
+            return run.diverged(update_loss, 1, step + 1)
+        if cfg.clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+        opt.step()
+        step += 1
+        window["loss"], window["updates"] = window["loss"] + update_loss, window["updates"] + 1
+        bar.update(1)
+        if step % cfg.eval_every == 0 or step == cfg.max_steps:
+            elapsed = time.time() - window["time"]
+            valid = evaluate(net, valid_data, n, device, run.amp, group=group)
+            tokens = window["updates"] * cfg.batch_size * per_update * n
+            record = {"step": step, "lr": lr, "train_loss": window["loss"] / window["updates"],
+                      "valid_loss": valid["loss"], "valid_bpb": valid["bpb"], "valid_ppl": valid["ppl"],
+                      "tokens_per_s": tokens / max(elapsed, 1e-9), "time": elapsed}
+            improved = record["valid_loss"] < best
+            best = min(best, record["valid_loss"])
+            state = run.checkpoint(record, rng={"windows": gen.get_state()}, step=step, best_valid_loss=best,
+                                   tokenizer=tok.to_bytes() if tok else b"")
+            run.save(state, improved, step=step, keep=cfg.keep_checkpoints)
+            bar.set_postfix(loss=f"{record['train_loss']:.3f}", valid=f"{record['valid_loss']:.3f}",
+                            **({"bpb": f"{record['valid_bpb']:.3f}"} if record["valid_bpb"] else {}))
+            window = {"loss": 0.0, "updates": 0, "time": time.time()}
+    bar.close()
+    return run.finish(lambda last: {"steps": step, "final_valid_loss": last["valid_loss"],
+                                    "final_valid_bpb": last["valid_bpb"], "best_valid_loss": best})
+
+
+def load_run(path: str | Path, average: int = 0) -> tuple[dict[str, Any], torch.nn.Module, LMTokenizer | None]:
+    """(checkpoint, model in evaluation mode on the CPU, tokenizer) of a run directory or checkpoint file;
+    with ``average`` > 1, the average of the run's last ``average`` step checkpoints."""
+    ckpt = run_dir.average_checkpoints(path, average)[0] if average > 1 else run_dir.load_checkpoint(path, kind="lm")
+    model = model_from_checkpoint(ckpt, path)
+    tok = load_lm_tokenizer(ckpt["tokenizer"], ckpt["config"].get("tokenizer", "")) if ckpt.get("tokenizer") else None
+    return ckpt, model.eval(), tok
+
+
+def evaluate_checkpoint(path: str | Path, split: str = "test", average: int = 0, stride: int = 0, data_dir: str = "",
+                        device: str = "auto", progress: bool = True) -> dict[str, Any]:
+    """Loss, bits per byte and perplexity of a trained run on a split of its corpus."""
+    ckpt, model, tok = load_run(path, average)
+    where = {**ckpt["config"], **({"data_dir": data_dir} if data_dir else {})}
+    dev = pick_device(device)
+    data = stream(where, split, tok)
+    result = evaluate(model.to(dev), data, model.cfg.context, dev, where["amp"] and dev.type == "cuda", stride,
+                      progress=progress)
+    return {"checkpoint": str(path), "step": ckpt.get("step"), "averaged": max(1, average), "model": where["model"],
+            "split": data.name, "stride": stride or model.cfg.context, **result}

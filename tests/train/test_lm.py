@@ -1,0 +1,181 @@
+"""Language-model training: the schedule, a tiny model that learns, exact resume, two processes = one with
+accumulation, evaluation, generation, compare and the analyses on LM runs."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from skiplab.cli import main
+from skiplab.models import GPT, GPTConfig
+from skiplab.models.generate import filter_logits, generate
+from skiplab.tasks import load_trained
+from skiplab.train.lm import LMTrainConfig, learning_rate, parameter_groups, train
+from tests.train.test_distributed import ok, one_thread, torchrun
+from tests.train.test_mt import interrupt_after_step
+
+PYDOCS = Path(__file__).resolve().parents[3] / "shared" / "data" / "pydocs"
+TINY = "gpt-mini(d_model=32,heads=2,layers=2,ffn_dim=64,context=32)"
+STORY = ("the cat sat on the mat. the dog sat on the log. a cat and a dog sat together on the mat and the log. "
+         "they were happy. ")
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lmtext")
+    for split, n in (("train", 40), ("valid", 4), ("test", 4)):
+        with open(root / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                f.write(json.dumps({"text": STORY * (1 + i % 3)}) + "\n")
+    return root
+
+
+def args(text, out, *extra):
+    return ["train", "lm", "--corpus", "", "--train-file", text / "train.jsonl", "--valid-file", text / "valid.jsonl",
+            "--test-file", text / "test.jsonl", "--model", TINY, "--batch-size", "8", "--max-steps", "6",
+            "--eval-every", "3", "--warmup", "2", "--lr", "3e-3", "--device", "cpu", "--out", out, *extra]
+
+
+def run(argv) -> int:
+    return main([str(a) for a in argv])
+
+
+def test_schedule_warms_up_then_decays_to_min_lr():
+    cfg = LMTrainConfig(lr=1e-3, min_lr=1e-4, warmup=10, max_steps=110)
+    assert learning_rate(cfg, 5) == pytest.approx(5e-4)
+    assert learning_rate(cfg, 10) == pytest.approx(1e-3)
+    assert learning_rate(cfg, 60) == pytest.approx(1e-4 + 0.9e-3 * 0.5)  # half way: cos(π/2) = 0
+    assert learning_rate(cfg, 110) == pytest.approx(1e-4)
+    constant = LMTrainConfig(lr=1e-3, warmup=10, max_steps=110, schedule="constant")
+    assert learning_rate(constant, 100) == 1e-3
+
+
+def test_weight_decay_on_matrices_only():
+    model = GPT(GPTConfig(vocab_size=20, d_model=16, heads=2, layers=1, ffn_dim=32, connection="SAS"))
+    decayed, kept = parameter_groups(model, 0.1)
+    assert decayed["weight_decay"] == 0.1 and kept["weight_decay"] == 0.0
+    assert all(p.dim() == 2 for p in decayed["params"]) and all(p.dim() < 2 for p in kept["params"])
+    assert len(decayed["params"]) + len(kept["params"]) == len(list(model.parameters()))
+
+
+def test_a_tiny_model_learns_a_short_text(text, tmp_path):
+    with one_thread():
+        summary = train(LMTrainConfig(corpus="", train_file=str(text / "train.jsonl"),
+                                      valid_file=str(text / "valid.jsonl"), model=TINY, batch_size=16, max_steps=150,
+                                      eval_every=75, warmup=10, lr=1e-2, min_lr=1e-3, device="cpu",
+                                      out=str(tmp_path / "run")), progress=False)
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert summary["final_valid_loss"] < 0.5 < math.log(257) / 4  # a few bits a byte at the start, then learnt
+    assert records[-1]["valid_bpb"] < records[0]["valid_bpb"]
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["data"]["vocab_size"] == 257 and config["data"]["valid_bytes"] == len(STORY.encode()) * (1 + 2 + 3 + 1)
+
+
+def test_a_stopped_and_resumed_run_equals_an_uninterrupted_one(text, tmp_path, monkeypatch, capsys):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    with one_thread():
+        assert run(args(text, straight, "--dropout", "0.1")) == 0
+        undo = interrupt_after_step(monkeypatch, 3)
+        assert run(args(text, stopped, "--dropout", "0.1")) == 130  # interrupted after step 3's checkpoint
+        undo()
+        assert run(["train", "lm", "--resume", "--out", stopped]) == 0
+    a = torch.load(straight / "last.pt", weights_only=True)
+    b = torch.load(stopped / "last.pt", weights_only=True)
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert torch.equal(a["rng"]["windows"], b["rng"]["windows"])
+    ra = [json.loads(x) for x in (straight / "metrics.jsonl").read_text().splitlines()]
+    rb = [json.loads(x) for x in (stopped / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["train_loss"], r["valid_loss"]) for r in ra] == [(r["step"], r["train_loss"], r["valid_loss"])
+                                                                           for r in rb]
+
+
+def test_two_processes_make_the_updates_of_one_with_twice_the_accumulation(text, tmp_path):
+    ok(torchrun(*args(text, tmp_path / "two", "--grad-accum", "2")))
+    with one_thread():
+        assert run(args(text, tmp_path / "one", "--grad-accum", "2")) == 0
+    a = torch.load(tmp_path / "two" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "one" / "last.pt", weights_only=True)["model"]
+    for key in b:  # exact: each rank runs one micro-batch's kernels; gloo adds, and the scalings by 2 are exact
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=0, msg=key)
+    odd = torchrun(*args(text, tmp_path / "odd", "--grad-accum", "3"))
+    assert odd.returncode != 0 and "--grad-accum 3 must be a multiple of the 2 processes" in odd.stderr
+
+
+def test_eval_generate_and_analyze_a_run(text, tmp_path, capsys):
+    out = tmp_path / "run"
+    with one_thread():
+        assert run(args(text, out)) == 0
+        capsys.readouterr()
+        assert run(["eval", "lm", "--checkpoint", out, "--split", "test", "--stride", "16"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["stride"] == 16 and result["bytes"] == len(STORY.encode()) * (1 + 2 + 3 + 1)
+        assert result["bpb"] == pytest.approx(result["loss"] * result["tokens"] / (math.log(2) * result["bytes"]))
+        assert run(["generate", "--checkpoint", out, "--prompt", "the cat", "--max-new-tokens", "10",
+                    "--temperature", "0"]) == 0
+        first = capsys.readouterr().out
+        assert run(["generate", "--checkpoint", out, "--prompt", "the cat", "--max-new-tokens", "10",
+                    "--temperature", "0"]) == 0
+        assert first.startswith("the cat") and capsys.readouterr().out == first  # greedy: the same every time
+        assert run(["eval", "lm", "--checkpoint", out, "--stride", "33"]) == 2
+        assert "--stride must be in 1..context (32), got 33" in capsys.readouterr().err
+        assert run(["analyze", "gradients", str(out), "--examples", "8", "--split", "valid"]) == 0
+    table = (out / "analysis" / "gradients.md").read_text()
+    assert "layer.0" in table and "layer.1" in table
+    tr = load_trained(out)
+    assert list(tr.blocks()) == ["layer.0", "layer.1"] and tr.block_of("layers.1.conn_mlp") == "layer.1"
+
+
+def test_gates_and_the_linearity_probe_on_an_sas_language_model(text, tmp_path):
+    out = tmp_path / "sas"
+    with one_thread():
+        assert run(args(text, out, "--connection", "SAS")) == 0
+        assert run(["analyze", "gates", out, "--examples", "8", "--split", "valid"]) == 0
+        assert run(["analyze", "linearity", out, "--layers", "layer.1", "--steps", "1", "--sample", "200"]) == 0
+    gates = json.loads((out / "analysis" / "gates.json").read_text())
+    assert [c["block"] for c in gates["connections"]][:2] == ["layer.0", "layer.0"]  # conn_attn, conn_mlp
+    probe = json.loads((out / "analysis" / "linearity.json").read_text())
+    assert probe["metric"] == "bpb" and probe["layers"][0]["layer"] == "layer.1" and probe["untouched"] > 0
+
+
+@torch.no_grad()
+def test_cached_generation_equals_recomputing_the_prefix():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=30, d_model=32, heads=4, layers=2, ffn_dim=64, context=40)).eval()
+    a = generate(model, [1, 2, 3], 20, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(5))
+    b = generate(model, [1, 2, 3], 20, temperature=0.8, top_k=10, generator=torch.Generator().manual_seed(5),
+                 cache=False)
+    assert a == b and len(a) == 20
+    with pytest.raises(ValueError, match="a prompt of 3 tokens and 38 new ones are more than the model's context"):
+        generate(model, [1, 2, 3], 38)
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
+    logits = torch.log(torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05]))
+    assert torch.isfinite(filter_logits(logits, top_k=2)).tolist() == [True, True, False, False, False]
+    assert torch.isfinite(filter_logits(logits, top_p=0.8)).tolist() == [True, True, True, False, False]
+    assert torch.isfinite(filter_logits(logits, top_p=0.5)).tolist() == [True, False, False, False, False]
+
+
+def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
+    out = tmp_path / "cmp"
+    argv = args(text, out, "--connections", "PreLN,PostLN", "--seeds", "1")[2:]  # drop "train lm"
+    with one_thread():
+        assert run(["compare", "lm", *argv]) == 0
+    table = (out / "table.md").read_text()
+    assert "bits per byte" in table and "PostLN" in table and "parameters" in table
+    summary = json.loads((out / "PostLN" / "seed1" / "summary.json").read_text())
+    assert summary["test_bpb"] > 0
+
+
+@pytest.mark.skipif(not PYDOCS.is_dir(), reason="the pydocs corpus is not beside the checkout (../shared/data/pydocs)")
+def test_the_loss_falls_on_pydocs(tmp_path):
+    with one_thread():
+        summary = train(LMTrainConfig(model=TINY, data_dir=str(PYDOCS), batch_size=16, max_steps=60, eval_every=30,
+                                      warmup=5, lr=1e-2, valid_tokens=20000, device="cpu", out=str(tmp_path / "r")),
+                        progress=False)
+    records = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["valid_bpb"] < records[0]["valid_bpb"] < 8  # below the 8 bits of a uniform byte guess, falling
+    assert summary["final_valid_bpb"] == records[-1]["valid_bpb"]
