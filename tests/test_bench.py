@@ -7,7 +7,7 @@ import math
 import pytest
 
 from skiplab.bench import GROUPS, run
-from skiplab.bench.suite import IMAGE_DESIGNS, MT_DESIGNS
+from skiplab.bench.suite import IMAGE_DESIGNS, LM_DESIGNS, MT_DESIGNS
 from skiplab.cli import main
 
 
@@ -23,6 +23,10 @@ def test_quick_bench_produces_every_row(tmp_path):
         assert f"{design} step" in names
     for design in (*MT_DESIGNS[1:], "dwlstm"):
         assert any(r.group == "mt" and r.name == f"{design} step" and "FLOP ratio" in r.note for r in rows)
+    for design in LM_DESIGNS[1:]:
+        assert any(r.group == "lm" and r.name == f"{design} step" and "FLOP ratio" in r.note for r in rows)
+    assert any(r.group == "lm" and r.name == "skiplab PreLN decoder / torch.nn layers" for r in rows)
+    assert any(r.group == "lm" and "new tokens: recomputing the prefix / cached" in r.name for r in rows)
     for what in ("torch.nn.Transformer", "recomputing the prefix", "achieved training FLOP/s", "padding share",
                  "nn.RMSNorm / nn.LayerNorm", "fused RMSNorm / nn.LayerNorm", "compiled / eager", "2 processes / 1"):
         assert what in names, what

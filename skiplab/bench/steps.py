@@ -1,5 +1,6 @@
-"""What the benchmark times: training steps of both model families, a ``torch.nn.Transformer`` of the same
-shape, a decoder that recomputes its prefix, and the machine's own matmul and memory rates."""
+"""What the benchmark times: training steps of every model family, a ``torch.nn.Transformer`` of the same
+shape and a decoder-only model of ``torch.nn`` layers, a decoder that recomputes its prefix, and the
+machine's own matmul and memory rates."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..connections import iter_connections
-from ..models import Seq2SeqConfig, build_model, model_config
+from ..models import GPTConfig, Seq2SeqConfig, build_model, model_config
 from ..models.seq2seq import EncoderDecoder, Memory, sinusoid
 from ..train.recipe_mt import label_smoothed_loss
 
@@ -67,6 +68,42 @@ def mt_step(model: nn.Module, batch: MTBatch, forward: Callable | None = None) -
         opt.step()
 
     return step
+
+
+def lm_step(model: nn.Module, batch: tuple[Tensor, Tensor], forward: Callable | None = None) -> Callable[[], None]:
+    """One AdamW training step of a language model (next-token cross-entropy)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    run = model if forward is None else forward
+    x, y = batch
+
+    def step() -> None:
+        loss = F.cross_entropy(run(x).float().transpose(1, 2), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+class TorchDecoder(nn.Module):
+    """A decoder-only model of ``torch.nn`` layers alone: embedding, learned positions, pre-norm
+    ``nn.TransformerEncoderLayer`` (GELU) run causally, a final ``nn.LayerNorm``, the tied output: the shape of
+    ``gpt-*(positions=learned)`` with PreLN, the reference its training step is measured against."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        d = cfg.d_model
+        self.embed, self.pos = nn.Embedding(cfg.vocab_size, d), nn.Embedding(cfg.context, d)
+        layer = nn.TransformerEncoderLayer(d, cfg.heads, cfg.ffn_dim, cfg.dropout, activation="gelu", batch_first=True,
+                                           norm_first=True, bias=cfg.bias)
+        self.layers = nn.TransformerEncoder(layer, cfg.layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        t = tokens.shape[1]
+        mask = nn.Transformer.generate_square_subsequent_mask(t, device=tokens.device)
+        h = self.layers(self.embed(tokens) + self.pos.weight[:t], mask=mask, is_causal=True)
+        return F.linear(self.norm(h), self.embed.weight)
 
 
 def step_flops(step_inputs: Callable[[], None]) -> int:

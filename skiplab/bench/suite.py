@@ -10,6 +10,9 @@ Groups (each a function of the sizes, returning table rows):
 - engine:    skiplab's Transformer / ``torch.nn.Transformer`` of the same shape; cached beam search /
              recomputing the prefix; achieved training FLOP/s / the matmul rate; padding share of token
              batches; LayerNorm / RMSNorm forward + backward on the same input
+- lm:        decoder-only training step of each design / PreLN; skiplab's PreLN decoder / one of ``torch.nn``
+             layers of the same shape; achieved FLOP/s / the matmul rate; cached generation / recomputing
+             the prefix; tokens per second of training and of generation
 - compile:   ``torch.compile``d / eager training step, both families, with compile times
 - processes: 2 processes (DDP, gloo, half the threads each) / 1 process, same global batch
 
@@ -33,14 +36,17 @@ from torch import nn
 
 from .. import run_dir
 from ..connections.norms import make_norm
+from ..models import model_config
 from ..text import Tokenizer, encode_parallel, load_corpus, make_batches
 from ..translate.search import beam_search
-from .steps import (MTBatch, RecomputingDecoder, TorchTransformer, add_bandwidth, build, connection_output_elements,
-                    image_step, matmul_rate, mt_step, step_flops)
+from ..models.generate import generate
+from .steps import (MTBatch, RecomputingDecoder, TorchDecoder, TorchTransformer, add_bandwidth, build,
+                    connection_output_elements, image_step, lm_step, matmul_rate, mt_step, step_flops)
 from .timing import Row, interleaved, markdown
 
 IMAGE_DESIGNS = ("1xSkip", "2xSkip+LN", "2rSkip+LN", "wSkip+LN", "SAS", "Highway")
 MT_DESIGNS = ("PostLN", "PreLN", "2rSkip+LN", "SAS")
+LM_DESIGNS = ("PreLN", "PostLN", "PreRMS", "2rSkip+LN", "SAS")
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,11 @@ class Sizes:
     compile_depth: int = 20
     compile_backend: str = "inductor"  # quick: aot_eager, the same tracing without generating kernels
     compile_dynamic: bool = True  # MT batches vary in shape; quick traces one static shape (seconds, not a minute)
+    lm_model: str = "gpt-small"
+    lm_overrides: tuple[tuple[str, int], ...] = ()
+    lm_rows: int = 16  # 16 x 256 = 4k tokens a step
+    lm_vocab: int = 257  # bytes
+    lm_new_tokens: int = 256
     matmul_n: int = 1024
     add_elements: int = 1 << 24
     norm_rows: int = 4096
@@ -71,7 +82,8 @@ class Sizes:
 
 QUICK = Sizes(image_depth=8, image_batch=4, image_hw=8, mt_overrides=(("d_model", 32), ("ffn_dim", 64), ("heads", 2),
               ("encoder_layers", 1), ("decoder_layers", 1)), mt_rows=4, mt_len=6, vocab=64, beam_sentences=2,
-              beam_len=4, compile_depth=8, compile_backend="aot_eager", compile_dynamic=False, matmul_n=128, add_elements=1 << 16, norm_rows=64, norm_dim=32,
+              beam_len=4, lm_overrides=(("d_model", 32), ("ffn_dim", 64), ("heads", 2), ("layers", 2), ("context", 16)),
+              lm_rows=2, lm_new_tokens=8, compile_depth=8, compile_backend="aot_eager", compile_dynamic=False, matmul_n=128, add_elements=1 << 16, norm_rows=64, norm_dim=32,
               process_steps=2, repeats=2, warmup=1)
 
 
@@ -173,6 +185,44 @@ def engine(sz: Sizes, ctx: dict) -> list[Row]:
     return rows
 
 
+def lm(sz: Sizes, ctx: dict) -> list[Row]:
+    overrides = dict(sz.lm_overrides)
+    context = overrides.get("context", model_config(sz.lm_model).context)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, sz.lm_vocab, (sz.lm_rows, context + 1), generator=g)
+    batch = tokens[:, :-1], tokens[:, 1:]
+    models = {d: build(f"{sz.lm_model}(connection={d})", vocab_size=sz.lm_vocab, **overrides) for d in LM_DESIGNS}
+    steps = {d: lm_step(m, batch) for d, m in models.items()}
+    flops = {d: step_flops(s) for d, s in steps.items()}
+    t = interleaved(steps, sz.repeats, sz.warmup)
+    base, n_tokens = t["PreLN"], sz.lm_rows * context
+    name = f"{sz.lm_model}, {sz.lm_rows}x{context} tokens"
+    rows = [Row("lm", f"{name}: PreLN step", base * 1e3, "ms",
+                f"{flops['PreLN'] / 1e9:.1f} GFLOP per step; {n_tokens / base:,.0f} tokens/s")]
+    for d in LM_DESIGNS[1:]:
+        rows.append(Row("lm", f"{d} step", t[d] / base, "x", f"PreLN; FLOP ratio {flops[d] / flops['PreLN']:.3f}"))
+
+    learned = {**overrides, "positions": "learned"}
+    ours = build(f"{sz.lm_model}(connection=PreLN)", vocab_size=sz.lm_vocab, **learned)
+    torch.manual_seed(0)
+    ref = TorchDecoder(ours.cfg).train()
+    t = interleaved({"skiplab": lm_step(ours, batch), "torch": lm_step(ref, batch)}, sz.repeats, sz.warmup)
+    rows.append(Row("lm", "skiplab PreLN decoder / torch.nn layers", t["skiplab"] / t["torch"], "x",
+                    "training step, same shape (learned positions), embeddings and loss"))
+    achieved = flops["PreLN"] / base
+    rows.append(Row("lm", "achieved training FLOP/s / matmul rate", 100 * achieved / ctx["matmul"], "%",
+                    f"{sz.lm_model} PreLN step: {achieved / 1e9:.1f} GFLOP/s"))
+
+    new = sz.lm_new_tokens
+    long = build(f"{sz.lm_model}(connection=PreLN)", vocab_size=sz.lm_vocab, **{**overrides, "context": new + 1}).eval()
+    cached = lambda: generate(long, [0], new, temperature=0)  # noqa: E731
+    recompute = lambda: generate(long, [0], new, temperature=0, cache=False)  # noqa: E731
+    t = interleaved({"cached": cached, "recompute": recompute}, max(2, sz.repeats // 4), 1)
+    rows.append(Row("lm", f"{new} new tokens: recomputing the prefix / cached", t["recompute"] / t["cached"], "x",
+                    f"speed-up of the key/value cache; cached: {new / t['cached']:,.0f} tokens/s, batch 1"))
+    return rows
+
+
 def padding_sample(sz: Sizes, data_dir: str | None) -> tuple[list[list[int]], list[list[int]], str]:
     """Token-id sequences to cut batches from: Multi30k's training pairs in an 8k joint BPE where its files
     are (full sizes), else lengths drawn around Multi30k's mean (about 16 subwords)."""
@@ -264,7 +314,8 @@ def processes(sz: Sizes, ctx: dict) -> list[Row]:
 
 
 GROUPS: dict[str, Callable[[Sizes, dict], list[Row]]] = {
-    "machine": machine, "image": image, "mt": mt, "engine": engine, "compile": compiled, "processes": processes}
+    "machine": machine, "image": image, "mt": mt, "lm": lm, "engine": engine, "compile": compiled,
+    "processes": processes}
 
 
 def machine_name() -> str:
