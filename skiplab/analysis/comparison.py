@@ -1,12 +1,15 @@
 """Comparison tables across variants (connections, models) and seeds, in the form of Table 1 of the rSkip+LN paper.
 
-    connection | λ | G | error mean ± std over seeds | Δ to the first connection | diverged runs
+    connection | λ | G | error mean ± std over seeds | Δ to the first connection | p | diverged runs
 
 The columns before the metric describe each variant (for connections: the spec, λ and G; for models:
 the model spec and its parameter count); they are given per variant, so one table serves every comparison.
 
 Mean and sample standard deviation (n - 1) are taken over the runs that finished; a diverged run is
-counted, never averaged in. Also: learning curves (mean over seeds, ± std shaded) as a plot.
+counted, never averaged in. p is the two-sided p of Welch's t-test (unequal variances; Welch 1947;
+``scipy.stats.ttest_ind(equal_var=False)``) between a row's seeds and the first row's, undefined (-) with
+fewer than two seeds on a side or no spread on either. Also: learning curves (mean over seeds, ± std
+shaded) as a plot.
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ from __future__ import annotations
 import csv
 import io
 import math
+import warnings
 from pathlib import Path
 from typing import Any
+
+from scipy import stats as _scipy
 
 from ..connections import parse_spec
 
@@ -46,13 +52,25 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return mean, math.sqrt(var)
 
 
+def welch_p(a: list[float], b: list[float]) -> float | None:
+    """Two-sided p of Welch's t-test that ``a`` and ``b`` have the same mean (None where undefined)."""
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if mean_std(a)[1] == 0 and mean_std(b)[1] == 0:
+        return None
+    with warnings.catch_warnings():  # nearly equal values: scipy warns of precision, the p it gives stands
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(_scipy.ttest_ind(a, b, equal_var=False).pvalue)
+    return None if math.isnan(p) else p
+
+
 def connection_columns(spec: str) -> dict[str, str]:
     """The describing columns of a connection's row: its spec, λ and G."""
     lam, norm = lambda_and_norm(spec)
     return {"connection": spec, "lambda": lam, "G": norm}
 
 
-_STATS = ("mean", "std", "delta", "runs", "finished", "diverged")
+_STATS = ("mean", "std", "delta", "p", "runs", "finished", "diverged")
 _HEADS = {"lambda": "λ"}
 
 
@@ -67,8 +85,9 @@ def summarise(results: dict[str, list[dict[str, Any]]], metric: str,
     for label, runs in results.items():
         values = [r[metric] for r in runs if r.get("status") == "finished"]
         mean, std = mean_std(values)
-        first = mean if first is None else first
-        rows.append({**columns[label], "mean": mean, "std": std, "delta": mean - first, "runs": len(runs),
+        first = (mean, values) if first is None else first
+        rows.append({**columns[label], "mean": mean, "std": std, "delta": mean - first[0],
+                     "p": welch_p(values, first[1]) if rows else None, "runs": len(runs),
                      "finished": len(values), "diverged": sum(r.get("status") == "diverged" for r in runs)})
     return rows
 
@@ -82,12 +101,14 @@ def _fmt(row: dict[str, Any]) -> list[str]:
     return [*(str(row[k]) for k in _describing(row)),
             f"{row['mean']:.2f} ± {row['std']:.2f}" if ok else "all diverged",
             f"{row['delta']:+.2f}" if ok and not math.isnan(row["delta"]) else "-",
+            f"{row['p']:.3g}" if row.get("p") is not None else "-",
             f"{row['diverged']}/{row['runs']}"]
 
 
 def markdown(rows: list[dict[str, Any]], label: str) -> str:
     names = _describing(rows[0])
-    head = [*(_HEADS.get(k, k) for k in names), f"{label} (mean ± std)", f"Δ vs {rows[0][names[0]]}", "diverged"]
+    head = [*(_HEADS.get(k, k) for k in names), f"{label} (mean ± std)", f"Δ vs {rows[0][names[0]]}", "p (Welch)",
+            "diverged"]
     body = [_fmt(r) for r in rows]
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731

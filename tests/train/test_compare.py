@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from skiplab.analysis.comparison import lambda_and_norm, mean_std, summarise
+from skiplab.analysis.comparison import lambda_and_norm, markdown, mean_std, summarise
 from skiplab.cli import main
 from skiplab import tasks
 
@@ -43,6 +43,14 @@ def test_table_statistics():
     rows = summarise(runs, "e")
     assert rows[0]["mean"] == 11.0 and rows[1]["mean"] == 15.0 and rows[1]["delta"] == 4.0
     assert rows[1]["diverged"] == 1 and rows[1]["finished"] == 1
+    assert rows[0]["p"] is None and rows[1]["p"] is None  # one finished seed: no test
+    runs["3xSkip"] = [{"status": "finished", "e": 13.0}, {"status": "finished", "e": 17.0}]
+    rows = summarise(runs, "e")
+    # Welch by hand: t = (11 - 15) / sqrt(2/2 + 8/2) = -1.789, df = 5² / (1²/1 + 4²/1) = 1.471, two-sided
+    # p = 2 P(T_1.471 < -1.789) = 0.2585
+    assert rows[2]["p"] == pytest.approx(0.2585, abs=5e-4)
+    table = markdown(rows, "error %")
+    assert "p (Welch)" in table and "| 0.259 " in table
 
 
 @pytest.mark.parametrize("spec,expect", [("2xSkip+LN", ("2", "LN")), ("3rSkip+BN", ("3", "BN")), ("1xSkip", ("1", "-")),
