@@ -25,7 +25,7 @@ import os
 import platform
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,3 +286,13 @@ def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor
         else:
             out[k] = states[-1][k].clone()
     return out
+
+
+def averaged_over(out: Path, average: int, cache: Callable[[int], Path]) -> int:
+    """How many last step checkpoints a score of the run in ``out`` averages when ``average`` are asked for: as
+    many as the run has, up to ``average``; for a run without checkpoints (collected with its small files, its
+    scores cached as ``cache(n)``), the largest n <= ``average`` whose score is cached; at least 1."""
+    have = len(step_checkpoints(out))
+    if have:
+        return max(1, min(average, have))
+    return next((n for n in range(average, 0, -1) if cache(n).is_file()), 1)

@@ -92,7 +92,7 @@ def _probe(cfg: Any, average: int, beam: int, layer: str, steps: int, progress: 
     every uncached layer of ``batch`` that the model has is probed in the same call, so the untouched model
     is translated once for all of them rather than once per layer."""
     out = Path(cfg.out)
-    average = max(1, min(average, len(run_dir.step_checkpoints(out))))
+    average = run_dir.averaged_over(out, average, lambda n: out / f"probe.{layer}.beam{beam}.avg{n}.steps{steps}.json")
 
     def cache(name: str) -> Path:
         return out / f"probe.{name}.beam{beam}.avg{average}.steps{steps}.json"

@@ -154,17 +154,24 @@ class MTTask(Task):
         """p of the paired bootstrap (1,000 resamples, tokenised BLEU) between two seed-matched test outputs."""
         if not (a and b and a.get("hypotheses") and b.get("hypotheses")):
             return None
-        hyps_a = Path(a["hypotheses"]).read_text().splitlines()
-        hyps_b = Path(b["hypotheses"]).read_text().splitlines()
+        hyps_a = _hypotheses(a, cfg_a).read_text().splitlines()
+        hyps_b = _hypotheses(b, cfg_b).read_text().splitlines()
         fa = split_forms(dataclasses.asdict(cfg_a), "test", hyps_a, cfg_a.data_dir)
         fb = split_forms(dataclasses.asdict(cfg_b), "test", hyps_b, cfg_b.data_dir)
         return paired_bootstrap(fa.tok_refs, fa.tok_hyps, fb.tok_hyps, metric="bleu_tok")["p_value"]
 
 
+def _hypotheses(score: dict[str, Any], cfg: Any) -> Path:
+    """The test translations a cached score names: where they were written, or beside the run where it has
+    moved since (a run collected into the repository)."""
+    path = Path(score["hypotheses"])
+    return path if path.is_file() else Path(cfg.out) / path.name
+
+
 def _test_score(cfg: Any, average: int, beam: int, progress: bool) -> dict[str, Any]:
     """The test scores of a finished run, averaged over its last ``average`` checkpoints (cached)."""
     out = Path(cfg.out)
-    average = max(1, min(average, len(run_dir.step_checkpoints(out))))
+    average = run_dir.averaged_over(out, average, lambda n: out / f"score.test.beam{beam}.avg{n}.json")
     cache = out / f"score.test.beam{beam}.avg{average}.json"
     if cache.is_file():
         return run_dir.read_json(cache)
