@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,16 +44,13 @@ class Stream:
         return len(self.tokens)
 
 
-def token_stream(encoded: list[list[int]], eot: int, vocab_size: int, n_bytes: int, name: str) -> Stream:
-    """Documents' token lists joined, each followed by ``eot``."""
+def token_stream(encoded: Iterable[Sequence[int] | np.ndarray], eot: int, vocab_size: int, n_bytes: int,
+                 name: str) -> Stream:
+    """Documents' tokens joined, each followed by ``eot``; ``encoded`` may be a generator, so that only one
+    document's token list exists at a time."""
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
-    total = sum(len(e) + 1 for e in encoded)
-    tokens = np.empty(total, dtype=dtype)
-    i = 0
-    for e in encoded:
-        tokens[i : i + len(e)] = e
-        tokens[i + len(e)] = eot
-        i += len(e) + 1
+    parts = [np.append(np.asarray(e, dtype=dtype), np.array([eot], dtype=dtype)) for e in encoded]
+    tokens = np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
     return Stream(tokens, n_bytes, name)
 
 

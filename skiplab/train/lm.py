@@ -145,16 +145,13 @@ def stream(cfg: LMTrainConfig | dict[str, Any], split: str, tok: LMTokenizer, to
     if not where["corpus"] and path.endswith(".bin"):
         return read_bin(path, where["bin_dtype"], where["vocab_size"])
     docs = documents(where, split)
-    encoded = tok.encode_batch(docs.texts)
-    if tokens:
-        kept, total = [], 0
-        for e in encoded:
-            kept.append(e)
-            total += len(e) + 1
-            if total >= tokens:
-                break
-        docs = Documents(docs.texts[: len(kept)], docs.name)
-        encoded = kept
+    if tokens:  # the first documents holding ``tokens``
+        kept, total = 0, 0
+        while kept < len(docs) and total < tokens:
+            total += len(tok.encode_array(docs.texts[kept])) + 1
+            kept += 1
+        docs = Documents(docs.texts[:kept], docs.name)
+    encoded = (tok.encode_array(t) for t in docs.texts)  # one document's tokens at a time
     return token_stream(encoded, tok.eot, tok.vocab_size, docs.n_bytes, docs.name)
 
 
