@@ -4,6 +4,9 @@
 # a finished run is kept, one cut short resumes; then `compare lm` scores the test split and writes the table
 # (test bits per byte, mean ± std, Welch p against the first design) and the curves of the designs given.
 # Usage: experiments/lm_pydocs.sh [DESIGNS] [OUT]   (default: PreLN,PostLN,2rSkip+LN,SAS runs/lm-pydocs)
+#   RECORDED=docs/results/lm/pydocs puts the small files of runs recorded there (config, metrics, summary) back
+#   into OUT first, so that their designs are not trained again and join the table; after a call, copy OUT's
+#   small files there with: experiments/collect_runs.sh OUT docs/results/lm/pydocs
 set -euo pipefail
 designs=${1:-PreLN,PostLN,2rSkip+LN,SAS}
 out=${2:-runs/lm-pydocs}
@@ -13,6 +16,11 @@ common=(--model gpt-small --corpus pydocs --data-dir "$data" --tokenizer bytes -
         --max-steps "${STEPS:-1000}" --warmup 100 --lr 1e-3 --min-lr 1e-4 --eval-every 100 --valid-tokens 100000
         --device cpu)
 mkdir -p "$out"
+if [ -n "${RECORDED:-}" ] && [ -d "$RECORDED" ]; then
+    (cd "$RECORDED" && find . -name summary.json -path '*/seed*/*' | while read -r f; do
+        d=$(dirname "$f"); mkdir -p "$out/$d"; cp -n "$d"/config.json "$d"/metrics.jsonl "$d"/summary.json "$out/$d/"
+    done)
+fi
 train() {  # DESIGN SEED
     local dir="$out/$1/seed$2"
     if [ -f "$dir/summary.json" ]; then return 0; fi
