@@ -205,8 +205,8 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     elif cfg.binary:
         tok = None
     else:  # rank 0 reads (downloads what is missing) and trains the tokenizer; every rank gets it
-        data = group.on_main(lambda: train_lm_tokenizer(cfg.tokenizer, documents(cfg, "train").texts, run.out / "spm",
-                                                        cfg.vocab_size).to_bytes())
+        texts = (lambda: documents(cfg, "train").texts) if cfg.tokenizer != "bytes" else list  # bytes: nothing to learn
+        data = group.on_main(lambda: train_lm_tokenizer(cfg.tokenizer, texts(), run.out / "spm", cfg.vocab_size).to_bytes())
         tok = load_lm_tokenizer(data, cfg.tokenizer)
     train_data, valid_data = group.main_first(lambda: (stream(cfg, "train", tok), stream(cfg, "valid", tok,
                                                                                         cfg.valid_tokens)))
