@@ -96,20 +96,20 @@ def _describing(row: dict[str, Any]) -> list[str]:
     return [k for k in row if k not in _STATS]
 
 
-def _fmt(row: dict[str, Any]) -> list[str]:
-    ok = not math.isnan(row["mean"])
+def _fmt(row: dict[str, Any], decimals: int) -> list[str]:
+    ok, d = not math.isnan(row["mean"]), decimals
     return [*(str(row[k]) for k in _describing(row)),
-            f"{row['mean']:.2f} ± {row['std']:.2f}" if ok else "all diverged",
-            f"{row['delta']:+.2f}" if ok and not math.isnan(row["delta"]) else "-",
+            f"{row['mean']:.{d}f} ± {row['std']:.{d}f}" if ok else "all diverged",
+            f"{row['delta']:+.{d}f}" if ok and not math.isnan(row["delta"]) else "-",
             f"{row['p']:.3g}" if row.get("p") is not None else "-",
             f"{row['diverged']}/{row['runs']}"]
 
 
-def markdown(rows: list[dict[str, Any]], label: str) -> str:
+def markdown(rows: list[dict[str, Any]], label: str, decimals: int = 2) -> str:
     names = _describing(rows[0])
     head = [*(_HEADS.get(k, k) for k in names), f"{label} (mean ± std)", f"Δ vs {rows[0][names[0]]}", "p (Welch)",
             "diverged"]
-    body = [_fmt(r) for r in rows]
+    body = [_fmt(r, decimals) for r in rows]
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     line = lambda r: "| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in body])

@@ -30,6 +30,7 @@ class Task:
     higher_is_better: ClassVar[bool]
     curves: ClassVar[tuple[str, ...]]
     x: ClassVar[str] = "step"
+    decimals: ClassVar[int] = 2  # of the metric in compare's table
     cost_columns: ClassVar[bool] = False  # parameters and seconds per update in compare's table
     compare_connections: ClassVar[tuple[str, ...]] = ()  # compare's default connections (model takes them)
     compare_seeds: ClassVar[int] = 2

@@ -62,7 +62,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
                 columns[variant.label]["s/update"] = f"{sum(times) / len(times):.2f}"
 
     rows = comparison.summarise(results, metric, columns)
-    table = comparison.markdown(rows, label)
+    table = comparison.markdown(rows, label, spec.decimals)
     (root / "table.md").write_text(table + "\n")
     (root / "table.csv").write_text(comparison.to_csv(rows))
     data = spec.describe_data(base)

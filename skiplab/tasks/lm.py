@@ -87,7 +87,7 @@ class LMTask(Task):
     config = lm.LMTrainConfig
     trained = LMTrained
     metric, metric_label, higher_is_better = "test_bpb", "bits per byte", False
-    curves = ("train_loss", "valid_loss")
+    curves, decimals = ("train_loss", "valid_loss"), 3  # bits per byte differ in the third decimal
     cost_columns = True
     compare_connections, compare_seeds, compare_out = ("PreLN", "PostLN", "2rSkip+LN", "SAS"), 2, "runs/compare-lm"
 

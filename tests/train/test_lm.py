@@ -166,6 +166,8 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
         assert run(["compare", "lm", *argv]) == 0
     table = (out / "table.md").read_text()
     assert "bits per byte" in table and "PostLN" in table and "parameters" in table
+    mean = json.loads((out / "compare.json").read_text())["rows"][1]["mean"]
+    assert f"{mean:.3f} ± " in table  # three decimals: bits per byte differ in the third
     summary = json.loads((out / "PostLN" / "seed1" / "summary.json").read_text())
     assert summary["test_bpb"] > 0
 
