@@ -201,8 +201,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
     compare(task.name, base, task.variants(base.model, args.models, connections), args.seeds)
 
 
-def _add_compare(sub, task: str, name: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
-    p = sub.add_parser(name, help=help, description=help)
+def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
+    p = sub.add_parser(task, help=help, description=help)
     config.add_arguments(p, tasks.get(task).config, skip=("seed",))
     _add_model_options(p, task, skip=("connection",))
     p.add_argument("--models", type=config.parse_list, default=(), metavar="SPECS",
@@ -356,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmp = sub.add_parser("compare", help="compare connections over seeds").add_subparsers(dest="task", required=True, metavar="TASK")
     for task in tasks.TASKS.values():
-        _add_compare(cmp, task.name, task.name, f"{task.help}: every model x connection x seed, then a "
+        _add_compare(cmp, task.name, f"{task.help}: every model x connection x seed, then a "
                                                 f"{task.metric_label} table",
                      {"out": task.compare_out}, task.compare_connections, task.compare_seeds)
 
@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the main job (a small comparison) or a named demo")
     demo_sub = demo.add_subparsers(dest="demo", metavar="DEMO")
     demo.set_defaults(func=None)
-    _add_compare(demo_sub, "image", "image", "Fashion-MNIST: 1xSkip, 2xSkip, 2xSkip+LN, 2rSkip+LN, 2 seeds, about 5 minutes on 2 CPU cores",
+    _add_compare(demo_sub, "image", "Fashion-MNIST: 1xSkip, 2xSkip, 2xSkip+LN, 2rSkip+LN, 2 seeds, about 5 minutes on 2 CPU cores",
                  DEMO, DEMO_CONNECTIONS, DEMO_SEEDS)
     p = demo_sub.add_parser(
         "gradient-flow",

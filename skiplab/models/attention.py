@@ -63,7 +63,7 @@ class SelfAttention(_Attention):
     stacks = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
 
     def __init__(self, d_model: int, heads: int, dropout: float = 0.0, bias: bool = True,
-                 rope: "Rotary | None" = None):
+                 rope: Rotary | None = None):
         super().__init__(d_model, heads, dropout)
         self.qkv_proj = stacked_linear(d_model, d_model, 3, bias)
         self.out_proj = xavier_linear(d_model, d_model, bias)

@@ -36,6 +36,7 @@ class Task:
     compare_seeds: ClassVar[int] = 2
     compare_out: ClassVar[str] = "runs/compare"
     significance: ClassVar[str] = "Welch's t-test over seeds"  # reproduce's test between a cell and its baseline
+    paired: ClassVar[bool] = False  # reproduce tests seed-matched measurements with paired_p instead
 
     def families(self) -> list[type]:
         """The model families' config classes this task trains."""
@@ -85,8 +86,5 @@ class Task:
         raise NotImplementedError
 
     def paired_p(self, a: dict[str, Any], b: dict[str, Any], cfg_a: Any, cfg_b: Any) -> float | None:
-        """p of a paired test between two seed-matched measurements; tasks without one keep Welch's test
-        over seeds (:attr:`paired` false)."""
+        """p of a paired test between two seed-matched measurements (tasks with :attr:`paired`)."""
         raise NotImplementedError
-
-    paired: ClassVar[bool] = False

@@ -21,7 +21,6 @@ from ..analysis.trained import Examples, Trained
 from ..config import count
 from ..models import lm_families
 from ..models.generate import generate
-from ..text.lm_tokenizer import load_lm_tokenizer
 from ..text.windows import eval_windows, sample_windows
 from ..train import lm
 from .base import Task
@@ -32,10 +31,6 @@ class LMTrained(Trained):
     splits = ("train", "valid", "test")
     stacks = {"layer": "layers"}
     metric, metric_title, higher_is_better = "bpb", "bits per byte", False
-
-    def _tokenizer(self):
-        data = self.checkpoint.get("tokenizer")
-        return load_lm_tokenizer(data, self.config.get("tokenizer", "")) if data else None
 
     def losses(self, ex: Examples, output: Tensor) -> Tensor:
         nll = F.cross_entropy(output.float().transpose(1, 2), ex.target, reduction="none")
@@ -51,7 +46,7 @@ class LMTrained(Trained):
         offsets; ``batch`` windows at a time (at most ``max_tokens`` tokens)."""
         self.check_split(split)
         where = {**self.config, **({"data_dir": data_dir} if data_dir else {})}
-        data = lm.stream(where, split, self._tokenizer())
+        data = lm.stream(where, split, lm.checkpoint_tokenizer(self.checkpoint))
         n = self.model.cfg.context
         rows = max(1, min(batch, max_tokens // n))
         if shuffle:
@@ -73,7 +68,7 @@ class LMTrained(Trained):
     @torch.no_grad()
     def score_test(self, beam: int, progress: bool) -> tuple[float, int, dict[str, float]]:
         """Test bits per byte (every target once, windows of the model's context)."""
-        data = lm.stream(self.config, "test", self._tokenizer())
+        data = lm.stream(self.config, "test", lm.checkpoint_tokenizer(self.checkpoint))
         result = lm.evaluate(self.model, data, self.model.cfg.context, torch.device("cpu"), False, progress=progress)
         if result["bpb"] is None:
             raise ValueError(f"{self.path}: the test split's bytes are unknown (a .bin without a .bin.json "

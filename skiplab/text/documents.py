@@ -47,6 +47,7 @@ class LMCorpus:
     stream: str = ""  # the one file the splits are cut from
     cuts: tuple[int, int, int] = (0, 0, 0)
     binary: bool = False  # bytes kept as they are (enwik8)
+    separator: str = ""  # the line between two documents of a text file ("": a blank line)
     about: str = ""
 
 
@@ -66,7 +67,7 @@ LM_CORPORA: dict[str, LMCorpus] = {
         archive="wikitext-103-raw-v1.zip", about="WikiText-103, raw characters (Merity et al. 2016)"),
     "tinystories": LMCorpus(
         "tinystories", files={"train": "TinyStoriesV2-GPT4-train.txt", "valid": "TinyStoriesV2-GPT4-valid.txt",
-                              "test": "TinyStoriesV2-GPT4-valid.txt"},
+                              "test": "TinyStoriesV2-GPT4-valid.txt"}, separator=EOT_SEPARATOR,
         urls={f"TinyStoriesV2-GPT4-{s}.txt": f"https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/"
                                               f"TinyStoriesV2-GPT4-{s}.txt" for s in ("train", "valid")},
         about="short stories (Eldan and Li 2023), GPT-4 version; it publishes no test split: test is valid"),
@@ -102,7 +103,7 @@ def read_documents(path: str | Path) -> Documents:
         return _checked(Documents(texts, path.name), path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file or folder")
-    texts = _jsonl(path) if _kind(path) == "jsonl" else _paragraphs(_lines(path))
+    texts = _jsonl(path) if _kind(path) == "jsonl" else _split(_lines(path))
     return _checked(Documents(texts, path.name), path)
 
 
@@ -123,17 +124,12 @@ def load_documents(corpus: str, data_dir: str | Path | None, split: str, downloa
         return _checked(Documents(texts, f"{info.name}/{split}"), root / info.stream)
     name = info.files[split]
     path = root / name
-    if not path.is_file():
-        if not info.urls:
-            raise FileNotFoundError(f"{path}: no such file ({info.name} is not downloadable: {info.about})")
-        data = _member(root, info, name, download)
-        texts = _separated(decode_lines(data, name)) if info.name == "tinystories" else \
-            _paragraphs(decode_lines(data, name))
-        return _checked(Documents(texts, f"{info.name}/{split}"), path)
-    if info.name == "tinystories":
-        return _checked(Documents(_separated(_lines(path)), f"{info.name}/{split}"), path)
-    docs = read_documents(path)
-    return Documents(docs.texts, f"{info.name}/{split}")
+    if not path.is_file() and not info.urls:
+        raise FileNotFoundError(f"{path}: no such file ({info.name} is not downloadable: {info.about})")
+    if _kind(path) == "jsonl":
+        return Documents(read_documents(path).texts, f"{info.name}/{split}")
+    lines = decode_lines(_member(root, info, name, download), name)
+    return _checked(Documents(_split(lines, info.separator), f"{info.name}/{split}"), path)
 
 
 def lm_corpus(name: str) -> LMCorpus:
@@ -198,25 +194,14 @@ def _jsonl(path: Path) -> list[str]:
     return texts
 
 
-def _paragraphs(lines: list[str]) -> list[str]:
-    """Documents separated by blank lines."""
+def _split(lines: list[str], separator: str = "") -> list[str]:
+    """Documents separated by lines that are ``separator`` (TinyStories' ``<|endoftext|>``), or blank."""
     docs, current = [], []
-    for line in lines + [""]:
-        if line.strip():
-            current.append(line)
-        elif current:
-            docs.append("\n".join(current))
-            current = []
-    return docs
-
-
-def _separated(lines: list[str]) -> list[str]:
-    """Documents separated by ``<|endoftext|>`` lines (TinyStories)."""
-    docs, current = [], []
-    for line in lines + [EOT_SEPARATOR]:
-        if line.strip() == EOT_SEPARATOR:
-            if any(x.strip() for x in current):
-                docs.append("\n".join(current).strip("\n"))
+    for line in lines + [separator]:
+        if line.strip() == separator:
+            text = "\n".join(current).strip("\n")
+            if text.strip():
+                docs.append(text)
             current = []
         else:
             current.append(line)

@@ -27,7 +27,6 @@ _BYTES_MARK = b"skiplab:bytes"
 class ByteTokenizer:
     """UTF-8 bytes as ids (a text's lone surrogate escapes, from bytes that were not UTF-8, as those bytes)."""
 
-    kind = "bytes"
     eot = 256
     vocab_size = 257
 
@@ -37,9 +36,6 @@ class ByteTokenizer:
     def encode_array(self, text: str) -> np.ndarray:
         """:meth:`encode` as a uint8 array, without a Python int per byte (enwik8 is 10⁸ of them)."""
         return np.frombuffer(text.encode("utf-8", "surrogateescape"), dtype=np.uint8)
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [self.encode(t) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ``ids``; end of text is skipped, and a cut multi-byte character becomes U+FFFD."""
@@ -54,8 +50,8 @@ class SubwordTokenizer:
 
     eot = Tokenizer.EOS
 
-    def __init__(self, tok: Tokenizer, kind: str) -> None:
-        self.tok, self.kind = tok, kind
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok = tok
 
     @property
     def vocab_size(self) -> int:
@@ -63,9 +59,6 @@ class SubwordTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text)
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return self.tok.encode_batch(texts)
 
     def encode_array(self, text: str) -> np.ndarray:
         return np.asarray(self.tok.encode(text), dtype=np.uint32)
@@ -87,11 +80,11 @@ def train_lm_tokenizer(kind: str, documents: list[str], prefix: str | Path, voca
     if kind == "bytes":
         return ByteTokenizer()
     lines = (line for doc in documents for line in doc.split("\n"))
-    return SubwordTokenizer(Tokenizer.train(lines, prefix, vocab_size, kind, lossless=True), kind)
+    return SubwordTokenizer(Tokenizer.train(lines, prefix, vocab_size, kind, lossless=True))
 
 
-def load_lm_tokenizer(data: bytes, kind: str = "") -> LMTokenizer:
-    """The tokenizer :meth:`to_bytes` gave (``kind`` names a subword model's type, for its description)."""
+def load_lm_tokenizer(data: bytes) -> LMTokenizer:
+    """The tokenizer :meth:`to_bytes` gave."""
     if data == _BYTES_MARK:
         return ByteTokenizer()
-    return SubwordTokenizer(Tokenizer.from_bytes(data), kind or "bpe")
+    return SubwordTokenizer(Tokenizer.from_bytes(data))

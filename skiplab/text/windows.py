@@ -76,13 +76,22 @@ def read_bin(path: str | Path, dtype: str, vocab_size: int) -> Stream:
     return Stream(tokens, n_bytes, path.name)
 
 
-def sample_windows(stream: Stream, n: int, batch: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
-    """``batch`` random windows: inputs (B, n) and targets (B, n), the inputs shifted by one."""
+def window_starts(stream: Stream, n: int, batch: int, gen: torch.Generator) -> list[int]:
+    """``batch`` uniformly random offsets of windows of ``n + 1`` tokens."""
     if len(stream) < n + 1:
         raise ValueError(f"{stream.name}: {len(stream)} tokens, fewer than a window of context + 1 = {n + 1}")
-    starts = torch.randint(len(stream) - n, (batch,), generator=gen).tolist()
+    return torch.randint(len(stream) - n, (batch,), generator=gen).tolist()
+
+
+def windows_at(stream: Stream, starts: list[int], n: int) -> tuple[Tensor, Tensor]:
+    """The windows at ``starts``: inputs (B, n) and targets (B, n), the inputs shifted by one."""
     rows = torch.from_numpy(np.stack([np.asarray(stream.tokens[s : s + n + 1], dtype=np.int64) for s in starts]))
     return rows[:, :-1], rows[:, 1:]
+
+
+def sample_windows(stream: Stream, n: int, batch: int, gen: torch.Generator) -> tuple[Tensor, Tensor]:
+    """``batch`` random windows (:func:`window_starts`, :func:`windows_at`)."""
+    return windows_at(stream, window_starts(stream, n, batch, gen), n)
 
 
 @dataclass

@@ -36,8 +36,9 @@ from ..config import check_bounds
 from ..device import pick_device
 from ..models import GPTConfig, PRESETS, build_model, family_of, model_config, model_from_checkpoint
 from ..text.documents import Documents, load_documents, read_documents
-from ..text.lm_tokenizer import LM_TOKENIZERS, LMTokenizer, load_lm_tokenizer, train_lm_tokenizer
-from ..text.windows import BIN_DTYPES, Stream, bits_per_byte, eval_windows, read_bin, sample_windows, token_stream
+from ..text.lm_tokenizer import LM_TOKENIZERS, ByteTokenizer, LMTokenizer, load_lm_tokenizer, train_lm_tokenizer
+from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, eval_windows, read_bin, token_stream, window_starts,
+                            windows_at)
 from .run import Run
 
 SCHEDULES = ("cosine", "constant")
@@ -145,14 +146,16 @@ def stream(cfg: LMTrainConfig | dict[str, Any], split: str, tok: LMTokenizer, to
     if not where["corpus"] and path.endswith(".bin"):
         return read_bin(path, where["bin_dtype"], where["vocab_size"])
     docs = documents(where, split)
-    if tokens:  # the first documents holding ``tokens``
-        kept, total = 0, 0
-        while kept < len(docs) and total < tokens:
-            total += len(tok.encode_array(docs.texts[kept])) + 1
-            kept += 1
-        docs = Documents(docs.texts[:kept], docs.name)
-    encoded = (tok.encode_array(t) for t in docs.texts)  # one document's tokens at a time
-    return token_stream(encoded, tok.eot, tok.vocab_size, docs.n_bytes, docs.name)
+    if not tokens:  # one document's tokens at a time
+        return token_stream((tok.encode_array(t) for t in docs.texts), tok.eot, tok.vocab_size, docs.n_bytes, docs.name)
+    encoded, total = [], 0  # the first documents holding ``tokens``
+    for text in docs.texts:
+        encoded.append(tok.encode_array(text))
+        total += len(encoded[-1]) + 1
+        if total >= tokens:
+            break
+    kept = Documents(docs.texts[: len(encoded)], docs.name)
+    return token_stream(encoded, tok.eot, tok.vocab_size, kept.n_bytes, kept.name)
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -201,13 +204,15 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         if cfg.max_steps < ckpt["step"]:
             raise run_dir.RunDirError(f"{run.out} has already trained {ckpt['step']} updates; a resumed run can only "
                                       "be given a larger budget")
-        tok = load_lm_tokenizer(ckpt["tokenizer"], cfg.tokenizer) if ckpt["tokenizer"] else None
+        tok = checkpoint_tokenizer(ckpt)
     elif cfg.binary:
         tok = None
+    elif cfg.tokenizer == "bytes":  # nothing to learn
+        tok = ByteTokenizer()
     else:  # rank 0 reads (downloads what is missing) and trains the tokenizer; every rank gets it
-        texts = (lambda: documents(cfg, "train").texts) if cfg.tokenizer != "bytes" else list  # bytes: nothing to learn
-        data = group.on_main(lambda: train_lm_tokenizer(cfg.tokenizer, texts(), run.out / "spm", cfg.vocab_size).to_bytes())
-        tok = load_lm_tokenizer(data, cfg.tokenizer)
+        data = group.on_main(lambda: train_lm_tokenizer(cfg.tokenizer, documents(cfg, "train").texts, run.out / "spm",
+                                                        cfg.vocab_size).to_bytes())
+        tok = load_lm_tokenizer(data)
     train_data, valid_data = group.main_first(lambda: (stream(cfg, "train", tok), stream(cfg, "valid", tok,
                                                                                         cfg.valid_tokens)))
     vocab = tok.vocab_size if tok else cfg.vocab_size
@@ -248,10 +253,10 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         for g in opt.param_groups:
             g["lr"] = lr
         opt.zero_grad(set_to_none=True)
-        micro = [sample_windows(train_data, n, cfg.batch_size, gen) for _ in range(per_update)]  # every rank draws all
+        starts = [window_starts(train_data, n, cfg.batch_size, gen) for _ in range(per_update)]  # every rank draws all
         loss_sum = 0.0
         for i, k in enumerate(mine):
-            x, y = (t.to(device) for t in micro[k])
+            x, y = (t.to(device) for t in windows_at(train_data, starts[k], n))
             last = i == len(mine) - 1  # DDP averages the gradients over the ranks after the last only
             with nullcontext() if last or not group.active else train_net.no_sync():
                 with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.amp):
@@ -290,13 +295,18 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
                                     "final_valid_bpb": last["valid_bpb"], "best_valid_loss": best})
 
 
+def checkpoint_tokenizer(ckpt: dict[str, Any]) -> LMTokenizer | None:
+    """The tokenizer a checkpoint holds (None: a run on pre-tokenised .bin files)."""
+    data = ckpt.get("tokenizer")
+    return load_lm_tokenizer(data) if data else None
+
+
 def load_run(path: str | Path, average: int = 0) -> tuple[dict[str, Any], torch.nn.Module, LMTokenizer | None]:
     """(checkpoint, model in evaluation mode on the CPU, tokenizer) of a run directory or checkpoint file;
     with ``average`` > 1, the average of the run's last ``average`` step checkpoints."""
     ckpt = run_dir.average_checkpoints(path, average)[0] if average > 1 else run_dir.load_checkpoint(path, kind="lm")
     model = model_from_checkpoint(ckpt, path)
-    tok = load_lm_tokenizer(ckpt["tokenizer"], ckpt["config"].get("tokenizer", "")) if ckpt.get("tokenizer") else None
-    return ckpt, model.eval(), tok
+    return ckpt, model.eval(), checkpoint_tokenizer(ckpt)
 
 
 def evaluate_checkpoint(path: str | Path, split: str = "test", average: int = 0, stride: int = 0, data_dir: str = "",

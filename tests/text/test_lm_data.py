@@ -92,13 +92,13 @@ def test_bpe_round_trips_exactly_spaces_newlines_and_unseen_characters(tmp_path)
     tok = train_lm_tokenizer("bpe", train, tmp_path / "spm", 300)
     for t in TEXTS + train[:1] + ["\n\n\n   \t"]:
         assert tok.decode(tok.encode(t)) == t  # 中, 🙂 and ü were never seen: byte fallback
-    again = load_lm_tokenizer(tok.to_bytes(), "bpe")
+    again = load_lm_tokenizer(tok.to_bytes())
     assert again.encode(TEXTS[0]) == tok.encode(TEXTS[0]) and again.eot == 3
 
 
 def test_stream_joins_documents_with_end_of_text_and_counts_their_bytes():
     tok = ByteTokenizer()
-    s = token_stream(tok.encode_batch(["ab", "ü"]), tok.eot, tok.vocab_size, 4, "x")
+    s = token_stream([tok.encode(t) for t in ["ab", "ü"]], tok.eot, tok.vocab_size, 4, "x")
     assert s.tokens.tolist() == [97, 98, 256, 0xC3, 0xBC, 256] and s.tokens.dtype == np.uint16
 
 
