@@ -16,6 +16,7 @@ common=(--model gpt-small --corpus pydocs --data-dir "$data" --tokenizer bytes -
         --max-steps "${STEPS:-1000}" --warmup 100 --lr 1e-3 --min-lr 1e-4 --eval-every 100 --valid-tokens 100000
         --device cpu)
 mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: the copy below runs inside RECORDED
 if [ -n "${RECORDED:-}" ] && [ -d "$RECORDED" ]; then
     (cd "$RECORDED" && find . -name summary.json -path '*/seed*/*' | while read -r f; do
         d=$(dirname "$f"); mkdir -p "$out/$d"; cp -n "$d"/config.json "$d"/metrics.jsonl "$d"/summary.json "$out/$d/"
