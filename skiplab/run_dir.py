@@ -92,6 +92,17 @@ def environment() -> dict[str, Any]:
     }
 
 
+def machine_name(env: dict[str, Any]) -> str:
+    """A short name of the machine an ``environment()`` record describes: its GPU, else its CPU and the
+    instruction set torch's kernels used (e.g. "Intel Xeon Processor (AVX512)"); "unknown" if not recorded."""
+    if env.get("cuda"):
+        return str(env["cuda"])
+    cpu = " ".join(str(env.get("cpu", "")).replace("(R)", "").replace("(TM)", "").split())
+    if not cpu:
+        return "unknown"
+    return f"{cpu} ({env['cpu_capability']})" if env.get("cpu_capability") else cpu
+
+
 def write_json(path: Path, obj: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=2) + "\n")

@@ -43,6 +43,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
     results: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     curves: dict[str, list[list[dict[str, Any]]]] = {v.label: [] for v in variants}
     columns = {v.label: dict(v.columns) for v in variants}
+    machines: dict[str, set[str]] = {v.label: set() for v in variants}
     jobs = [(v, k) for v in variants for k in range(1, seeds + 1)]
     for variant, seed in tqdm(jobs, desc="compare", unit="run", disable=not progress):
         out = root / run_name(variant.label) / f"seed{seed}"
@@ -56,11 +57,16 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
         if summary["status"] == "finished":
             curves[variant.label].append(run_dir.read_metrics(out))
         if spec.cost_columns and (out / "config.json").is_file():
-            columns[variant.label]["parameters"] = run_dir.read_json(out / "config.json")["parameters"]
+            stored = run_dir.read_json(out / "config.json")
+            columns[variant.label]["parameters"] = stored["parameters"]
+            machines[variant.label].add(run_dir.machine_name(stored.get("environment", {})))
             times = [r["train_time_s"] / r["steps"] for r in results[variant.label] if r.get("status") == "finished"]
             if times:
                 columns[variant.label]["s/update"] = f"{sum(times) / len(times):.2f}"
 
+    if len(set().union(*machines.values())) > 1:  # seconds from different machines: say which is which
+        for label, names in machines.items():
+            columns[label]["machine"] = " + ".join(sorted(names))
     rows = comparison.summarise(results, metric, columns)
     table = comparison.markdown(rows, label, spec.decimals)
     (root / "table.md").write_text(table + "\n")

@@ -170,6 +170,17 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
     assert f"{mean:.3f} ± " in table  # three decimals: bits per byte differ in the third
     summary = json.loads((out / "PostLN" / "seed1" / "summary.json").read_text())
     assert summary["test_bpb"] > 0
+    assert "machine" not in table  # every run on this machine: seconds compare as they are
+    # a run recorded on another machine (collected runs): the table says which seconds came from where
+    cfg_path = out / "PostLN" / "seed1" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["environment"].update(cpu="Intel(R) Xeon(R) Processor", cpu_capability="AVX2", cuda=None)
+    cfg_path.write_text(json.dumps(cfg))
+    with one_thread():
+        assert run(["compare", "lm", *argv]) == 0  # both runs done: only the table is made again
+    rows = json.loads((out / "compare.json").read_text())["rows"]
+    assert rows[1]["machine"] == "Intel Xeon Processor (AVX2)"
+    assert rows[0]["machine"] not in ("", rows[1]["machine"]) and "| machine" in (out / "table.md").read_text()
 
 
 @pytest.mark.skipif(not PYDOCS.is_dir(), reason="the pydocs corpus is not beside the checkout (../shared/data/pydocs)")
