@@ -1,6 +1,7 @@
 """Models that take any connection, a second family without them, and their named presets.
 
     preact_resnet   PreAct-ResNet for images (a connection on every block)
+    incremental     the incremental decoding interface both generating families keep (start, step, select)
     seq2seq         the encoder-decoder shell: embedding, positions, tied output, incremental decoding
     linear          the translation families' linear layers: Xavier-uniform, stacked ones slice by slice
     transformer     the residual Transformer family (a connection on every sub-layer)

@@ -1,6 +1,7 @@
 """Sampling text from a decoder-only model, one position a step through its key/value cache.
 
-The prompt is fed at once (filling every layer's cache), then each new token alone, so a step costs one
+The prompt but its last token is fed at once (``model.start``, filling every layer's cache), then its last
+token and each new one alone (``model.step``; :mod:`skiplab.models.incremental`), so a step costs one
 position's computation rather than the whole prefix's. The next token is drawn from
 
     p = softmax(logits / T), restricted to the ``top_k`` most likely tokens and to the smallest set whose
@@ -47,21 +48,26 @@ def generate(model: nn.Module, prompt: list[int], max_new: int, eot: int | None 
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    caches = model.new_caches() if cache else None
-    logits = model(torch.tensor([prompt], device=device), caches)[0, -1]
+    if cache:
+        state = model.start(torch.tensor([prompt[:-1]], dtype=torch.long, device=device))
+        log_probs = model.step(torch.tensor(prompt[-1:], device=device), state)[0]
+    else:
+        log_probs = model(torch.tensor([prompt], device=device))[0, -1].float().log_softmax(-1)
     out: list[int] = []
     for _ in range(max_new):
         if temperature == 0:
-            token = int(logits.argmax())
+            token = int(log_probs.argmax())
         else:
-            probs = filter_logits(logits.float() / temperature, top_k, top_p).softmax(-1)
+            probs = filter_logits(log_probs / temperature, top_k, top_p).softmax(-1)
             token = int(torch.multinomial(probs.cpu(), 1, generator=generator))
         if token == eot:
             break
         out.append(token)
         if len(out) == max_new:
             break
-        step = [token] if cache else prompt + out
-        logits = model(torch.tensor([step], device=device), caches)[0, -1]
+        if cache:
+            log_probs = model.step(torch.tensor([token], device=device), state)[0]
+        else:
+            log_probs = model(torch.tensor([prompt + out], device=device))[0, -1].float().log_softmax(-1)
     model.train(was_training)
     return out

@@ -4,7 +4,8 @@
     layer:  x <- conn(x, Dropout ∘ CausalSelfAttn) ; x <- conn(x, Dropout ∘ MLP)
 
 Attention is causal on ``F.scaled_dot_product_attention(is_causal=True)`` (no mask tensor), with a key/value
-cache for generation (one position a step; ``forward(tokens, caches)``). Positions: ``rope`` rotates queries
+cache for generation (one position a step; ``forward(tokens, caches)``, or ``start``/``step``/``select``, the
+interface the translation families keep too: :mod:`skiplab.models.incremental`). Positions: ``rope`` rotates queries
 and keys (Su et al. 2021; :class:`~skiplab.models.attention.Rotary`), ``learned`` adds a learned vector per
 position (Radford et al. 2019, GPT-2). The MLP is ``gelu``: W2 GELU(W1 x) (GPT-2, tanh approximation), or
 ``swiglu``: W2 (SiLU(W1 x) ⊙ W3 x) (Shazeer 2020, Eq. 6; the LLaMA MLP). With pre-norm connections
@@ -161,3 +162,28 @@ class GPT(nn.Module):
     def new_caches(self) -> list[dict[str, Tensor]]:
         """Empty key/value caches, one per layer, for :meth:`forward`."""
         return [{} for _ in self.layers]
+
+    # -- incremental decoding (skiplab.models.incremental) --------------------------------------
+    def start(self, prefix: Tensor) -> LMState:
+        """A state for the N rows of ``prefix`` (N, P), P >= 0: every layer's cache holds the P positions
+        (computed at once); the first :meth:`step` feeds the token after them (a prompt's last one)."""
+        state = LMState(self.new_caches())
+        if prefix.shape[1]:
+            self(prefix, state.caches)
+        return state
+
+    def step(self, tokens: Tensor, state: LMState) -> Tensor:
+        """Feed one position (tokens (N,)), extend the caches in place, return log-probs (N, V) of the next."""
+        return F.log_softmax(self(tokens[:, None], state.caches)[:, 0].float(), dim=-1)
+
+    @staticmethod
+    def select(state: LMState, index: Tensor) -> LMState:
+        """Rows ``index`` of ``state`` (beam expansion and reordering)."""
+        return LMState([{n: t.index_select(0, index) for n, t in c.items()} for c in state.caches])
+
+
+@dataclass
+class LMState:
+    """Incremental decoding state of N rows: each layer's self-attention keys and values."""
+
+    caches: list[dict[str, Tensor]]

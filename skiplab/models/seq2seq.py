@@ -11,7 +11,8 @@ E·sqrt(d) has unit scale, and the linear layers Xavier-uniform; ``lipschitz`` d
 connections U(-1/sqrt(fan_in), 1/sqrt(fan_in)); the pad row is zero in both), the sinusoidal positions
 PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)) (Section 3.5), the
 padding mask (decoder self-attention is causal: the stacks attend with ``causal=True``), and incremental decoding (:meth:`encode`, :meth:`start`, :meth:`step`,
-:meth:`select`, the interface ``skiplab.translate`` searches with). A family (the residual Transformer,
+:meth:`select`: the incremental interface the GPT family keeps too, :mod:`skiplab.models.incremental`;
+``skiplab.translate`` searches with it). A family (the residual Transformer,
 the depth-wise LSTM Transformer) subclasses :class:`EncoderDecoder` and hands it an encoder stack and a
 decoder stack that keep these contracts (shapes (B, T, D)):
 

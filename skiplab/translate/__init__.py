@@ -1,6 +1,6 @@
 """Machine translation decoding and scoring.
 
-:mod:`~skiplab.translate.search`: greedy and batched beam search over any :class:`IncrementalDecoder`
+:mod:`~skiplab.translate.search`: greedy and batched beam search over any :class:`Seq2SeqDecoder`
 (encode once, one cached ``step`` per position). :mod:`~skiplab.translate.metrics`: sacrebleu BLEU and
 chrF with their signatures, tokenised BLEU as the papers report it, both forms of a test set, and Koehn's
 paired bootstrap resampling.
@@ -24,6 +24,7 @@ from .search import (
     UNK,
     Hypothesis,
     IncrementalDecoder,
+    Seq2SeqDecoder,
     beam_search,
     greedy_search,
     length_penalty,
@@ -38,6 +39,7 @@ __all__ = [
     "UNK",
     "Hypothesis",
     "IncrementalDecoder",
+    "Seq2SeqDecoder",
     "beam_search",
     "bleu",
     "bleu_forms",

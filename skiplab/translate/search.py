@@ -1,6 +1,6 @@
 """Greedy and batched beam search over an incremental (key/value-cached) decoder.
 
-The decoder is anything that implements :class:`IncrementalDecoder`: ``encode`` once, ``start`` a
+The decoder is anything that implements :class:`Seq2SeqDecoder`: ``encode`` once, ``start`` a
 state, then one ``step`` per target position for all rows at once. The prefix is never re-fed, so a
 sentence of length T costs T steps, not T²/2 positions.
 
@@ -23,6 +23,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from ..models.incremental import IncrementalDecoder
+
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
 # Never proposed: a PAD or BOS in the output would be read back as padding / a new sentence.
@@ -30,23 +32,13 @@ _BANNED = (PAD, BOS)
 
 
 @runtime_checkable
-class IncrementalDecoder(Protocol):
-    """The interface the searches decode with (the Transformer implements exactly this)."""
+class Seq2SeqDecoder(IncrementalDecoder, Protocol):
+    """What the searches decode with: the shared incremental interface (:mod:`skiplab.models.incremental`;
+    ``start`` takes the memory ``encode`` returns, the first ``step`` feeds BOS) and ``encode``. The encoder-
+    decoder families implement exactly this."""
 
     def encode(self, src: Tensor) -> Any:
         """Encode ``src`` int64 (B, S), right-padded with PAD; returns an opaque memory."""
-
-    def start(self, memory: Any) -> Any:
-        """A decoding state for the B sentences of ``memory``, with an empty key/value cache."""
-
-    def step(self, tokens: Tensor, state: Any) -> Tensor:
-        """Feed ``tokens`` (N,) at the current position (BOS first), appending it to the cache in place.
-
-        Returns float log-probabilities (N, V) of the next token.
-        """
-
-    def select(self, state: Any, index: Tensor) -> Any:
-        """A state whose row i is row ``index[i]`` of ``state`` (rows may repeat)."""
 
 
 @dataclass
@@ -81,7 +73,7 @@ def max_lengths(src: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
     return (max_len_a * src_len + max_len_b).floor().long()
 
 
-def _next_log_probs(model: IncrementalDecoder, tokens: Tensor, state: Any) -> Tensor:
+def _next_log_probs(model: Seq2SeqDecoder, tokens: Tensor, state: Any) -> Tensor:
     """One decoding step, in float32 (half-precision sums drift over long outputs), PAD/BOS banned."""
     log_probs = model.step(tokens, state).float()
     banned = torch.tensor(_BANNED, device=log_probs.device)
@@ -90,7 +82,7 @@ def _next_log_probs(model: IncrementalDecoder, tokens: Tensor, state: Any) -> Te
 
 @torch.no_grad()
 def greedy_search(
-    model: IncrementalDecoder, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50
+    model: Seq2SeqDecoder, src: Tensor, max_len_a: float = 1.0, max_len_b: int = 50
 ) -> list[list[int]]:
     """Per sentence the argmax token (PAD and BOS excluded) at each position, until EOS or ``max_lengths`` tokens.
 
@@ -119,7 +111,7 @@ def greedy_search(
 
 @torch.no_grad()
 def beam_search(
-    model: IncrementalDecoder,
+    model: Seq2SeqDecoder,
     src: Tensor,
     beam: int = 4,
     alpha: float = 0.6,

@@ -8,6 +8,7 @@ import torch
 
 from skiplab.models import GPT, GPTConfig, build_model, model_config
 from skiplab.models.attention import Rotary
+from skiplab.models.incremental import IncrementalDecoder
 from tests.noise import assert_within_noise, noise
 
 CONNECTIONS = ["PreLN", "PostLN", "PreRMS", "2rSkip+LN", "SAS", "Highway", "wSkip+LN", "1xSkip"]
@@ -54,6 +55,27 @@ def test_cached_steps_give_the_logits_of_full_recomputation(connection, mlp, pos
     full64, cached64, _ = both(copy.deepcopy(model).double())
     assert_within_noise(cached, full, noise((full, full64), (cached, cached64)))
     assert caches[0]["k"].shape[2] == x.shape[1]
+
+
+@torch.no_grad()
+def test_start_step_select_are_the_shared_incremental_interface():
+    model = tiny("PreLN")
+    assert isinstance(model, IncrementalDecoder)
+    x = tokens()
+    full = model(x).float().log_softmax(-1)
+    full64 = copy.deepcopy(model).double()(x).log_softmax(-1)
+    state = model.start(x[:, :5])  # five positions cached; the first step feeds the sixth token
+    steps = [model.step(x[:, t], state) for t in range(5, 8)]
+    assert_within_noise(torch.stack(steps, 1), full[:, 5:8], noise((full[:, 5:8], full64[:, 5:8])))
+    assert state.caches[0]["k"].shape[2] == 8
+    # rows reordered and repeated: row i continues as row index[i] did
+    index = torch.tensor([2, 0, 0])
+    picked = model.select(state, index)
+    after = model.step(x[index, 8], picked)
+    assert_within_noise(after, full[index, 8], noise((full[index, 8], full64[index, 8])))
+    assert model.start(x[:, :0]).caches[0] == {}  # an empty prefix: nothing cached, the first step is position 0
+    empty = model.start(x[:, :0])
+    assert_within_noise(model.step(x[:, 0], empty), full[:, 0], noise((full[:, 0], full64[:, 0])))
 
 
 def test_gpt2_small_has_gpt2s_124m_parameters():
