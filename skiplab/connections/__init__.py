@@ -1,11 +1,13 @@
-"""Every skip connection of the papers behind one interface: ``connection(spec, dim, layout)``.
+"""Every skip connection of the papers behind one interface: ``connection(spec, dim, layout, place=...)``.
 
 Importing this package registers the designs; see :mod:`skiplab.connections.spec` for the grammar.
 """
 
 # Import order is the order available_connections() lists the designs in.
 from . import expanded, recursive, learned, sas, highway, prenorm  # noqa: F401, I001  (register the designs)
-from .base import REGISTRY, Connection, available_connections, connection, iter_connections, parse_spec, recording
+from .base import (REGISTRY, Connection, available_connections, connection, final_norm, iter_connections, parse_spec,
+                   recording)
+from .place import Place
 from .spec import ALIASES, Spec, SpecError
 
 __all__ = [
@@ -15,7 +17,9 @@ __all__ = [
     "Spec",
     "SpecError",
     "available_connections",
+    "Place",
     "connection",
+    "final_norm",
     "iter_connections",
     "parse_spec",
     "recording",

@@ -10,7 +10,8 @@ from typing import Any, Callable, ClassVar
 from torch import Tensor, nn
 
 from . import spec as _spec
-from .norms import LAYOUTS
+from .norms import LAYOUTS, make_norm
+from .place import Place
 
 Branch = Callable[[Tensor], Tensor]
 
@@ -37,15 +38,22 @@ class Connection(nn.Module):
     default_norm: ClassVar[str | None] = None
     options: ClassVar[dict[str, _spec.Option]] = {}
     # A stack of blocks that leaves its output un-normalised (pre-norm) needs one final norm of this kind;
-    # models ask for it here rather than branching on the design.
+    # models ask for it (:func:`final_norm`) rather than branching on the design.
     final_norm: ClassVar[str | None] = None
 
-    def __init__(self, spec: _spec.Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
+    def __init__(self, spec: _spec.Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
+                 place: Place | None = None):
         super().__init__()
         self.dim, self.layout = dim, layout
         self.in_dim = dim if in_dim is None else in_dim
+        self.place = Place() if place is None else place
         self.spec = _spec.format_spec(spec, type(self))
         self.recording: list[dict[str, Tensor]] | None = None  # a list only inside recording(); see record()
+
+    @classmethod
+    def final_norm_kind(cls, spec: _spec.Spec, layers: int) -> str | None:
+        """The norm a stack of ``layers`` layers of this design ends with (None: its output is normalised)."""
+        return cls.final_norm
 
     @staticmethod
     def check_number(number: float) -> float:
@@ -69,7 +77,8 @@ class Connection(nn.Module):
                                    for k, v in values.items()})
 
     def extra_repr(self) -> str:
-        return f"{self.spec!r}, dim={self.dim}, layout={self.layout!r}"
+        where = "" if self.place == Place() else f", layer={self.place.layer}/{self.place.layers}"
+        return f"{self.spec!r}, dim={self.dim}, layout={self.layout!r}{where}"
 
 
 def register(cls: type[Connection]) -> type[Connection]:
@@ -107,12 +116,15 @@ def _positive_int(name: str, value: Any) -> int:
     return size
 
 
-def connection(spec: str, dim: int, layout: str = "seq", in_dim: int | None = None) -> Connection:
+def connection(spec: str, dim: int, layout: str = "seq", in_dim: int | None = None,
+               place: Place | None = None) -> Connection:
     """Build the connection named by ``spec`` for ``dim`` features.
 
     ``layout="seq"``: features in the last dimension ``(..., dim)``; ``layout="conv"``: feature maps
     ``(N, dim, H, W)``. ``in_dim``: features of the block input x where they differ from the output's
     (a block with a projection shortcut); only designs that normalise x itself (pre-norm) use it.
+    ``place``: where the block sits in its model (:class:`~skiplab.connections.place.Place`; default one
+    block of a one-layer stack), for the designs whose form or initialisation depends on depth.
     Raises ValueError for an unknown or malformed spec, listing the known names.
     """
     if layout not in LAYOUTS:
@@ -120,7 +132,15 @@ def connection(spec: str, dim: int, layout: str = "seq", in_dim: int | None = No
     dim = _positive_int("dim", dim)
     in_dim = None if in_dim is None else _positive_int("in_dim", in_dim)
     parsed = parse_spec(spec)
-    return REGISTRY[parsed.name](parsed, dim, layout, in_dim)
+    return REGISTRY[parsed.name](parsed, dim, layout, in_dim, place)
+
+
+def final_norm(spec: str, dim: int, layout: str = "seq", layers: int = 1) -> nn.Module:
+    """The norm a stack of ``layers`` layers of ``spec`` ends with: the pre-norm designs' own kind, the identity
+    for the designs whose output is normalised already. Models call this rather than branching on the design."""
+    parsed = parse_spec(spec)
+    kind = REGISTRY[parsed.name].final_norm_kind(parsed, _positive_int("layers", layers))
+    return make_norm(kind, dim, layout) if kind else nn.Identity()
 
 
 @contextmanager

@@ -15,6 +15,7 @@ from torch import Tensor
 from .base import Branch, Connection, register
 from .fused import scaled_add
 from .norms import NORMS, make_norm
+from .place import Place
 from .spec import Option, Spec, positive_float
 
 
@@ -41,8 +42,9 @@ class ExpandedSkip(Connection):
         "λxSkip[+G](f=φ)": "y = [G](λx + φ·F(x))  (contracted skips, Table 3 of the rSkip+LN paper)",
     }
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
-        super().__init__(spec, dim, layout, in_dim)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
+                 place: Place | None = None):
+        super().__init__(spec, dim, layout, in_dim, place)
         self.lam = float(spec.number)
         self.f = float(spec.options["f"])
         self.norm = make_norm(spec.norm, dim, layout) if spec.norm else None

@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from .base import Branch, Connection, register
 from .sas import pool_features, unpool
+from .place import Place
 from .spec import Option, Spec, finite_float
 
 
@@ -25,8 +26,9 @@ class Highway(Connection):
     options = {"bias": Option(-2.0, finite_float, "initial b_T of the transform gate")}
     patterns = {"Highway": "y = T ⊙ F + (1-T) ⊙ x, T = σ(x W_T + b_T)  (Highway Net transform gate, Fig. 2(a) of the SAS paper)"}
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
-        super().__init__(spec, dim, layout, in_dim)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
+                 place: Place | None = None):
+        super().__init__(spec, dim, layout, in_dim, place)
         self.transform = nn.Linear(dim, dim)
         nn.init.constant_(self.transform.bias, spec.options["bias"])
         self._t: Tensor | None = None

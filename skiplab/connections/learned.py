@@ -9,6 +9,7 @@ from torch import Tensor, nn
 
 from .base import Branch, Connection, register
 from .norms import NORMS, feature_axis, make_norm
+from .place import Place
 from .spec import Option, Spec, finite_float
 
 
@@ -25,8 +26,9 @@ class WeightedSkip(Connection):
         "wSkip[+BN|+RMS]": "y = [G](w ⊙ x + F(x))",
     }
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
-        super().__init__(spec, dim, layout, in_dim)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
+                 place: Place | None = None):
+        super().__init__(spec, dim, layout, in_dim, place)
         self.weight = nn.Parameter(torch.full((dim,), float(spec.options["init"])))
         self.norm = make_norm(spec.norm, dim, layout) if spec.norm else None
 

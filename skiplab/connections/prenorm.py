@@ -6,6 +6,7 @@ from torch import Tensor
 
 from .base import Branch, Connection, register
 from .norms import make_norm
+from .place import Place
 from .spec import Spec
 
 
@@ -18,8 +19,9 @@ class _PreNorm(Connection):
 
     kind: str
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
-        super().__init__(spec, dim, layout, in_dim)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
+                 place: Place | None = None):
+        super().__init__(spec, dim, layout, in_dim, place)
         self.norm = make_norm(self.kind, self.in_dim, layout)  # G normalises x, the block input
 
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:

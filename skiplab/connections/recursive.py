@@ -10,6 +10,7 @@ from torch import Tensor, nn
 
 from .base import Branch, Connection, register
 from .norms import NORMS, feature_mean, make_norm, normalize, norm_gain
+from .place import Place
 from .spec import Spec
 
 
@@ -44,8 +45,9 @@ class RecursiveSkip(Connection):
         "krSkip+RMS": "as krSkip+LN with RMSNorm",
     }
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
-        super().__init__(spec, dim, layout, in_dim)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
+                 place: Place | None = None):
+        super().__init__(spec, dim, layout, in_dim, place)
         self.k = int(spec.number)
         self.norms = nn.ModuleList(make_norm(spec.norm, dim, layout) for _ in range(self.k))
         self._inv_sigmas: list[Tensor] = []  # 1/σ_i of the last forward pass, i = 1..k-1 (σ_k never enters)

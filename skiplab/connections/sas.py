@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from .base import Branch, Connection, register
 from .fused import gated_sum
 from .norms import make_norm
+from .place import Place
 from .spec import Option, Spec, choice, finite_float
 
 
@@ -95,8 +96,9 @@ class SelfAdaptiveScaling(Connection):
         "SAS+BN": "SAS with BatchNorm in place of LN  (Table 7 of the SAS paper)",
     }
 
-    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None):
-        super().__init__(spec, dim, layout, in_dim)
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
+                 place: Place | None = None):
+        super().__init__(spec, dim, layout, in_dim, place)
         kind = spec.options["gate"]
         self.alpha = ScalingGate(dim, spec.options["alpha_bias"], kind)
         self.beta = ScalingGate(dim, spec.options["beta_bias"], kind)

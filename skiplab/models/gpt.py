@@ -31,10 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..connections import connection, iter_connections, parse_spec
+from ..connections import Place, connection, final_norm, iter_connections, parse_spec
 from .attention import Rotary, SelfAttention
 from .linear import stacked_linear, xavier_linear
-from .transformer import final_norm
 
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("rope", "learned")
@@ -96,13 +95,13 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
-    def __init__(self, cfg: GPTConfig, rope: Rotary | None):
+    def __init__(self, cfg: GPTConfig, rope: Rotary | None, layer: int = 1):
         super().__init__()
         d = cfg.d_model
         self.attn = SelfAttention(d, cfg.heads, cfg.dropout, cfg.bias, rope)
         self.mlp = MLP(cfg)
-        self.conn_attn = connection(cfg.connection, d)
-        self.conn_mlp = connection(cfg.connection, d)
+        self.conn_attn = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 1, 2, "attn"))
+        self.conn_mlp = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 2, 2, "ffn"))
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None) -> Tensor:
@@ -122,8 +121,8 @@ class GPT(nn.Module):
         self.pos_embed = nn.Embedding(cfg.context, d) if cfg.positions == "learned" else None
         rope = Rotary(d // cfg.heads, cfg.context, cfg.rope_base) if cfg.positions == "rope" else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.layers = nn.ModuleList(Layer(cfg, rope) for _ in range(cfg.layers))
-        self.norm = final_norm(cfg)
+        self.layers = nn.ModuleList(Layer(cfg, rope, i + 1) for i in range(cfg.layers))
+        self.norm = final_norm(cfg.connection, d, layers=cfg.layers)
         self.head = None if cfg.tie else nn.Linear(d, cfg.vocab_size, bias=False)
         self._init_weights()
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..connections import connection, parse_spec
+from ..connections import Place, connection, parse_spec
 
 
 @dataclass(frozen=True)
@@ -49,14 +49,14 @@ class PreActResNetConfig:
 class PreActBlock(nn.Module):
     """y = conn(x, F, skip): F(x) = conv(ReLU(BN(conv(ReLU(BN(x)))))), skip = proj(ReLU(BN(x))) or x."""
 
-    def __init__(self, c_in: int, c_out: int, stride: int, spec: str):
+    def __init__(self, c_in: int, c_out: int, stride: int, spec: str, place: Place | None = None):
         super().__init__()
         self.bn1 = nn.BatchNorm2d(c_in)
         self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(c_out)
         self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
         self.shortcut = nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False) if stride != 1 or c_in != c_out else None
-        self.conn = connection(spec, c_out, layout="conv", in_dim=c_in)
+        self.conn = connection(spec, c_out, layout="conv", in_dim=c_in, place=place)
 
     def forward(self, x: Tensor) -> Tensor:  # (N, c_in, H, W) -> (N, c_out, H/s, W/s)
         cache: dict[str, Tensor] = {}
@@ -82,10 +82,12 @@ class PreActResNet(nn.Module):
         widths = [16 * cfg.width, 32 * cfg.width, 64 * cfg.width]
         self.stem = nn.Conv2d(cfg.in_channels, widths[0], 3, padding=1, bias=False)
         blocks, c_in = [], widths[0]
+        n = 3 * cfg.blocks_per_stage  # the blocks are an encoder-only stack of n layers
         for stage, c_out in enumerate(widths):
             for i in range(cfg.blocks_per_stage):
                 stride = 2 if stage > 0 and i == 0 else 1
-                blocks.append(PreActBlock(c_in, c_out, stride, cfg.connection))
+                where = Place(len(blocks) + 1, "encoder", n, 0)
+                blocks.append(PreActBlock(c_in, c_out, stride, cfg.connection, where))
                 c_in = c_out
         self.blocks = nn.Sequential(*blocks)
         self.bn = nn.BatchNorm2d(c_in)

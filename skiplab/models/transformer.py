@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from ..connections import REGISTRY, connection, parse_spec
-from ..connections.norms import make_norm
+from ..connections import Place, connection, final_norm, parse_spec
 from .attention import CrossAttention, SelfAttention
 from .linear import xavier_linear
 from .seq2seq import EncoderDecoder, Seq2SeqConfig
@@ -44,14 +43,19 @@ class FeedForward(nn.Sequential):
         super().__init__(xavier_linear(d, inner), nn.ReLU(), xavier_linear(inner, d))
 
 
+def place(cfg: TransformerConfig, stack: str, layer: int, sublayer: int, role: str) -> Place:
+    """Sub-layer ``sublayer`` (``role``) of layer ``layer`` (1-based) of the encoder or decoder stack."""
+    return Place(layer, stack, cfg.encoder_layers, cfg.decoder_layers, sublayer, 2 if stack == "encoder" else 3, role)
+
+
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer: int = 1):
         super().__init__()
         d = cfg.d_model
         self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
         self.ffn = FeedForward(d, cfg.ffn_dim)
-        self.conn_attn = connection(cfg.connection, d)
-        self.conn_ffn = connection(cfg.connection, d)
+        self.conn_attn = connection(cfg.connection, d, place=place(cfg, "encoder", layer, 1, "attn"))
+        self.conn_ffn = connection(cfg.connection, d, place=place(cfg, "encoder", layer, 2, "ffn"))
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # (B, S, D)
@@ -60,15 +64,15 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer: int = 1):
         super().__init__()
         d = cfg.d_model
         self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
         self.cross_attn = CrossAttention(d, cfg.heads, cfg.attention_dropout)
         self.ffn = FeedForward(d, cfg.ffn_dim)
-        self.conn_self = connection(cfg.connection, d)
-        self.conn_cross = connection(cfg.connection, d)
-        self.conn_ffn = connection(cfg.connection, d)
+        self.conn_self = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 1, "attn"))
+        self.conn_cross = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 2, "cross"))
+        self.conn_ffn = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 3, "ffn"))
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
@@ -79,17 +83,11 @@ class DecoderLayer(nn.Module):
         return self.conn_ffn(x, lambda h: self.drop(self.ffn(h)))
 
 
-def final_norm(cfg: TransformerConfig) -> nn.Module:
-    """The norm a stack ends with: the pre-norm designs' own kind, none for the others."""
-    kind = REGISTRY[parse_spec(cfg.connection).name].final_norm
-    return make_norm(kind, cfg.d_model) if kind else nn.Identity()
-
-
 class ResidualEncoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.norm = final_norm(cfg)
+        self.layers = nn.ModuleList(EncoderLayer(cfg, i + 1) for i in range(cfg.encoder_layers))
+        self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.encoder_layers)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         for layer in self.layers:
@@ -100,8 +98,8 @@ class ResidualEncoder(nn.Module):
 class ResidualDecoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
-        self.norm = final_norm(cfg)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i + 1) for i in range(cfg.decoder_layers))
+        self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.decoder_layers)
 
     def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         return [layer.cross_attn.project_kv(memory) for layer in self.layers]
