@@ -1,8 +1,10 @@
 """What the connections of a trained model learned, averaged over the examples of a split.
 
 ``gates``: SAS's α = σ(S_α), β = σ(S_β) and γ = (1−α)(1−β) or the free γ (Eqs. 2-4 of the SAS paper),
-the Highway transform gate T = σ(x W_T + b_T), and wSkip's learned vector w (its norm ‖w‖ and mean; the
-rSkip+LN paper reports ‖w‖ = 1.34, mean 0.24 for a middle-layer w ∈ R^32 initialised at 1).
+the Highway transform gate T = σ(x W_T + b_T), wSkip's learned vector w (its norm ‖w‖ and mean; the
+rSkip+LN paper reports ‖w‖ = 1.34, mean 0.24 for a middle-layer w ∈ R^32 initialised at 1), the branch
+gain α of ReZero and SkipInit (one learned scalar each, the same for every example: std 0) and LayerScale's
+λ (its mean and largest magnitude). The learned parameters need no data.
 
 ``ratios``: the recursive skip's x : F ratio (Appendix A of the rSkip+LN paper, the sum to k − 1):
 
@@ -28,8 +30,10 @@ from ..connections import iter_connections, recording
 from .report import Moments, markdown, per_position, pyplot
 from .trained import Trained
 
-KINDS = {"gates": ("SAS", "Highway", "wSkip"), "ratios": ("rSkip",)}
+KINDS = {"gates": ("SAS", "Highway", "wSkip", "ReZero", "SkipInit", "LayerScale"), "ratios": ("rSkip",)}
 GATES = ("alpha", "beta", "gamma", "T")
+DATA_FREE = ("wSkip", "ReZero", "SkipInit", "LayerScale")  # what they learned is a parameter, read as it is
+PARAMS = ("w_norm", "w_mean", "lambda_mean", "lambda_abs_max")  # data-free values without a spread
 PAPER_RATIO = 2.64  # rSkip+LN paper, Section 4.3: 2rSkip+LN, middle stage of ResNet-110 on CIFAR-10
 
 
@@ -43,7 +47,7 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
                          f"({what} are those of {', '.join(KINDS[what]).replace('rSkip', 'krSkip+G')})")
     moments: dict[str, dict[str, Moments]] = {n: {} for n in chosen}
     seen, t0 = 0, time.time()
-    if any(c.name != "wSkip" for c in chosen.values()):  # a wSkip vector needs no data
+    if any(c.name not in DATA_FREE for c in chosen.values()):
         tr.model.eval()
         bar = tqdm(total=examples, desc=f"{what} {tr.path.name}", unit="ex", disable=not progress)
         with torch.no_grad(), recording(tr.model) as logs:
@@ -68,6 +72,12 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
         if conn.name == "wSkip":
             w = conn.weight.detach()
             row.update(w_norm=w.norm().item(), w_mean=w.mean().item(), w_std=w.std(unbiased=False).item(), dim=w.numel())
+        elif conn.name in DATA_FREE:
+            for key, value in conn.stats().items():
+                if key in GATES:  # one learned number for every example
+                    row[key], row[f"{key}_std"] = value, 0.0
+                elif key in PARAMS:
+                    row[key] = value
         rows.append(row)
     result = {"analysis": what, "run": str(tr.path), "label": tr.label, "split": split, "examples": seen,
               "mode": "eval", "seed": seed, "connections": rows, "time_s": time.time() - t0, "config": tr.config}
@@ -105,7 +115,7 @@ def table(result: dict[str, Any]) -> str:
         stages = ", ".join(f"{s} {v:.3f}" for s, v in result["stages"].items())
         return (f"{text}\n\nper stage: {stages}; network: {result['network']:.3f}; "
                 f"the paper: {result['paper']['ratio']} ({result['paper']['where']})")
-    keys = [k for k in (*GATES, "w_norm", "w_mean") if any(k in r for r in rows)]
+    keys = [k for k in (*GATES, *PARAMS) if any(k in r for r in rows)]
     head = ["connection", "spec"] + [f"{k} (mean ± std)" if k in GATES else k for k in keys]
     body = [[r["connection"], r["spec"]] + [(f"{r[k]:.4f} ± {r[k + '_std']:.4f}" if k in GATES else r[k])
                                             if k in r else "-" for k in keys] for r in rows]
@@ -113,14 +123,14 @@ def table(result: dict[str, Any]) -> str:
 
 
 def figure(results: list[dict[str, Any]]):
-    """Per block: α, β, γ (SAS), T (Highway), ‖w‖ (wSkip) or the x : F ratio, mean ± std, one line per run
+    """Per block: α, β, γ (SAS), T (Highway), ‖w‖ (wSkip), α (ReZero, SkipInit), mean λ (LayerScale) or the x : F ratio, mean ± std, one line per run
     and quantity (Fig. 3 of the SAS paper plots α and β per block this way)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     what = results[0]["analysis"]
     for i, r in enumerate(results):
         rows = r["connections"]
-        keys = ["ratio"] if what == "ratios" else [k for k in (*GATES, "w_norm") if any(k in x for x in rows)]
+        keys = ["ratio"] if what == "ratios" else [k for k in (*GATES, "w_norm", "lambda_mean") if any(k in x for x in rows)]
         for j, key in enumerate(keys):
             xs = [n for n, x in enumerate(rows, 1) if key in x]
             ys = [x[key] for x in rows if key in x]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
 
 from .base import Branch, Connection, register
 from .norms import make_norm
 from .place import Place
-from .spec import Spec
+from .spec import Option, Spec, choice
 
 
 class _PreNorm(Connection):
@@ -15,18 +17,30 @@ class _PreNorm(Connection):
 
     A stack of pre-norm blocks ends un-normalised; models add one final norm (the tutorial's
     ``final_norm``, the Transformer's last LayerNorm on each stack).
+
+    With ``scale=depth`` (LayerNorm scaling, "LNS"; Sun et al. 2025, "The Curse of Depth in Large Language
+    Models", Section 4): y = x + F(G(x)/√l), l the 1-based index of the block's layer, the same factor
+    for every sub-layer of layer l (lmsdss/LayerNorm-Scaling, ``modeling_llama.py``, ``1/sqrt(layer_index)``;
+    OLMo-core's ``LayerNormScaledTransformerBlock``). No new parameters; at l = 1 it is the plain pre-norm block.
     """
 
     kind: str
+    options = {"scale": Option("none", choice("none", "depth"), "none, or depth: G(x) scaled by 1/sqrt(layer)")}
 
     def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
                  place: Place | None = None):
         super().__init__(spec, dim, layout, in_dim, place)
         self.norm = make_norm(self.kind, self.in_dim, layout)  # G normalises x, the block input
+        self.scaled = spec.options["scale"] == "depth"
+        self.factor = 1.0 / math.sqrt(self.place.layer) if self.scaled else 1.0
 
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
-        return s + branch(self.norm(x))
+        h = self.norm(x)
+        return s + branch(h if self.factor == 1.0 else h * self.factor)
+
+    def stats(self) -> dict[str, float]:
+        return {"scale": self.factor} if self.scaled else {}
 
 
 @register
@@ -34,7 +48,8 @@ class PreLN(_PreNorm):
     """``PreLN``: y = x + F(LN(x)) (pre-norm Transformer block, GPT-2 / LLaMA style)."""
 
     name, kind, final_norm = "PreLN", "LN", "LN"
-    patterns = {"PreLN": "y = x + F(LN(x))  (pre-norm, the tutorial)"}
+    patterns = {"PreLN": "y = x + F(LN(x))  (pre-norm, the tutorial)",
+                "PreLN(scale=depth)": "y = x + F(LN(x)/√l), l the layer's index  (LayerNorm scaling, Sun et al. 2025)"}
 
 
 @register

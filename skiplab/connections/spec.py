@@ -4,14 +4,16 @@ Grammar (case-sensitive)::
 
     spec    := [number] name ["+" norm] ["(" option ("," option)* ")"]
     number  := a real such as 2, 0.5, 1e-1       -- λ of xSkip, the order k of rSkip
-    name    := xSkip | rSkip | wSkip | SAS | Highway | PreLN | PreRMS | NoSkip
+    name    := xSkip | rSkip | wSkip | SAS | Highway | PreLN | PreRMS | NoSkip | ReZero | SkipInit | LayerScale
+             | MixLN
     norm    := LN | BN | RMS
     option  := key "=" value                     -- e.g. f=2, init=1, gate=single, gamma=free
 
-Aliases: ``Residual`` = ``1xSkip``, ``PostLN`` = ``1xSkip+LN``.
+Aliases: ``Residual`` = ``1xSkip``, ``PostLN`` = ``1xSkip+LN``, ``LNS`` = ``PreLN(scale=depth)``.
 
 Examples: ``1xSkip``, ``2xSkip``, ``0.5xSkip+LN(f=2)``, ``2rSkip+LN``, ``3rSkip+BN``, ``wSkip+LN(init=2)``,
-``SAS``, ``SAS(gate=single)``, ``SAS(gamma=free)``, ``SAS+BN``, ``Highway``, ``PreLN``, ``PreRMS``.
+``SAS``, ``SAS(gate=single)``, ``SAS(gamma=free)``, ``SAS+BN``, ``Highway``, ``PreLN``, ``PreRMS``,
+``ReZero``, ``LayerScale(init=1e-5)``, ``PreLN(scale=depth)``, ``MixLN+RMS(alpha=0.25)``.
 
 Which numbers, norms and options a name accepts is declared by its class (``numbered``, ``accepts_norms``,
 ``options``); :func:`parse` checks a spec against that declaration and the registry turns it into a
@@ -27,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-ALIASES = {"Residual": "1xSkip", "PostLN": "1xSkip+LN"}
+ALIASES = {"Residual": "1xSkip", "PostLN": "1xSkip+LN", "LNS": "PreLN(scale=depth)"}
 
 _SPEC_RE = re.compile(
     r"^(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)?"

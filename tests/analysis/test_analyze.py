@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from skiplab.analysis.gradients import gradient_norms
-from skiplab.analysis.learned import learned
+from skiplab.analysis.learned import learned, table
 from skiplab.analysis.report import per_position
 from skiplab.tasks import load_trained
 from skiplab.cli import main
@@ -20,7 +20,7 @@ from tests.noise import assert_within_noise, noise
 def runs(fashion_dir, tmp_path_factory):
     """Tiny PreAct-ResNet-20 runs (one epoch on 256 images) with a plain, a SAS and a recursive skip."""
     root = tmp_path_factory.mktemp("runs")
-    for spec in ("1xSkip", "SAS", "2rSkip+LN", "Highway", "wSkip+LN"):
+    for spec in ("1xSkip", "SAS", "2rSkip+LN", "Highway", "wSkip+LN", "ReZero", "LayerScale"):
         argv = ["train", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--epochs", "1",
                 "--batch-size", "64", "--connection", spec, "--out", str(root / spec)]
         assert main(argv) == 0
@@ -88,6 +88,20 @@ def test_wskip_reports_its_learned_vector(runs):
         assert row["w_norm"] == pytest.approx(w.norm().item()) and row["w_mean"] == pytest.approx(w.mean().item())
         assert row["dim"] == w.numel()
     assert any(abs(r["w_mean"] - 1.0) > 1e-4 for r in result["connections"])  # trained away from its start
+
+
+def test_rezero_and_layerscale_report_their_learned_gains(runs):
+    for spec, key, read in (("ReZero", "alpha", lambda c: c.alpha.item()),
+                            ("LayerScale", "lambda_mean", lambda c: c.scale.mean().item())):
+        tr = load_trained(runs / spec)
+        result = learned(tr, "gates", examples=10, progress=False)
+        conns = dict(iter_connections(tr.model))
+        assert result["examples"] == 0 and len(result["connections"]) == 9
+        for row in result["connections"]:
+            assert row[key] == pytest.approx(read(conns[row["connection"]]))
+        assert any(abs(r[key]) > 1e-6 for r in result["connections"])  # ReZero's α and λ moved from 0 and 0.1
+        assert any(abs(r[key] - 0.1) > 1e-6 for r in result["connections"])
+        assert key in table(result)
 
 
 def test_per_position_drops_padding():

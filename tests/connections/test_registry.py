@@ -13,6 +13,8 @@ EXAMPLES = [
     "2xSkip+RMS", "0.5xSkip+LN(f=2)", "1xSkip(f=2)", "1rSkip+LN", "2rSkip+LN", "3rSkip+LN", "2rSkip+BN",
     "2rSkip+RMS", "wSkip+LN", "wSkip+LN(init=2)", "wSkip", "wSkip+BN", "SAS", "SAS(gate=single)",
     "SAS(gamma=free)", "SAS+BN", "SAS+RMS", "Highway", "Highway(bias=-1)", "PreLN", "PreRMS",
+    "ReZero", "ReZero(init=0.5)", "SkipInit", "LayerScale", "LayerScale+RMS(init=0.1)", "PreLN(scale=depth)", "LNS",
+    "PreRMS(scale=depth)", "MixLN", "MixLN+RMS(alpha=0.5)",
 ]
 
 

@@ -1,0 +1,130 @@
+"""The modern per-block designs against their formulas, initialisations and the special cases their papers
+state: ReZero, SkipInit, LayerScale, LayerNorm scaling (LNS) and Mix-LN."""
+
+import math
+
+import pytest
+import torch
+
+import skiplab
+from skiplab import Place, final_norm
+from skiplab.connections.mixed import post_layers
+from skiplab.connections.scaled import layerscale_init
+from skiplab.models import GPT, GPTConfig, Transformer, TransformerConfig
+from tests.connections.test_formulas import conv_ln, ln
+from tests.conftest import DIM, make_branch, make_input, randomise_affine
+
+
+@pytest.mark.parametrize("name", ["ReZero", "SkipInit"])
+def test_rezero_and_skipinit_start_as_the_identity_then_scale_the_branch(name, layout):
+    x, branch = make_input(layout), make_branch(layout)
+    conn = skiplab.connection(name, DIM, layout)
+    assert torch.equal(conn(x, branch), x)  # α = 0: the block is the identity at initialisation
+    with torch.no_grad():
+        conn.alpha.fill_(0.7)
+    torch.testing.assert_close(conn(x, branch), x + 0.7 * branch(x))
+    assert conn.stats() == {"alpha": pytest.approx(0.7)}
+    assert skiplab.connection(f"{name}(init=0.25)", DIM, layout).alpha.item() == 0.25
+
+
+def test_rezero_gradient_reaches_alpha_while_the_branch_is_off():
+    x, branch = make_input("seq"), make_branch("seq")
+    conn = skiplab.connection("ReZero", DIM)
+    dy = torch.randn(x.shape)
+    (conn(x, branch) * dy).sum().backward()
+    torch.testing.assert_close(conn.alpha.grad, (dy * branch(x)).sum())  # ∂y/∂α = F(x)
+    torch.testing.assert_close(x.grad, dy)  # α = 0: only the skip carries the gradient
+
+
+@pytest.mark.parametrize("depth, expect", [(12, 0.1), (18, 0.1), (24, 1e-5), (36, 1e-6), (100, 1e-6)])
+def test_layerscale_init_follows_cait_depth_rule(depth, expect):
+    assert layerscale_init(depth) == expect
+    conn = skiplab.connection("LayerScale", DIM, place=Place(1, "encoder", depth))
+    assert torch.equal(conn.scale, torch.full((DIM,), expect))
+
+
+def test_layerscale_is_x_plus_lambda_times_f_of_ln_x(layout):
+    x, branch = make_input(layout), make_branch(layout)
+    conn = skiplab.connection("LayerScale(init=0.1)", DIM, layout)
+    randomise_affine(conn)
+    lam = torch.linspace(-0.5, 1.5, DIM)
+    with torch.no_grad():
+        conn.scale.copy_(lam)
+    if layout == "seq":
+        expect = x + lam * branch(ln(x, conn.norm.weight, conn.norm.bias))
+    else:
+        expect = x + lam.view(1, -1, 1, 1) * branch(conv_ln(x, conn.norm.weight, conn.norm.bias))
+    torch.testing.assert_close(conn(x, branch), expect)
+    assert type(final_norm("LayerScale", DIM)) is torch.nn.LayerNorm
+    assert type(final_norm("LayerScale+RMS", DIM)).__name__ == "RMSNorm"
+
+
+@pytest.mark.parametrize("layer", [1, 4, 9])
+def test_lns_scales_the_normalised_input_by_one_over_root_layer(layer, layout):
+    x, branch = make_input(layout), make_branch(layout)
+    lns = skiplab.connection("LNS", DIM, layout, place=Place(layer, "encoder", 12))
+    plain = skiplab.connection("PreLN", DIM, layout)
+    randomise_affine(lns)
+    plain.load_state_dict(lns.state_dict())
+    assert lns.spec == "PreLN(scale=depth)" and lns.stats() == {"scale": 1 / math.sqrt(layer)}
+    h = lns.norm(x)
+    torch.testing.assert_close(lns(x, branch), x + branch(h / math.sqrt(layer)))
+    if layer == 1:  # LNS at l = 1 is PreLN exactly
+        assert torch.equal(lns(x, branch), plain(x, branch))
+
+
+def test_lns_in_a_gpt_gives_both_sublayers_of_layer_l_the_same_factor():
+    model = GPT(GPTConfig(vocab_size=20, d_model=16, heads=2, layers=4, ffn_dim=32, context=8, connection="LNS"))
+    factors = [(layer.conn_attn.factor, layer.conn_mlp.factor) for layer in model.layers]
+    assert factors == [(1 / math.sqrt(l), 1 / math.sqrt(l)) for l in range(1, 5)]
+    assert type(model.norm) is torch.nn.LayerNorm  # the final norm is unchanged
+
+
+@pytest.mark.parametrize("alpha, layers, post", [(0.25, 12, 3), (0.25, 24, 6), (0.25, 6, 1), (0.29, 100, 29),
+                                                 (0.0, 8, 0), (1.0, 8, 8)])
+def test_mixln_post_norm_layers_are_floor_alpha_l(alpha, layers, post):
+    assert post_layers(alpha, layers) == post
+    kinds = [skiplab.connection(f"MixLN(alpha={alpha})", DIM, place=Place(l, "encoder", layers)).post
+             for l in range(1, layers + 1)]
+    assert kinds == [True] * post + [False] * (layers - post)
+
+
+def test_mixln_layers_are_post_ln_then_pre_ln():
+    x, branch = make_input("seq"), make_branch("seq")
+    first, last = (skiplab.connection("MixLN", DIM, place=Place(l, "encoder", 12)) for l in (3, 4))
+    for conn in (first, last):
+        randomise_affine(conn)
+    w, b = first.norm.weight, first.norm.bias
+    torch.testing.assert_close(first(x, branch), ln(x + branch(x), w, b))
+    w, b = last.norm.weight, last.norm.bias
+    torch.testing.assert_close(last(x, branch), x + branch(ln(x, w, b)))
+    assert type(final_norm("MixLN", DIM, layers=12)) is torch.nn.LayerNorm
+    assert type(final_norm("MixLN(alpha=1)", DIM, layers=12)) is torch.nn.Identity
+    with pytest.raises(ValueError, match=r"option alpha: must be in \[0, 1\], got 1.5"):
+        skiplab.connection("MixLN(alpha=1.5)", DIM)
+
+
+def _same_model(spec_a: str, spec_b: str, family: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+    if family == "gpt":
+        def build(spec):
+            return GPT(GPTConfig(vocab_size=30, d_model=16, heads=2, layers=4, ffn_dim=32, context=10,
+                                 connection=spec)).eval()
+    else:
+        def build(spec):
+            return Transformer(TransformerConfig(vocab_size=30, d_model=16, heads=2, ffn_dim=32, encoder_layers=3,
+                                                 decoder_layers=2, dropout=0, attention_dropout=0,
+                                                 connection=spec)).eval()
+    a, b = build(spec_a), build(spec_b)
+    randomise_affine(a)
+    b.load_state_dict(a.state_dict())  # the same parameters under the same names
+    return a, b
+
+
+@pytest.mark.parametrize("family", ["gpt", "transformer"])
+@pytest.mark.parametrize("alpha, equals", [(0, "PreLN"), (1, "PostLN")])
+@torch.no_grad()
+def test_mixln_at_alpha_0_is_preln_and_at_1_postln(family, alpha, equals):
+    mix, ref = _same_model(f"MixLN(alpha={alpha})", equals, family)
+    tokens = torch.randint(1, 30, (2, 7), generator=torch.Generator().manual_seed(0))
+    args = (tokens,) if family == "gpt" else (tokens, tokens)
+    assert torch.equal(mix(*args), ref(*args))  # the same operations on the same weights, in the same order
