@@ -67,6 +67,12 @@ class Connection(nn.Module):
         """The learned (or fixed) quantities behind the design; ``None`` where no forward pass ran yet."""
         return {}
 
+    def init_branch(self, weights: dict[str, list[Tensor]]) -> None:
+        """Re-draw the branch's weights where the design prescribes their initialisation (DeepNorm's β).
+        ``weights`` maps a role ("query", "key", "value", "output", "ffn") to the weight matrices of that role
+        (views into stacked projections); models call this once, after their own initialisation. Most designs
+        leave the model's initialisation as it is."""
+
     def record(self, **values: Tensor) -> None:
         """Keep this forward pass's per-position ``values`` (detached) for an analysis; a no-op outside
         :func:`recording`, so training never pays for it. Designs record, where they have them: ``alpha``,

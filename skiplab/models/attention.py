@@ -56,6 +56,11 @@ class _Attention(nn.Module):
                     state[f"{prefix}{stacked}.{kind}"] = torch.cat([state.pop(k) for k in old])
 
 
+def _rows(linear: nn.Linear, parts: int) -> list[Tensor]:
+    """The ``parts`` row blocks of a stacked projection's weight, as views (an init redraws them in place)."""
+    return list(linear.weight.chunk(parts, dim=0))
+
+
 class SelfAttention(_Attention):
     """Queries, keys and values from the same sequence, through one stacked projection ``qkv_proj``; with
     ``rope``, queries and keys are rotated by their positions (:class:`Rotary`) before they meet."""
@@ -68,6 +73,11 @@ class SelfAttention(_Attention):
         self.qkv_proj = stacked_linear(d_model, d_model, 3, bias)
         self.out_proj = xavier_linear(d_model, d_model, bias)
         self.rope = rope
+
+    def projections(self) -> dict[str, list[Tensor]]:
+        """The weights by role, for a connection that re-initialises its branch (``Connection.init_branch``)."""
+        q, k, v = _rows(self.qkv_proj, 3)
+        return {"query": [q], "key": [k], "value": [v], "output": [self.out_proj.weight]}
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
                 cache: dict[str, Tensor] | None = None) -> Tensor:
@@ -99,6 +109,11 @@ class CrossAttention(_Attention):
         self.q_proj = xavier_linear(d_model, d_model)
         self.kv_proj = stacked_linear(d_model, d_model, 2)
         self.out_proj = xavier_linear(d_model, d_model)
+
+    def projections(self) -> dict[str, list[Tensor]]:
+        """The weights by role, for a connection that re-initialises its branch (``Connection.init_branch``)."""
+        k, v = _rows(self.kv_proj, 2)
+        return {"query": [self.q_proj.weight], "key": [k], "value": [v], "output": [self.out_proj.weight]}
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of the encoder output, split into heads: computed once per sentence."""

@@ -87,6 +87,10 @@ class MLP(nn.Module):
             self.up = xavier_linear(cfg.d_model, cfg.ffn_dim, cfg.bias)
         self.down = xavier_linear(cfg.ffn_dim, cfg.d_model, cfg.bias)
 
+    def projections(self) -> dict[str, list[Tensor]]:
+        up = list(self.up.weight.chunk(2, dim=0)) if self.swiglu else [self.up.weight]
+        return {"ffn": [*up, self.down.weight]}
+
     def forward(self, x: Tensor) -> Tensor:
         if self.swiglu:
             gate, value = self.up(x).chunk(2, dim=-1)
@@ -103,6 +107,10 @@ class Layer(nn.Module):
         self.conn_attn = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 1, 2, "attn"))
         self.conn_mlp = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 2, 2, "ffn"))
         self.drop = nn.Dropout(cfg.dropout)
+
+    def init_branches(self) -> None:
+        self.conn_attn.init_branch(self.attn.projections())
+        self.conn_mlp.init_branch(self.mlp.projections())
 
     def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None) -> Tensor:
         """``x`` (B, T, D); with ``cache``, x holds the new positions only, after the cached ones."""
@@ -140,6 +148,8 @@ class GPT(nn.Module):
             for layer in self.layers:
                 for out in (layer.attn.out_proj, layer.mlp.down):
                     out.weight.normal_(0.0, STD / math.sqrt(2 * self.cfg.layers))
+        for layer in self.layers:  # designs that prescribe their branch's initialisation (DeepNorm)
+            layer.init_branches()
 
     def forward(self, tokens: Tensor, caches: list[dict[str, Tensor]] | None = None) -> Tensor:
         """Logits (B, T, V) of the next token at every position of ``tokens`` (B, T). With ``caches`` (one

@@ -42,6 +42,9 @@ class FeedForward(nn.Sequential):
     def __init__(self, d: int, inner: int):
         super().__init__(xavier_linear(d, inner), nn.ReLU(), xavier_linear(inner, d))
 
+    def projections(self) -> dict[str, list[Tensor]]:
+        return {"ffn": [self[0].weight, self[2].weight]}
+
 
 def place(cfg: TransformerConfig, stack: str, layer: int, sublayer: int, role: str) -> Place:
     """Sub-layer ``sublayer`` (``role``) of layer ``layer`` (1-based) of the encoder or decoder stack."""
@@ -57,6 +60,10 @@ class EncoderLayer(nn.Module):
         self.conn_attn = connection(cfg.connection, d, place=place(cfg, "encoder", layer, 1, "attn"))
         self.conn_ffn = connection(cfg.connection, d, place=place(cfg, "encoder", layer, 2, "ffn"))
         self.drop = nn.Dropout(cfg.dropout)
+
+    def init_branches(self) -> None:
+        self.conn_attn.init_branch(self.self_attn.projections())
+        self.conn_ffn.init_branch(self.ffn.projections())
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # (B, S, D)
         x = self.conn_attn(x, lambda h: self.drop(self.self_attn(h, mask)))
@@ -74,6 +81,11 @@ class DecoderLayer(nn.Module):
         self.conn_cross = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 2, "cross"))
         self.conn_ffn = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 3, "ffn"))
         self.drop = nn.Dropout(cfg.dropout)
+
+    def init_branches(self) -> None:
+        self.conn_self.init_branch(self.self_attn.projections())
+        self.conn_cross.init_branch(self.cross_attn.projections())
+        self.conn_ffn.init_branch(self.ffn.projections())
 
     def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
                 cache: dict[str, Tensor] | None = None) -> Tensor:
@@ -116,6 +128,8 @@ class Transformer(EncoderDecoder):
 
     def __init__(self, cfg: TransformerConfig):
         super().__init__(cfg, ResidualEncoder(cfg), ResidualDecoder(cfg))
+        for layer in [*self.encoder.layers, *self.decoder.layers]:  # designs that prescribe their branch's init
+            layer.init_branches()
         self._register_load_state_dict_pre_hook(_upgrade_flat_stacks)
 
 

@@ -128,3 +128,67 @@ def test_mixln_at_alpha_0_is_preln_and_at_1_postln(family, alpha, equals):
     tokens = torch.randint(1, 30, (2, 7), generator=torch.Generator().manual_seed(0))
     args = (tokens,) if family == "gpt" else (tokens, tokens)
     assert torch.equal(mix(*args), ref(*args))  # the same operations on the same weights, in the same order
+
+
+# ---------------------------------------------------------------- DeepNorm
+
+@pytest.mark.parametrize("n", [6, 100])
+def test_deepnorm_constants_follow_deepnets_table(n):
+    from skiplab.connections.deepnorm import deepnorm_constants
+    m = n // 2
+    assert deepnorm_constants(Place(1, "encoder", n, 0)) == pytest.approx(((2 * n) ** 0.25, (8 * n) ** -0.25))
+    assert deepnorm_constants(Place.decoder_only(1, n)) == pytest.approx(((2 * n) ** 0.25, (8 * n) ** -0.25))
+    enc = deepnorm_constants(Place(1, "encoder", n, m))
+    assert enc == pytest.approx((0.81 * (n**4 * m) ** (1 / 16), 0.87 * (n**4 * m) ** (-1 / 16)))
+    assert deepnorm_constants(Place(1, "decoder", n, m)) == pytest.approx(((3 * m) ** 0.25, (12 * m) ** -0.25))
+
+
+def test_deepnorm_matches_the_papers_worked_numbers():
+    from skiplab.connections.deepnorm import deepnorm_constants
+    # decoder-only, 12 and 48 layers: alpha 2.213 and 3.130, beta 0.320 and 0.226 ((24)^1/4, (96)^-1/4, ...)
+    assert deepnorm_constants(Place.decoder_only(1, 12)) == pytest.approx((2.2134, 0.3195), abs=1e-4)
+    assert deepnorm_constants(Place.decoder_only(1, 48)) == pytest.approx((3.1302, 0.2259), abs=1e-4)
+
+
+def test_deepnorm_is_ln_of_alpha_x_plus_f(layout):
+    x, branch = make_input(layout), make_branch(layout)
+    conn = skiplab.connection("DeepNorm", DIM, layout, place=Place(2, "encoder", 6))
+    randomise_affine(conn)
+    alpha = 12 ** 0.25
+    assert conn.alpha == pytest.approx(alpha)
+    norm = ln if layout == "seq" else conv_ln
+    torch.testing.assert_close(conn(x, branch), norm(alpha * x + branch(x), conn.norm.weight, conn.norm.bias))
+    assert type(final_norm("DeepNorm", DIM, layers=6)) is torch.nn.Identity
+
+
+def _xavier_std(w, gain=1.0):
+    fan_out, fan_in = w.shape
+    return gain * math.sqrt(2.0 / (fan_in + fan_out))
+
+
+def test_deepnorm_draws_value_output_and_ffn_with_gain_beta_in_a_gpt():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=30, d_model=64, heads=4, layers=8, ffn_dim=256, context=8, connection="DeepNorm"))
+    beta = 64 ** -0.25  # decoder-only, M = 8: (8M)^-1/4
+    layer = model.layers[3]
+    assert layer.conn_attn.beta == pytest.approx(beta)
+    q, k, v = layer.attn.qkv_proj.weight.detach().chunk(3)
+    for w, gain in ((q, 1.0), (k, 1.0), (v, beta), (layer.attn.out_proj.weight.detach(), beta),
+                    (layer.mlp.up.weight.detach(), beta), (layer.mlp.down.weight.detach(), beta)):
+        assert w.std().item() == pytest.approx(_xavier_std(w, gain), rel=0.06)  # 4096+ draws: std within ~2%
+    assert type(model.norm) is torch.nn.Identity
+
+
+def test_deepnorm_in_the_transformer_uses_each_stacks_own_beta():
+    torch.manual_seed(0)
+    model = Transformer(TransformerConfig(vocab_size=30, d_model=64, heads=4, ffn_dim=256, encoder_layers=6,
+                                          decoder_layers=6, connection="DeepNorm"))
+    enc_beta, dec_beta = 0.87 * (6**5) ** (-1 / 16), 72 ** -0.25
+    enc, dec = model.encoder.layers[0], model.decoder.layers[5]
+    assert enc.conn_attn.alpha == pytest.approx(0.81 * (6**5) ** (1 / 16)) and dec.conn_cross.alpha == pytest.approx(18**0.25)
+    for w, gain in ((enc.self_attn.qkv_proj.weight.detach().chunk(3)[2], enc_beta),
+                    (enc.ffn[2].weight.detach(), enc_beta),
+                    (dec.cross_attn.kv_proj.weight.detach().chunk(2)[1], dec_beta),
+                    (dec.cross_attn.out_proj.weight.detach(), dec_beta),
+                    (dec.cross_attn.q_proj.weight.detach(), 1.0)):
+        assert w.std().item() == pytest.approx(_xavier_std(w, gain), rel=0.06)

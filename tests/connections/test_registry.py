@@ -14,7 +14,7 @@ EXAMPLES = [
     "2rSkip+RMS", "wSkip+LN", "wSkip+LN(init=2)", "wSkip", "wSkip+BN", "SAS", "SAS(gate=single)",
     "SAS(gamma=free)", "SAS+BN", "SAS+RMS", "Highway", "Highway(bias=-1)", "PreLN", "PreRMS",
     "ReZero", "ReZero(init=0.5)", "SkipInit", "LayerScale", "LayerScale+RMS(init=0.1)", "PreLN(scale=depth)", "LNS",
-    "PreRMS(scale=depth)", "MixLN", "MixLN+RMS(alpha=0.5)",
+    "PreRMS(scale=depth)", "MixLN", "MixLN+RMS(alpha=0.5)", "DeepNorm", "DeepNorm+RMS",
 ]
 
 
