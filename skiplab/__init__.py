@@ -5,8 +5,17 @@
 >>> y = conn(x, branch)            # y = LN(x + LN(x + branch(x)))
 """
 
-from .connections import Connection, Place, available_connections, connection, final_norm, iter_connections, parse_spec
+from .connections import (
+    Connection,
+    Place,
+    available_connections,
+    connection,
+    final_norm,
+    input_norm,
+    iter_connections,
+    parse_spec,
+)
 
 __version__ = "0.1.0"
-__all__ = ["Connection", "Place", "available_connections", "connection", "final_norm", "iter_connections", "parse_spec",
-           "__version__"]
+__all__ = ["Connection", "Place", "available_connections", "connection", "final_norm", "input_norm", "iter_connections",
+           "parse_spec", "__version__"]

@@ -55,6 +55,11 @@ class Connection(nn.Module):
         """The norm a stack of ``layers`` layers of this design ends with (None: its output is normalised)."""
         return cls.final_norm
 
+    @classmethod
+    def input_norm_kind(cls, spec: _spec.Spec) -> str | None:
+        """The norm a stack of this design applies to its input, the embeddings (None for most designs)."""
+        return None
+
     @staticmethod
     def check_number(number: float) -> float:
         """Validate the leading number of the spec; raise ValueError naming the problem."""
@@ -139,6 +144,13 @@ def connection(spec: str, dim: int, layout: str = "seq", in_dim: int | None = No
     in_dim = None if in_dim is None else _positive_int("in_dim", in_dim)
     parsed = parse_spec(spec)
     return REGISTRY[parsed.name](parsed, dim, layout, in_dim, place)
+
+
+def input_norm(spec: str, dim: int, layout: str = "seq") -> nn.Module:
+    """The norm a stack of ``spec`` blocks applies to its input (Peri-LN's embedding norm), else the identity."""
+    parsed = parse_spec(spec)
+    kind = REGISTRY[parsed.name].input_norm_kind(parsed)
+    return make_norm(kind, dim, layout) if kind else nn.Identity()
 
 
 def final_norm(spec: str, dim: int, layout: str = "seq", layers: int = 1) -> nn.Module:

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..connections import Place, connection, final_norm, iter_connections, parse_spec
+from ..connections import Place, connection, final_norm, input_norm, iter_connections, parse_spec
 from .attention import Rotary, SelfAttention
 from .linear import stacked_linear, xavier_linear
 
@@ -129,6 +129,7 @@ class GPT(nn.Module):
         self.pos_embed = nn.Embedding(cfg.context, d) if cfg.positions == "learned" else None
         rope = Rotary(d // cfg.heads, cfg.context, cfg.rope_base) if cfg.positions == "rope" else None
         self.drop = nn.Dropout(cfg.dropout)
+        self.embed_norm = input_norm(cfg.connection, d)  # the identity but for designs that normalise the input
         self.layers = nn.ModuleList(Layer(cfg, rope, i + 1) for i in range(cfg.layers))
         self.norm = final_norm(cfg.connection, d, layers=cfg.layers)
         self.head = None if cfg.tie else nn.Linear(d, cfg.vocab_size, bias=False)
@@ -162,7 +163,7 @@ class GPT(nn.Module):
         x = self.embed(tokens)
         if self.pos_embed is not None:
             x = x + self.pos_embed.weight[offset : offset + t]
-        x = self.drop(x)
+        x = self.drop(self.embed_norm(x))
         for i, layer in enumerate(self.layers):
             x = layer(x, None if caches is None else caches[i])
         h = self.norm(x)

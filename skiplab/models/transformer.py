@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from ..connections import Place, connection, final_norm, parse_spec
+from ..connections import Place, connection, final_norm, input_norm, parse_spec
 from .attention import CrossAttention, SelfAttention
 from .linear import xavier_linear
 from .seq2seq import EncoderDecoder, Seq2SeqConfig
@@ -99,9 +99,11 @@ class ResidualEncoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg, i + 1) for i in range(cfg.encoder_layers))
+        self.input_norm = input_norm(cfg.connection, cfg.d_model)
         self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.encoder_layers)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
+        x = self.input_norm(x)
         for layer in self.layers:
             x = layer(x, mask)
         return self.norm(x)
@@ -111,6 +113,7 @@ class ResidualDecoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg, i + 1) for i in range(cfg.decoder_layers))
+        self.input_norm = input_norm(cfg.connection, cfg.d_model)
         self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.decoder_layers)
 
     def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
@@ -118,6 +121,7 @@ class ResidualDecoder(nn.Module):
 
     def forward(self, x: Tensor, cross: list[tuple[Tensor, Tensor]], memory_mask: Tensor,
                 caches: list[dict[str, Tensor]] | None = None) -> Tensor:
+        x = self.input_norm(x)  # per position: exact under incremental decoding
         for i, layer in enumerate(self.layers):
             x = layer(x, cross[i], memory_mask, None if caches is None else caches[i])
         return self.norm(x)

@@ -192,3 +192,30 @@ def test_deepnorm_in_the_transformer_uses_each_stacks_own_beta():
                     (dec.cross_attn.out_proj.weight.detach(), dec_beta),
                     (dec.cross_attn.q_proj.weight.detach(), 1.0)):
         assert w.std().item() == pytest.approx(_xavier_std(w, gain), rel=0.06)
+
+
+# ---------------------------------------------------------------- Peri-LN and Sandwich-LN
+
+@pytest.mark.parametrize("name", ["PeriLN", "SandwichLN"])
+def test_peri_and_sandwich_normalise_the_branchs_input_and_output(name, layout):
+    x, branch = make_input(layout), make_branch(layout)
+    conn = skiplab.connection(name, DIM, layout)
+    randomise_affine(conn)
+    norm = ln if layout == "seq" else conv_ln
+    inner = norm(x, conn.norm_in.weight, conn.norm_in.bias)
+    torch.testing.assert_close(conn(x, branch), x + norm(branch(inner), conn.norm_out.weight, conn.norm_out.bias))
+    assert type(final_norm(name, DIM)) is torch.nn.LayerNorm
+
+
+def test_periln_normalises_the_embeddings_and_sandwich_does_not():
+    from skiplab import input_norm
+    assert type(input_norm("PeriLN", DIM)) is torch.nn.LayerNorm
+    assert type(input_norm("PeriLN+RMS", DIM)).__name__ == "RMSNorm"
+    for spec in ("PeriLN(embed=no)", "SandwichLN", "PreLN"):
+        assert type(input_norm(spec, DIM)) is torch.nn.Identity
+    gpt = GPT(GPTConfig(vocab_size=30, d_model=16, heads=2, layers=2, ffn_dim=32, context=8, connection="PeriLN"))
+    tokens = torch.randint(0, 30, (2, 6), generator=torch.Generator().manual_seed(0))
+    seen = {}
+    gpt.layers[0].register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0]))
+    gpt(tokens)
+    torch.testing.assert_close(seen["x"], ln(gpt.embed(tokens), gpt.embed_norm.weight, gpt.embed_norm.bias))
