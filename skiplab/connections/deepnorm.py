@@ -45,7 +45,7 @@ class DeepNorm(Connection):
     """
 
     name = "DeepNorm"
-    accepts_norms = ("LN", "RMS")
+    accepts_norms = ("LN", "RMS", "DyT")
     default_norm = "LN"
     patterns = {"DeepNorm[+RMS]": "y = LN(α·x + F(x)); α, β by depth and architecture; β on F's v, out, ffn "
                                   "weights  (Wang et al. 2022, DeepNet, Fig. 2)"}

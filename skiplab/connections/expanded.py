@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .base import Branch, Connection, register
 from .fused import scaled_add
-from .norms import NORMS, make_norm
+from .norms import ALL_NORMS, make_norm
 from .place import Place
 from .spec import Option, Spec, positive_float
 
@@ -31,7 +31,7 @@ class ExpandedSkip(Connection):
 
     name = "xSkip"
     numbered = True
-    accepts_norms = NORMS
+    accepts_norms = ALL_NORMS
     options = {"f": Option(1.0, positive_float, "scale of the residual branch F (Table 3's contracted skips)")}
     patterns = {
         "1xSkip": "y = x + F(x)  (residual unit, He et al. 2016)",
@@ -39,6 +39,7 @@ class ExpandedSkip(Connection):
         "λxSkip+LN": "y = LN(λx + F(x))  (Eq. 3 of the rSkip+LN paper)",
         "λxSkip+BN": "y = BN(λx + F(x))  (Table 4 of the rSkip+LN paper)",
         "λxSkip+RMS": "y = RMSNorm(λx + F(x))",
+        "λxSkip+DyT": "y = DyT(λx + F(x)), DyT(h) = γ ⊙ tanh(αh) + β  (Zhu et al. 2025, in place of LN)",
         "λxSkip[+G](f=φ)": "y = [G](λx + φ·F(x))  (contracted skips, Table 3 of the rSkip+LN paper)",
     }
 

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import Branch, Connection, register
-from .norms import NORMS, feature_axis, make_norm
+from .norms import ALL_NORMS, feature_axis, make_norm
 from .place import Place
 from .spec import Option, Spec, finite_float
 
@@ -19,7 +19,7 @@ class WeightedSkip(Connection):
     initialised to ``init`` (default 1; the paper also tries 2). Without ``+G``: y = w ⊙ x + F(x)."""
 
     name = "wSkip"
-    accepts_norms = NORMS
+    accepts_norms = ALL_NORMS
     options = {"init": Option(1.0, finite_float, "initial value of every entry of w")}
     patterns = {
         "wSkip+LN(init=w0)": "y = LN(w ⊙ x + F(x)), w a learned vector, w = w0 at start  (Section 5 of the rSkip+LN paper)",

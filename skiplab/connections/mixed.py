@@ -39,7 +39,7 @@ class MixLN(Connection):
     """
 
     name = "MixLN"
-    accepts_norms = ("LN", "RMS")
+    accepts_norms = ("LN", "RMS", "DyT")
     default_norm = "LN"
     options = {"alpha": Option(0.25, _fraction, "share of the first layers that are post-norm")}
     patterns = {"MixLN[+RMS](alpha=α)": "y = LN(x + F(x)) for layers l ≤ ⌊αL⌋, y = x + F(LN(x)) after  "

@@ -25,7 +25,8 @@ from torch import Tensor, nn
 
 from .fused import rms_norm
 
-NORMS = ("LN", "BN", "RMS")
+NORMS = ("LN", "BN", "RMS")  # the normalisations proper (each divides by a statistic of its input)
+ALL_NORMS = (*NORMS, "DyT")  # and DyT, the element-wise stand-in for LN
 LAYOUTS = ("seq", "conv")
 EPS = 1e-5
 
@@ -64,8 +65,30 @@ class ChannelRMSNorm(nn.Module):
         return f"{self.weight.numel()}, eps={self.eps}"
 
 
+class DyT(nn.Module):
+    """Dynamic Tanh, DyT(x) = γ ⊙ tanh(α·x) + β: α one learned scalar (α₀ = 0.5), γ and β per feature
+    (channel) at 1 and 0 (Zhu et al., CVPR 2025, "Transformers without Normalization", Section 3 and its
+    Algorithm 1; the paper's default α₀ = 0.5). No statistic of x: an element-wise stand-in for LN."""
+
+    def __init__(self, dim: int, layout: str = "seq", alpha: float = 0.5):
+        super().__init__()
+        self.layout = layout
+        self.alpha = nn.Parameter(torch.tensor(float(alpha)))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        w, b = self.weight, self.bias
+        if self.layout == "conv":  # (N, C, H, W): one γ, β per channel
+            w, b = w.view(-1, 1, 1), b.view(-1, 1, 1)
+        return torch.addcmul(b, w, torch.tanh(self.alpha * x))
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.numel()}, layout={self.layout!r}"
+
+
 def make_norm(kind: str, dim: int, layout: str = "seq") -> nn.Module:
-    """A fresh normalisation layer ``kind`` in {LN, BN, RMS} over ``dim`` features in ``layout``."""
+    """A fresh normalisation layer ``kind`` in {LN, BN, RMS, DyT} over ``dim`` features in ``layout``."""
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     if kind == "LN":
@@ -74,7 +97,9 @@ def make_norm(kind: str, dim: int, layout: str = "seq") -> nn.Module:
         return RMSNorm(dim, eps=EPS) if layout == "seq" else ChannelRMSNorm(dim, eps=EPS)
     if kind == "BN":
         return FeatureBatchNorm(dim, eps=EPS) if layout == "seq" else nn.BatchNorm2d(dim, eps=EPS)
-    raise ValueError(f"unknown normalisation {kind!r}; use one of {', '.join(NORMS)}")
+    if kind == "DyT":
+        return DyT(dim, layout)
+    raise ValueError(f"unknown normalisation {kind!r}; use one of {', '.join(ALL_NORMS)}")
 
 
 def feature_axis(layout: str) -> int:

@@ -15,7 +15,7 @@ class _Peri(Connection):
     """y = x + G_out(F(G_in(x))): the branch reads a normalised input and its output is normalised before it
     joins the skip; the skip path stays the identity, so the stack ends with a final norm."""
 
-    accepts_norms = ("LN", "RMS")
+    accepts_norms = ("LN", "RMS", "DyT")
     default_norm = "LN"
 
     def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,

@@ -58,3 +58,12 @@ class PreRMS(_PreNorm):
 
     name, kind, final_norm = "PreRMS", "RMS", "RMS"
     patterns = {"PreRMS": "y = x + F(RMSNorm(x))  (pre-norm with RMSNorm, the tutorial)"}
+
+
+@register
+class PreDyT(_PreNorm):
+    """``PreDyT``: y = x + F(DyT(x)), DyT(x) = γ ⊙ tanh(αx) + β in place of every LN of the pre-norm block, the
+    final norm a DyT too (Zhu et al. 2025, "Transformers without Normalization": DyT replaces each norm layer)."""
+
+    name, kind, final_norm = "PreDyT", "DyT", "DyT"
+    patterns = {"PreDyT": "y = x + F(DyT(x)), DyT(x) = γ ⊙ tanh(αx) + β, α₀ = 0.5  (Zhu et al. 2025)"}

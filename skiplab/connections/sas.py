@@ -78,7 +78,7 @@ class SelfAdaptiveScaling(Connection):
     """
 
     name = "SAS"
-    accepts_norms = ("LN", "BN", "RMS")
+    accepts_norms = ("LN", "BN", "RMS", "DyT")
     default_norm = "LN"
     options = {
         "gate": Option("full", choice("full", "single", "transform"),

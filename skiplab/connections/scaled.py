@@ -90,7 +90,7 @@ class LayerScale(Connection):
     2021, Section 3, Eq. "x'_l = x_l + diag(λ_{l,1},...,λ_{l,d}) × SA(η(x_l))"."""
 
     name = "LayerScale"
-    accepts_norms = ("LN", "RMS")
+    accepts_norms = ("LN", "RMS", "DyT")
     default_norm = "LN"
     options = {"init": Option("depth", _depth_or_float, "initial λ, or depth: 0.1 (≤ 18 layers), 1e-5 (≤ 24), 1e-6")}
     patterns = {"LayerScale[+RMS](init=depth|ε)": "y = x + diag(λ)·F(LN(x)), λ = ε at start; ε by depth: 0.1 / "

@@ -6,7 +6,7 @@ Grammar (case-sensitive)::
     number  := a real such as 2, 0.5, 1e-1       -- λ of xSkip, the order k of rSkip
     name    := xSkip | rSkip | wSkip | SAS | Highway | PreLN | PreRMS | NoSkip | ReZero | SkipInit | LayerScale
              | MixLN
-    norm    := LN | BN | RMS
+    norm    := LN | BN | RMS | DyT
     option  := key "=" value                     -- e.g. f=2, init=1, gate=single, gamma=free
 
 Aliases: ``Residual`` = ``1xSkip``, ``PostLN`` = ``1xSkip+LN``, ``LNS`` = ``PreLN(scale=depth)``.

@@ -219,3 +219,33 @@ def test_periln_normalises_the_embeddings_and_sandwich_does_not():
     gpt.layers[0].register_forward_pre_hook(lambda m, args: seen.__setitem__("x", args[0]))
     gpt(tokens)
     torch.testing.assert_close(seen["x"], ln(gpt.embed(tokens), gpt.embed_norm.weight, gpt.embed_norm.bias))
+
+
+# ---------------------------------------------------------------- DyT
+
+def test_dyt_is_gamma_tanh_alpha_x_plus_beta(layout):
+    from skiplab.connections.norms import make_norm
+    x = make_input(layout)
+    dyt = make_norm("DyT", DIM, layout)
+    assert dyt.alpha.item() == 0.5 and torch.equal(dyt.weight, torch.ones(DIM)) and torch.equal(dyt.bias, torch.zeros(DIM))
+    with torch.no_grad():
+        dyt.alpha.fill_(0.8)
+        dyt.weight.copy_(torch.linspace(0.5, 2.0, DIM))
+        dyt.bias.copy_(torch.linspace(-1.0, 1.0, DIM))
+    shape = (-1,) if layout == "seq" else (-1, 1, 1)
+    expect = dyt.weight.view(shape) * torch.tanh(0.8 * x) + dyt.bias.view(shape)
+    torch.testing.assert_close(dyt(x), expect)
+    conn = skiplab.connection("1xSkip+DyT", DIM, layout)
+    branch = make_branch(layout)
+    torch.testing.assert_close(conn(x, branch), torch.tanh(0.5 * (x + branch(x))))  # γ = 1, β = 0 at start
+
+
+def test_dyt_in_a_pre_norm_gpt_replaces_every_norm():
+    model = GPT(GPTConfig(vocab_size=30, d_model=16, heads=2, layers=2, ffn_dim=32, context=8, connection="PreDyT"))
+    kinds = {type(m).__name__ for m in model.modules() if type(m).__name__ in ("DyT", "LayerNorm", "RMSNorm")}
+    assert kinds == {"DyT"} and type(model.norm).__name__ == "DyT"
+
+
+def test_dyt_is_refused_where_the_design_needs_a_normalisation_statistic():
+    with pytest.raises(ValueError, match=r"rSkip takes no normalisation \+DyT \(allowed: \+LN, \+BN, \+RMS\)"):
+        skiplab.connection("2rSkip+DyT", DIM)

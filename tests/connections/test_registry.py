@@ -15,7 +15,7 @@ EXAMPLES = [
     "SAS(gamma=free)", "SAS+BN", "SAS+RMS", "Highway", "Highway(bias=-1)", "PreLN", "PreRMS",
     "ReZero", "ReZero(init=0.5)", "SkipInit", "LayerScale", "LayerScale+RMS(init=0.1)", "PreLN(scale=depth)", "LNS",
     "PreRMS(scale=depth)", "MixLN", "MixLN+RMS(alpha=0.5)", "DeepNorm", "DeepNorm+RMS",
-    "PeriLN", "PeriLN+RMS(embed=no)", "SandwichLN",
+    "PeriLN", "PeriLN+RMS(embed=no)", "SandwichLN", "PreDyT", "1xSkip+DyT", "SAS+DyT", "MixLN+DyT", "DeepNorm+DyT",
 ]
 
 
