@@ -249,3 +249,50 @@ def test_dyt_in_a_pre_norm_gpt_replaces_every_norm():
 def test_dyt_is_refused_where_the_design_needs_a_normalisation_statistic():
     with pytest.raises(ValueError, match=r"rSkip takes no normalisation \+DyT \(allowed: \+LN, \+BN, \+RMS\)"):
         skiplab.connection("2rSkip+DyT", DIM)
+
+
+# ---------------------------------------------------------------- Admin
+
+def test_admin_closed_form_omega():
+    from skiplab.connections.admin import admin_omega
+    assert admin_omega(24) == pytest.approx(2.60, abs=0.005) and admin_omega(48) == pytest.approx(3.40, abs=0.005)
+    for n in (12, 200):
+        assert admin_omega(n) == pytest.approx(math.sqrt((n + 1) / math.log(n + 1) - 1))
+    gpt = GPT(GPTConfig(vocab_size=30, d_model=16, heads=2, layers=6, ffn_dim=32, context=8, connection="Admin"))
+    assert torch.equal(gpt.layers[2].conn_mlp.omega, torch.full((16,), admin_omega(12)))  # 6 layers x 2 sub-layers
+    mt = Transformer(TransformerConfig(vocab_size=30, d_model=16, heads=2, ffn_dim=32, encoder_layers=6, decoder_layers=6,
+                                       connection="Admin"))
+    assert mt.decoder.layers[0].conn_cross.omega[0].item() == pytest.approx(admin_omega(18))  # 6 x 3 sub-layers
+    assert type(gpt.norm) is torch.nn.Identity
+
+
+def test_admin_is_ln_of_omega_x_plus_f(layout):
+    x, branch = make_input(layout), make_branch(layout)
+    conn = skiplab.connection("Admin", DIM, layout, place=Place(1, "encoder", 6))
+    randomise_affine(conn)
+    omega = torch.linspace(0.5, 3.0, DIM)
+    with torch.no_grad():
+        conn.omega.copy_(omega)
+    shape = (-1,) if layout == "seq" else (-1, 1, 1)
+    norm = ln if layout == "seq" else conv_ln
+    torch.testing.assert_close(conn(x, branch), norm(omega.view(shape) * x + branch(x), conn.norm.weight, conn.norm.bias))
+
+
+def test_admin_profiling_follows_the_variance_chain():
+    from skiplab.connections.admin import profile
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=30, d_model=16, heads=2, layers=3, ffn_dim=32, context=8,
+                          connection="Admin(init=profile)"))
+    tokens = torch.randint(0, 30, (4, 8), generator=torch.Generator().manual_seed(1))
+    omegas = profile(model, lambda: model(tokens))
+    assert len(omegas) == 6 and omegas["layers.0.conn_attn"] == 1.0
+    seen = []  # each connection's skip input and branch output in a forward with the profiled ω
+    for _, conn in skiplab.iter_connections(model):
+        conn.register_forward_hook(lambda m, args, out: seen.append((m.omega[0].item(), args[0], args[1](args[0]))))
+    with torch.no_grad():
+        model.eval()(tokens)
+    for (omega, s, f), (after, _, _) in zip(seen, seen[1:]):  # ω_{i+1}² = Var(ω_i x) + Var(F_i)
+        assert after == pytest.approx(math.sqrt((omega * s).var(unbiased=False).item() + f.var(unbiased=False).item()),
+                                      rel=1e-5)
+    assert profile(GPT(GPTConfig(vocab_size=30, d_model=16, heads=2, layers=1, ffn_dim=32, context=8,
+                                 connection="Admin")), lambda: None) == {}  # the closed form needs no data
