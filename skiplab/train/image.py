@@ -189,6 +189,7 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
         gen.set_state(ckpt["rng"]["data"])
         start_epoch, step, best = ckpt["epoch"], ckpt["step"], ckpt["best_error"]
     else:
+        run.profile(model, lambda: model(normalise(train_x[: cfg.batch_size], data.mean, data.std).to(device)))
         run.write_config({
             "data": {"name": data.name, "train": len(train_y), "test": len(test_y), "mean": data.mean, "std": data.std},
             "milestones": milestones(cfg.epochs)})

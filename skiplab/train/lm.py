@@ -236,6 +236,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     else:
         run.say(f"{train_data.name}: {len(train_data):,} training tokens, {valid_data.name}: {len(valid_data):,} "
                 f"validation tokens; vocabulary {vocab}")
+        first = torch.Generator().manual_seed(cfg.seed + 1)  # its own draws: the training stream is untouched
+        run.profile(model, lambda: model(windows_at(train_data, window_starts(train_data, mcfg.context, cfg.batch_size,
+                                                                              first), mcfg.context)[0].to(device)))
         run.write_config({"data": {"train": train_data.name, "train_tokens": len(train_data),
                                    "train_bytes": train_data.n_bytes, "valid": valid_data.name,
                                    "valid_tokens": len(valid_data), "valid_bytes": valid_data.n_bytes,

@@ -199,6 +199,8 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
     else:
         run.say(f"{train_data.name}: {len(kept)} training pairs, {dropped} dropped as longer than {cfg.max_len} "
                 f"tokens; vocabulary {tok.vocab_size}")
+        first = make_batches(train_src, train_tgt, cfg.max_tokens, kept)[0].to(device)  # unshuffled: no draw
+        run.profile(model, lambda: model(first.src, first.tgt_in))
         run.write_config({
             "schedule": {"name": cfg.schedule, "peak_lr": peak, "warmup": cfg.warmup},
             "data": {"train": train_data.name, "train_pairs": len(kept), "dropped_long": dropped,

@@ -48,6 +48,7 @@ from torch import nn
 
 from .. import distributed, run_dir
 from ..compiled import CompileStats, compile_model
+from ..connections import admin
 
 
 class Run:
@@ -118,6 +119,14 @@ class Run:
                 run_dir.resume_metrics(self.out, ckpt[key], key=key, record=ckpt.get("record")))):
             if line:
                 self.say(line)
+
+    def profile(self, model: nn.Module, forward: Callable[[], Any]) -> None:
+        """A fresh run's designs that initialise from data (``Admin(init=profile)``) see one batch, ``forward``
+        (the model in evaluation mode: dropout off), before the first update; the same batch on every rank."""
+        omegas = admin.profile(model, forward)
+        if omegas:
+            self.say(f"Admin: ω profiled on one batch, {min(omegas.values()):.3f} to {max(omegas.values()):.3f} "
+                     f"over {len(omegas)} connections")
 
     def write_config(self, extra: dict[str, Any]) -> None:
         """config.json of a fresh run; ``extra`` (the task's data, schedule, ...) goes after the parameters."""

@@ -192,3 +192,13 @@ def test_the_loss_falls_on_pydocs(tmp_path):
     records = [json.loads(x) for x in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["valid_bpb"] < records[0]["valid_bpb"] < 8  # below the 8 bits of a uniform byte guess, falling
     assert summary["final_valid_bpb"] == records[-1]["valid_bpb"]
+
+
+def test_admin_profile_sees_one_batch_before_the_first_update(text, tmp_path, capsys):
+    out = tmp_path / "admin"
+    with one_thread():
+        assert run(args(text, out, "--connection", "Admin(init=profile)", "--max-steps", "1", "--eval-every", "1")) == 0
+    assert "Admin: ω profiled on one batch" in capsys.readouterr().out
+    with one_thread():
+        assert run(args(text, tmp_path / "closed", "--connection", "Admin", "--max-steps", "1", "--eval-every", "1")) == 0
+    assert "profiled" not in capsys.readouterr().out  # the closed form needs no data

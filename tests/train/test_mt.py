@@ -378,3 +378,8 @@ def test_multi_process_and_compile_options_come_from_the_config():
     assert args.sync_bn is True and args.compile is True
     cfg = MTTrainConfig(max_steps=1)
     assert cfg.sync_bn is False and cfg.compile is False
+
+
+def test_admin_profile_in_translation(corpus, tmp_path, capsys):
+    assert main(tiny_args(corpus, tmp_path / "run", "--connection", "Admin(init=profile)", "--max-steps", "1")) == 0
+    assert "Admin: ω profiled on one batch" in capsys.readouterr().out
