@@ -4,8 +4,8 @@
 the Highway transform gate T = σ(x W_T + b_T), wSkip's learned vector w (its norm ‖w‖ and mean; the
 rSkip+LN paper reports ‖w‖ = 1.34, mean 0.24 for a middle-layer w ∈ R^32 initialised at 1), the branch
 gain α of ReZero and SkipInit (one learned scalar each, the same for every example: std 0) and LayerScale's
-λ (its mean and largest magnitude), Admin's shortcut weight ω (its mean and norm). The learned parameters
-need no data.
+λ (its mean and largest magnitude), Admin's shortcut weight ω (its mean and norm), hyper-connections' static
+mixing weights (the mean diagonal of A_r and mean of B). The learned parameters need no data.
 
 ``ratios``: the recursive skip's x : F ratio (Appendix A of the rSkip+LN paper, the sum to k − 1):
 
@@ -31,10 +31,10 @@ from ..connections import iter_connections, recording
 from .report import Moments, markdown, per_position, pyplot
 from .trained import Trained
 
-KINDS = {"gates": ("SAS", "Highway", "wSkip", "ReZero", "SkipInit", "LayerScale", "Admin"), "ratios": ("rSkip",)}
+KINDS = {"gates": ("SAS", "Highway", "wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC"), "ratios": ("rSkip",)}
 GATES = ("alpha", "beta", "gamma", "T")
-DATA_FREE = ("wSkip", "ReZero", "SkipInit", "LayerScale", "Admin")  # what they learned is a parameter, read as it is
-PARAMS = ("w_norm", "w_mean", "lambda_mean", "lambda_abs_max", "omega_mean", "omega_norm")  # data-free values without a spread
+DATA_FREE = ("wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC")  # what they learned is a parameter, read as it is
+PARAMS = ("w_norm", "w_mean", "lambda_mean", "lambda_abs_max", "omega_mean", "omega_norm", "A_r_diag_mean", "B_mean")  # data-free values without a spread
 PAPER_RATIO = 2.64  # rSkip+LN paper, Section 4.3: 2rSkip+LN, middle stage of ResNet-110 on CIFAR-10
 
 

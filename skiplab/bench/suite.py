@@ -46,7 +46,8 @@ from .timing import Row, interleaved, markdown
 
 IMAGE_DESIGNS = ("1xSkip", "2xSkip+LN", "2rSkip+LN", "wSkip+LN", "SAS", "Highway")
 MT_DESIGNS = ("PostLN", "PreLN", "2rSkip+LN", "SAS")
-LM_DESIGNS = ("PreLN", "PostLN", "PreRMS", "2rSkip+LN", "SAS", "ReZero", "LayerScale", "LNS", "MixLN")
+LM_DESIGNS = ("PreLN", "PostLN", "PreRMS", "2rSkip+LN", "SAS", "ReZero", "LayerScale", "LNS", "MixLN", "DeepNorm", "Admin",
+              "PeriLN", "PreDyT", "HC", "HC(kind=static)")
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,22 @@ class Connection(nn.Module):
         """The norm a stack of this design applies to its input, the embeddings (None for most designs)."""
         return None
 
+    # A design whose state across layers is not one (..., dim) tensor (hyper-connections' n streams) needs the
+    # stack to begin and end with its own modules; models that cannot hold such a stack refuse it.
+    needs_stack: ClassVar[bool] = False
+
+    @classmethod
+    def stack_input(cls, spec: _spec.Spec, dim: int, layout: str) -> nn.Module:
+        """The module a stack of this design begins with: its input norm, else the identity."""
+        kind = cls.input_norm_kind(spec)
+        return make_norm(kind, dim, layout) if kind else nn.Identity()
+
+    @classmethod
+    def stack_output(cls, spec: _spec.Spec, dim: int, layout: str, layers: int) -> nn.Module:
+        """The module a stack of ``layers`` layers of this design ends with: its final norm, else the identity."""
+        kind = cls.final_norm_kind(spec, layers)
+        return make_norm(kind, dim, layout) if kind else nn.Identity()
+
     @staticmethod
     def check_number(number: float) -> float:
         """Validate the leading number of the spec; raise ValueError naming the problem."""
@@ -147,18 +163,18 @@ def connection(spec: str, dim: int, layout: str = "seq", in_dim: int | None = No
 
 
 def input_norm(spec: str, dim: int, layout: str = "seq") -> nn.Module:
-    """The norm a stack of ``spec`` blocks applies to its input (Peri-LN's embedding norm), else the identity."""
+    """The module a stack of ``spec`` blocks begins with: Peri-LN's embedding norm, hyper-connections' expansion
+    to n streams, else the identity. Models call this rather than branching on the design."""
     parsed = parse_spec(spec)
-    kind = REGISTRY[parsed.name].input_norm_kind(parsed)
-    return make_norm(kind, dim, layout) if kind else nn.Identity()
+    return REGISTRY[parsed.name].stack_input(parsed, dim, layout)
 
 
 def final_norm(spec: str, dim: int, layout: str = "seq", layers: int = 1) -> nn.Module:
-    """The norm a stack of ``layers`` layers of ``spec`` ends with: the pre-norm designs' own kind, the identity
-    for the designs whose output is normalised already. Models call this rather than branching on the design."""
+    """The module a stack of ``layers`` layers of ``spec`` ends with: the pre-norm designs' own norm (after
+    hyper-connections' sum of the streams), the identity for the designs whose output is normalised already.
+    Models call this rather than branching on the design."""
     parsed = parse_spec(spec)
-    kind = REGISTRY[parsed.name].final_norm_kind(parsed, _positive_int("layers", layers))
-    return make_norm(kind, dim, layout) if kind else nn.Identity()
+    return REGISTRY[parsed.name].stack_output(parsed, dim, layout, _positive_int("layers", layers))
 
 
 @contextmanager

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..connections import Place, connection, parse_spec
+from ..connections import REGISTRY, Place, connection, parse_spec
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,10 @@ class PreActResNetConfig:
             raise ValueError(f"PreAct-ResNet depth must be 6n + 2 with n >= 1 (20, 32, 44, 56, 110), got {self.depth}")
         if self.width < 1:
             raise ValueError(f"width must be a positive integer, got {self.width}")
-        parse_spec(self.connection)  # a bad spec fails here, with the known names
+        spec = parse_spec(self.connection)  # a bad spec fails here, with the known names
+        if REGISTRY[spec.name].needs_stack:
+            raise ValueError(f"{spec.name} needs a stack that holds its residual streams from the first block to "
+                             "the last; the PreAct-ResNet's stages change width and resolution between blocks")
 
     @property
     def blocks_per_stage(self) -> int:

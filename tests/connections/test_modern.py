@@ -104,7 +104,9 @@ def test_mixln_layers_are_post_ln_then_pre_ln():
         skiplab.connection("MixLN(alpha=1.5)", DIM)
 
 
-def _same_model(spec_a: str, spec_b: str, family: str) -> tuple[torch.nn.Module, torch.nn.Module]:
+def _same_model(spec_a: str, spec_b: str, family: str, load: bool = True) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """Two models of ``family`` with the same weights: loaded from one into the other (``load``), or drawn from
+    the same seed (designs whose parameters are named differently, whose own start at fixed values)."""
     if family == "gpt":
         def build(spec):
             return GPT(GPTConfig(vocab_size=30, d_model=16, heads=2, layers=4, ffn_dim=32, context=10,
@@ -114,6 +116,11 @@ def _same_model(spec_a: str, spec_b: str, family: str) -> tuple[torch.nn.Module,
             return Transformer(TransformerConfig(vocab_size=30, d_model=16, heads=2, ffn_dim=32, encoder_layers=3,
                                                  decoder_layers=2, dropout=0, attention_dropout=0,
                                                  connection=spec)).eval()
+    if not load:
+        seed = torch.initial_seed()
+        a = build(spec_a)
+        torch.manual_seed(seed)
+        return a, build(spec_b)
     a, b = build(spec_a), build(spec_b)
     randomise_affine(a)
     b.load_state_dict(a.state_dict())  # the same parameters under the same names
@@ -296,3 +303,51 @@ def test_admin_profiling_follows_the_variance_chain():
                                       rel=1e-5)
     assert profile(GPT(GPTConfig(vocab_size=30, d_model=16, heads=2, layers=1, ffn_dim=32, context=8,
                                  connection="Admin")), lambda: None) == {}  # the closed form needs no data
+
+
+# ---------------------------------------------------------------- hyper-connections
+
+def test_hc_static_mixes_streams_as_the_hyper_connection_matrix_says():
+    torch.manual_seed(0)
+    n, x = 3, torch.randn(2, 5, 3, DIM)  # (B, T, n, D) streams
+    branch = make_branch("seq")
+    conn = skiplab.connection("HC(n=3,kind=static)", DIM, place=Place(5, "encoder", 8))  # k = 4: e_{4 mod 3} = e_1
+    assert conn.a_m.tolist() == [0.0, 1.0, 0.0] and torch.equal(conn.a_r, torch.eye(3)) and conn.b.tolist() == [1.0] * 3
+    randomise_affine(conn)
+    a_m, a_r, b = torch.tensor([0.2, 0.9, -0.3]), torch.tensor([[1.0, 0.2, 0.0], [0.1, 0.8, 0.3], [0.0, -0.4, 1.1]]), \
+        torch.tensor([0.5, 1.5, -1.0])
+    with torch.no_grad():
+        conn.a_m.copy_(a_m), conn.a_r.copy_(a_r), conn.b.copy_(b)
+    h0 = sum(a_m[i] * x[..., i, :] for i in range(n))
+    f = branch(ln(h0, conn.norm.weight, conn.norm.bias))
+    expect = torch.stack([b[j] * f + sum(a_r[i, j] * x[..., i, :] for i in range(n)) for j in range(n)], dim=-2)
+    torch.testing.assert_close(conn(x, branch), expect)
+
+
+def test_dynamic_hc_starts_as_static_and_its_weights_then_follow_the_streams():
+    torch.manual_seed(0)
+    x, branch = torch.randn(2, 4, 4, DIM), make_branch("seq")
+    dyn, stat = (skiplab.connection(f"HC(kind={k})", DIM) for k in ("dynamic", "static"))
+    stat.load_state_dict({k: v for k, v in dyn.state_dict().items() if k in stat.state_dict()})
+    assert torch.equal(dyn(x, branch), stat(x, branch))  # W = 0: the dynamic terms vanish
+    with torch.no_grad():
+        dyn.w_b.copy_(torch.linspace(-1, 1, DIM))
+    _, _, b = dyn.weights(x)
+    hn = ln(x, dyn.stream_norm.weight, dyn.stream_norm.bias)
+    torch.testing.assert_close(b, 0.01 * torch.tanh(hn @ dyn.w_b) + 1.0)
+
+
+@pytest.mark.parametrize("family", ["gpt", "transformer"])
+@torch.no_grad()
+def test_hc_with_one_stream_is_preln(family):
+    torch.manual_seed(3)
+    hc, ref = _same_model("HC(n=1)", "PreLN", family, load=False)
+    tokens = torch.randint(1, 30, (2, 7), generator=torch.Generator().manual_seed(0))
+    args = (tokens,) if family == "gpt" else (tokens, tokens)
+    torch.testing.assert_close(hc(*args), ref(*args), rtol=0, atol=0)
+
+
+def test_hc_is_refused_by_the_resnet_with_its_reason():
+    from skiplab.models import PreActResNetConfig
+    with pytest.raises(ValueError, match="HC needs a stack that holds its residual streams"):
+        PreActResNetConfig(depth=20, connection="HC")

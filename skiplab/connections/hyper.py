@@ -1,0 +1,128 @@
+"""Hyper-connections: n residual streams instead of one (Zhu et al., ICLR 2025, "Hyper-Connections",
+arXiv 2409.19606, Section 2 and Algorithm 2; reference code lucidrains/hyper-connections)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import Branch, Connection, register
+from .norms import make_norm
+from .place import Place
+from .spec import Option, Spec, choice
+
+
+def _streams(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"must be an integer >= 1, got {text}")
+    return value
+
+
+class Expand(nn.Module):
+    """The stack's input x (..., D) as n equal streams H⁰ (..., n, D)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.n = n
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x.unsqueeze(-2).expand(*x.shape[:-1], self.n, x.shape[-1])
+
+    def extra_repr(self) -> str:
+        return f"n={self.n}"
+
+
+class Reduce(nn.Sequential):
+    """The streams summed, (..., n, D) -> (..., D), then the stack's final norm."""
+
+    def forward(self, h: Tensor) -> Tensor:
+        return super().forward(h.sum(-2))
+
+
+@register
+class HC(Connection):
+    """``HC[+RMS](n=4, kind=dynamic|static)``: n residual streams H ∈ R^{n×d} per position. Each sub-layer k reads
+    h₀ = A_mᵀ H, computes F(LN(h₀)) (the pre-norm sub-layer) and writes H ← Bᵀ F(LN(h₀)) + A_rᵀ H, with
+    A_m ∈ R^n, A_r ∈ R^{n×n}, B ∈ R^n (the hyper-connection matrix [[0, B], [A_m, A_r]]).
+
+    Static (``kind=static``): A_m, A_r, B learned, initialised A_m = e_{k mod n} (k the sub-layer's 0-based index
+    in its stack), A_r = I, B = 1, so that at initialisation the network is the pre-norm network. Dynamic
+    (``kind=dynamic``, the paper's DHC): with H̄ = LN(H) per stream,
+    A_m(H) = s_α tanh(H̄ W_m) + A_m, A_r(H) = s_α tanh(H̄ W_r) + A_r, B(H) = s_β tanh(H̄ W_β) + B,
+    W_m ∈ R^d, W_r ∈ R^{d×n}, W_β ∈ R^d starting at 0 and the scales s_α, s_β learned from 0.01 (the code's
+    ``dynamic_alpha_scale``, ``dynamic_beta_scale``). The stack expands its input to n copies before the first
+    layer and sums the streams before the final norm (:func:`~skiplab.connections.input_norm`,
+    :func:`~skiplab.connections.final_norm`). With n = 1 and the initialisation above, HC is ``PreLN``.
+    """
+
+    name = "HC"
+    accepts_norms = ("LN", "RMS")
+    default_norm = "LN"
+    needs_stack = True
+    final_norm = "LN"
+    options = {"n": Option(4, _streams, "residual streams (expansion rate)"),
+               "kind": Option("dynamic", choice("dynamic", "static"), "dynamic: weights depend on H (DHC)")}
+    patterns = {"HC[+RMS](n=4,kind=dynamic|static)": "n streams H; h₀ = A_mᵀH, H ← Bᵀ F(LN(h₀)) + A_rᵀH; A_m = e_{k mod n}, "
+                                                      "A_r = I, B = 1 at start  (Zhu et al. 2025, Hyper-Connections)"}
+
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
+                 place: Place | None = None):
+        super().__init__(spec, dim, layout, in_dim, place)
+        if layout != "seq":
+            raise ValueError("HC holds n residual streams of (..., dim) features; it has no conv layout")
+        n = self.n = spec.options["n"]
+        self.norm = make_norm(spec.norm, dim)  # the sub-layer's own pre-norm
+        self.a_m = nn.Parameter(F.one_hot(torch.tensor((self.place.index - 1) % n), n).float())
+        self.a_r = nn.Parameter(torch.eye(n))
+        self.b = nn.Parameter(torch.ones(n))
+        self.dynamic = spec.options["kind"] == "dynamic"
+        if self.dynamic:
+            self.stream_norm = make_norm(spec.norm, dim)
+            self.w_m = nn.Parameter(torch.zeros(dim))
+            self.w_r = nn.Parameter(torch.zeros(dim, n))
+            self.w_b = nn.Parameter(torch.zeros(dim))
+            self.s_alpha = nn.Parameter(torch.tensor(0.01))
+            self.s_beta = nn.Parameter(torch.tensor(0.01))
+
+    @classmethod
+    def final_norm_kind(cls, spec: Spec, layers: int) -> str | None:
+        return spec.norm
+
+    @classmethod
+    def stack_input(cls, spec: Spec, dim: int, layout: str) -> nn.Module:
+        return Expand(spec.options["n"])
+
+    @classmethod
+    def stack_output(cls, spec: Spec, dim: int, layout: str, layers: int) -> nn.Module:
+        return Reduce(make_norm(spec.norm, dim, layout))
+
+    def weights(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """A_m (..., n), A_r (..., n, n), B (..., n) for streams ``h`` (..., n, D)."""
+        if not self.dynamic:
+            return self.a_m, self.a_r, self.b
+        hn = self.stream_norm(h)
+        a_m = self.s_alpha * torch.tanh(hn @ self.w_m) + self.a_m
+        a_r = self.s_alpha * torch.tanh(hn @ self.w_r) + self.a_r
+        b = self.s_beta * torch.tanh(hn @ self.w_b) + self.b
+        return a_m, a_r, b
+
+    def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
+        if skip is not None:
+            raise ValueError("HC takes no projection shortcut: its streams keep the stack's width")
+        if x.shape[-2:] != (self.n, self.dim):
+            raise ValueError(f"HC(n={self.n}) expects streams (..., {self.n}, {self.dim}), got {tuple(x.shape)}: "
+                             "the stack must begin with input_norm(spec, dim)")
+        a_m, a_r, b = self.weights(x)
+        h0 = (a_m.unsqueeze(-2) @ x).squeeze(-2)  # A_mᵀ H: (..., 1, n) @ (..., n, D)
+        out = branch(self.norm(h0))
+        mixed = a_r.mT @ x  # (A_rᵀ H)_j = Σ_i A_r[i, j] H_i
+        return torch.addcmul(mixed, b.unsqueeze(-1), out.unsqueeze(-2))  # + Bᵀ F
+
+    def stats(self) -> dict[str, Any]:
+        return {"A_m": self.a_m.detach().cpu().clone(), "A_r": self.a_r.detach().cpu().clone(),
+                "B": self.b.detach().cpu().clone(), "A_r_diag_mean": self.a_r.detach().diagonal().mean().item(),
+                "B_mean": self.b.detach().mean().item()}
