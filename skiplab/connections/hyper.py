@@ -1,5 +1,6 @@
 """Hyper-connections: n residual streams instead of one (Zhu et al., ICLR 2025, "Hyper-Connections",
-arXiv 2409.19606, Section 2 and Algorithm 2; reference code lucidrains/hyper-connections)."""
+arXiv 2409.19606, Section 2 and Algorithm 2; reference code lucidrains/hyper-connections), and their
+manifold-constrained form mHC (Xie et al., DeepSeek 2025, arXiv 2512.24880)."""
 
 from __future__ import annotations
 
@@ -126,3 +127,76 @@ class HC(Connection):
         return {"A_m": self.a_m.detach().cpu().clone(), "A_r": self.a_r.detach().cpu().clone(),
                 "B": self.b.detach().cpu().clone(), "A_r_diag_mean": self.a_r.detach().diagonal().mean().item(),
                 "B_mean": self.b.detach().mean().item()}
+
+
+def sinkhorn(logits: Tensor, iters: int = 20) -> Tensor:
+    """Sinkhorn–Knopp projection of exp(``logits``) (..., n, n) onto the doubly stochastic matrices: M⁰ = exp(·),
+    M^t = T_r(T_c(M^{t−1})) (columns, then rows normalised to sum 1), ``iters`` times (mHC's Eq. 8, t_max = 20).
+    The rows sum to 1 exactly after the last step, the columns to within the iteration's convergence."""
+    m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))  # a common factor: the projection is unchanged
+    for _ in range(iters):
+        m = m / m.sum(-2, keepdim=True)
+        m = m / m.sum(-1, keepdim=True)
+    return m
+
+
+@register
+class MHC(HC):
+    """``mHC[+RMS](n=4, iters=20)``: manifold-constrained hyper-connections (Xie et al., DeepSeek 2025, arXiv
+    2512.24880). With streams x ∈ R^{n×C} and x̃ = RMSNorm(vec(x)) ∈ R^{nC} (no gain),
+
+        H̃^pre = α^pre (x̃ φ^pre) + b^pre,  H̃^post = α^post (x̃ φ^post) + b^post,  H̃^res = α^res mat(x̃ φ^res) + b^res
+        H^pre = σ(H̃^pre),  H^post = 2σ(H̃^post),  H^res = Sinkhorn–Knopp(exp(H̃^res))  (:func:`sinkhorn`)
+        x ← H^res x + H^postᵀ F(LN(H^pre x))
+
+    so the stream-mixing matrix is doubly stochastic (rows and columns sum to 1) and the composite mixing of a
+    deep stack cannot blow up as HC's may. Initialisation (the paper text does not fix it; lucidrains'
+    ``manifold_constrained_hyper_connections.py`` is followed): φ = 0, α = 0.01 (learned), b^pre = e_{k mod n},
+    b^res = I, b^post = 1. The stack expands and sums the streams as HC's does.
+    """
+
+    name = "mHC"
+    options = {"n": Option(4, _streams, "residual streams (expansion rate)"),
+               "iters": Option(20, _streams, "Sinkhorn-Knopp iterations")}
+    patterns = {"mHC[+RMS](n=4,iters=20)": "x ← H_res x + H_postᵀ F(LN(H_pre x)), H_res = Sinkhorn(exp(·)) doubly "
+                                           "stochastic, H_pre = σ(·), H_post = 2σ(·)  (Xie et al. 2025, mHC)"}
+
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
+                 place: Place | None = None):
+        Connection.__init__(self, spec, dim, layout, in_dim, place)
+        if layout != "seq":
+            raise ValueError("mHC holds n residual streams of (..., dim) features; it has no conv layout")
+        n = self.n = spec.options["n"]
+        self.iters = spec.options["iters"]
+        self.dynamic = True
+        self.norm = make_norm(spec.norm, dim)
+        self.phi = nn.Parameter(torch.zeros(n * dim, 2 * n + n * n))  # φ^pre, φ^post, φ^res side by side
+        self.alpha = nn.Parameter(torch.full((3,), 0.01))  # α^pre, α^post, α^res
+        self.b_pre = nn.Parameter(F.one_hot(torch.tensor((self.place.index - 1) % n), n).float())
+        self.b_post = nn.Parameter(torch.ones(n))
+        self.b_res = nn.Parameter(torch.eye(n))
+
+    def weights(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """H^pre (..., n), H^res (..., n, n), H^post (..., n) for streams ``h`` (..., n, C)."""
+        n = self.n
+        flat = F.rms_norm(h.flatten(-2), (h.shape[-2] * h.shape[-1],))
+        proj = flat @ self.phi
+        pre = torch.sigmoid(self.alpha[0] * proj[..., :n] + self.b_pre)
+        post = 2 * torch.sigmoid(self.alpha[1] * proj[..., n : 2 * n] + self.b_post)
+        res = sinkhorn(self.alpha[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + self.b_res, self.iters)
+        return pre, res, post
+
+    def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
+        if skip is not None:
+            raise ValueError("mHC takes no projection shortcut: its streams keep the stack's width")
+        if x.shape[-2:] != (self.n, self.dim):
+            raise ValueError(f"mHC(n={self.n}) expects streams (..., {self.n}, {self.dim}), got {tuple(x.shape)}: "
+                             "the stack must begin with input_norm(spec, dim)")
+        pre, res, post = self.weights(x)
+        out = branch(self.norm((pre.unsqueeze(-2) @ x).squeeze(-2)))
+        return torch.addcmul(res @ x, post.unsqueeze(-1), out.unsqueeze(-2))
+
+    def stats(self) -> dict[str, Any]:
+        res = sinkhorn(self.b_res.detach().float(), self.iters)
+        return {"H_res_static": res.cpu(), "H_res_diag_mean": res.diagonal().mean().item(),
+                "scales": self.alpha.detach().cpu().clone()}

@@ -351,3 +351,39 @@ def test_hc_is_refused_by_the_resnet_with_its_reason():
     from skiplab.models import PreActResNetConfig
     with pytest.raises(ValueError, match="HC needs a stack that holds its residual streams"):
         PreActResNetConfig(depth=20, connection="HC")
+
+
+def test_sinkhorn_makes_the_mixing_matrix_doubly_stochastic():
+    from skiplab.connections.hyper import sinkhorn
+    logits = torch.randn(5, 4, 4, generator=torch.Generator().manual_seed(0))
+    m = sinkhorn(logits, 20)
+    assert (m > 0).all()
+    torch.testing.assert_close(m.sum(-1), torch.ones(5, 4))  # rows: exact after the last step
+    torch.testing.assert_close(m.sum(-2), torch.ones(5, 4))  # columns: converged in 20 iterations at this spread
+    wide = logits * 2  # a wider spread converges more slowly: 20 iterations leave about 1e-2, 100 none
+    first, later = ((sinkhorn(wide, k).sum(-2) - 1).abs().max() for k in (20, 100))
+    assert later < 1e-5 < first
+    # exp(I) for n = 4: diagonal e / (e + 3), the rest 1 / (e + 3) (symmetric: one step converges)
+    torch.testing.assert_close(sinkhorn(torch.eye(4)), (torch.ones(4, 4) + (math.e - 1) * torch.eye(4)) / (math.e + 3))
+
+
+def test_mhc_matches_its_equations():
+    from skiplab.connections.hyper import sinkhorn
+    torch.manual_seed(0)
+    n, x, branch = 4, torch.randn(2, 3, 4, DIM), make_branch("seq")
+    conn = skiplab.connection("mHC", DIM, place=Place(2, "encoder", 4))
+    with torch.no_grad():
+        conn.phi.normal_(0, 0.5)
+        conn.alpha.copy_(torch.tensor([0.3, -0.2, 0.7]))
+    flat = x.flatten(-2)
+    xt = flat / torch.sqrt(flat.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
+    proj = xt @ conn.phi
+    pre = torch.sigmoid(0.3 * proj[..., :4] + torch.tensor([0.0, 1.0, 0.0, 0.0]))  # k = 1: e_1
+    post = 2 * torch.sigmoid(-0.2 * proj[..., 4:8] + 1.0)
+    res = sinkhorn(0.7 * proj[..., 8:].reshape(2, 3, 4, 4) + torch.eye(4))
+    h0 = torch.einsum("btn,btnd->btd", pre, x)
+    f = branch(ln(h0, conn.norm.weight, conn.norm.bias))
+    expect = torch.einsum("btij,btjd->btid", res, x) + post[..., None] * f[..., None, :]
+    torch.testing.assert_close(conn(x, branch), expect)
+    got_pre, got_res, got_post = conn.weights(x)
+    torch.testing.assert_close(got_res.sum(-1), torch.ones(2, 3, 4))

@@ -108,7 +108,8 @@ def full_and_incremental(model, src, tgt):
     return full, steps, state
 
 
-@pytest.mark.parametrize("spec", ["PostLN", "PreLN", "2rSkip+LN", "SAS", "HC", "PeriLN", "DeepNorm", "MixLN(alpha=0.5)"])
+@pytest.mark.parametrize("spec", ["PostLN", "PreLN", "2rSkip+LN", "SAS", "HC", "mHC", "PeriLN", "DeepNorm",
+                                  "MixLN(alpha=0.5)"])
 def test_incremental_decoding_gives_the_scores_of_full_recomputation(spec):
     model = tiny(spec).eval()
     src, tgt = batch()
