@@ -212,7 +212,15 @@ def lm(sz: Sizes, ctx: dict) -> list[Row]:
                     "training step, same shape (learned positions), embeddings and loss"))
     achieved = flops["PreLN"] / base
     rows.append(Row("lm", "achieved training FLOP/s / matmul rate", 100 * achieved / ctx["matmul"], "%",
-                    f"{sz.lm_model} PreLN step: {achieved / 1e9:.1f} GFLOP/s"))
+                    f"{sz.lm_model} PreLN step, {sz.lm_vocab}-token vocabulary: {achieved / 1e9:.1f} GFLOP/s"))
+    # the same step with a subword vocabulary the size of the MT rows' (the output layer's matmul grows with it)
+    subword = torch.randint(0, sz.vocab, (sz.lm_rows, context + 1), generator=g)
+    wide = build(f"{sz.lm_model}(connection=PreLN)", vocab_size=sz.vocab, **overrides)
+    wide_step = lm_step(wide, (subword[:, :-1], subword[:, 1:]))
+    t_wide = interleaved({"wide": wide_step}, sz.repeats, sz.warmup)["wide"]
+    achieved = step_flops(wide_step) / t_wide
+    rows.append(Row("lm", f"achieved training FLOP/s / matmul rate, {sz.vocab}-token vocabulary",
+                    100 * achieved / ctx["matmul"], "%", f"{sz.lm_model} PreLN step: {achieved / 1e9:.1f} GFLOP/s"))
 
     new = sz.lm_new_tokens
     long = build(f"{sz.lm_model}(connection=PreLN)", vocab_size=sz.lm_vocab, **{**overrides, "context": new + 1}).eval()
