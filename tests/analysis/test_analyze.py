@@ -13,7 +13,7 @@ from skiplab.analysis.report import per_position
 from skiplab.tasks import load_trained
 from skiplab.cli import main
 from skiplab.connections import iter_connections
-from tests.noise import assert_within_noise, noise
+from tests.noise import DELTA, assert_within_noise, noise, perturbed
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +33,23 @@ def test_gradient_norms_equal_autograd_per_example(runs):
     assert result["examples"] == 40 and [b["block"] for b in result["blocks"]] == [f"block.{i}" for i in range(9)]
     ex = next(tr.examples("train", 40))  # the same 40 examples, in one batch
     model64 = copy.deepcopy(tr.model).double()
-    for index in (1, 6):  # two chosen blocks, one example at a time; in float64 for the noise (tests/noise.py)
+    # the noise (tests/noise.py): each side against its float64 run, and the float64 run on perturbed images
+    # (a ReLU input within its float32 error of zero passes or stops its gradient by chance)
+    result64, perturbed64 = (gradient_norms(in_float64(tr, delta), split="train", examples=40, progress=False)
+                             for delta in (0.0, DELTA))
+    for index in (1, 6):  # two chosen blocks, one example at a time
         mean, mean64 = (mean_grad_norm(model, ex, index) for model in (tr.model, model64))
-        assert_within_noise(result["blocks"][index]["grad_norm"], mean, noise((mean, mean64)))
+        actual, actual64, bumped = (r["blocks"][index]["grad_norm"] for r in (result, result64, perturbed64))
+        assert_within_noise(actual, mean, noise((mean, mean64), (actual, actual64), (bumped, actual64)))
+
+
+def in_float64(tr, delta):
+    """``tr`` with its model in float64 and its images :func:`perturbed` by ``delta`` (0: as they are)."""
+    tr64 = copy.copy(tr)
+    tr64.model = copy.deepcopy(tr.model).double()
+    tr64.forward = lambda ex: tr64.model(perturbed(ex.inputs[0].double(), delta) if delta else ex.inputs[0].double())
+    tr64.losses = lambda ex, output: F.cross_entropy(output, ex.target, reduction="none")
+    return tr64
 
 
 def mean_grad_norm(model, ex, index):
