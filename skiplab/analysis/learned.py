@@ -5,7 +5,9 @@ the Highway transform gate T = σ(x W_T + b_T), wSkip's learned vector w (its no
 rSkip+LN paper reports ‖w‖ = 1.34, mean 0.24 for a middle-layer w ∈ R^32 initialised at 1), the branch
 gain α of ReZero and SkipInit (one learned scalar each, the same for every example: std 0) and LayerScale's
 λ (its mean and largest magnitude), Admin's shortcut weight ω (its mean and norm), hyper-connections' static
-mixing weights (the mean diagonal of A_r and mean of B). The learned parameters need no data.
+mixing weights (the mean diagonal of A_r and mean of B), and of the designs across a stack's layers the value
+residual's λ_l per layer (``+ValueRes``) and the U-Net skip weight w_i of the layer it enters (``+UNet``). The
+learned parameters need no data.
 
 ``ratios``: the recursive skip's x : F ratio (Appendix A of the rSkip+LN paper, the sum to k − 1):
 
@@ -34,7 +36,8 @@ from .trained import Trained
 KINDS = {"gates": ("SAS", "Highway", "wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC"), "ratios": ("rSkip",)}
 GATES = ("alpha", "beta", "gamma", "T")
 DATA_FREE = ("wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC")  # what they learned is a parameter, read as it is
-PARAMS = ("w_norm", "w_mean", "lambda_mean", "lambda_abs_max", "omega_mean", "omega_norm", "A_r_diag_mean", "B_mean")  # data-free values without a spread
+PARAMS = ("w_norm", "w_mean", "lambda_mean", "lambda_abs_max", "omega_mean", "omega_norm", "A_r_diag_mean", "B_mean",
+          "value_lambda", "skip_weight")  # data-free values without a spread
 PAPER_RATIO = 2.64  # rSkip+LN paper, Section 4.3: 2rSkip+LN, middle stage of ResNet-110 on CIFAR-10
 
 
@@ -42,7 +45,8 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
             progress: bool = True) -> dict[str, Any]:
     """Per connection of the designs ``what`` covers, the mean and std of what it learned over ``split``."""
     chosen = {n: c for n, c in iter_connections(tr.model) if c.name in KINDS[what]}
-    if not chosen:
+    across = _across_rows(tr) if what == "gates" else []
+    if not chosen and not across:
         designs = sorted({c.spec for _, c in iter_connections(tr.model)}) or [tr.config["model"]]
         raise ValueError(f"{tr.path}: {', '.join(designs)} has no {what} to analyze "
                          f"({what} are those of {', '.join(KINDS[what]).replace('rSkip', 'krSkip+G')})")
@@ -80,6 +84,7 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
                 elif key in PARAMS:
                     row[key] = value
         rows.append(row)
+    rows += across
     result = {"analysis": what, "run": str(tr.path), "label": tr.label, "split": split, "examples": seen,
               "mode": "eval", "seed": seed, "connections": rows, "time_s": time.time() - t0, "config": tr.config}
     if what == "ratios":
@@ -88,6 +93,21 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
         result["paper"] = {"ratio": PAPER_RATIO, "where": "2rSkip+LN, middle stage of ResNet-110, CIFAR-10 "
                                                           "(rSkip+LN paper, Section 4.3)"}
     return result
+
+
+def _across_rows(tr: Trained) -> list[dict[str, Any]]:
+    """A row per layer and quantity of the designs across each stack (held as ``across`` by the module that
+    holds the stack's layers)."""
+    rows = []
+    for prefix, path in tr.stacks.items():
+        holder = path.rpartition(".")[0]
+        held = getattr(tr.model.get_submodule(holder), "across", None)  # None: a family without such designs
+        for design in held.designs if held is not None else ():
+            for index, key, value in design.rows():
+                block = f"{prefix}.{index}"
+                rows.append({"connection": f"{holder + '.' if holder else ''}across.{design.name}", "block": block,
+                             "spec": f"+{design.name}", "stage": tr.stage_of(block), key: value})
+    return rows
 
 
 def _values(conn, entry: dict[str, Any]) -> dict[str, torch.Tensor]:

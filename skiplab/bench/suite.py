@@ -47,7 +47,7 @@ from .timing import Row, interleaved, markdown
 IMAGE_DESIGNS = ("1xSkip", "2xSkip+LN", "2rSkip+LN", "wSkip+LN", "SAS", "Highway")
 MT_DESIGNS = ("PostLN", "PreLN", "2rSkip+LN", "SAS")
 LM_DESIGNS = ("PreLN", "PostLN", "PreRMS", "2rSkip+LN", "SAS", "ReZero", "LayerScale", "LNS", "MixLN", "DeepNorm", "Admin",
-              "PeriLN", "PreDyT", "HC", "HC(kind=static)", "mHC")
+              "PeriLN", "PreDyT", "HC", "HC(kind=static)", "mHC", "PreLN+ValueRes", "PreLN+UNet")
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ class Admin(Connection):
                  place: Place | None = None):
         super().__init__(spec, dim, layout, in_dim, place)
         n = self.place.layers * self.place.sublayers
-        start = admin_omega(n) if spec.options["init"] == "closed" else 1.0
+        self.init = spec.options["init"]
+        start = admin_omega(n) if self.init == "closed" else 1.0
         self.omega = nn.Parameter(torch.full((dim,), start))
         self.norm = make_norm(spec.norm, dim, layout)
         self.profiling: dict[str, float] | None = None  # the running ratio of this stack, inside profile()
@@ -79,7 +80,7 @@ def profile(model: nn.Module, forward: Callable[[], Any]) -> dict[str, float]:
     """Set the ω of every ``Admin(init=profile)`` connection of ``model`` from one call of ``forward`` (a
     forward pass on a batch of real data, at initialisation, no update): each stack's chain starts at ω = 1.
     Returns ω per connection (qualified name); {} when the model has none to profile."""
-    conns = {n: c for n, c in iter_connections(model) if isinstance(c, Admin) and c.spec.endswith("(init=profile)")}
+    conns = {n: c for n, c in iter_connections(model) if isinstance(c, Admin) and c.init == "profile"}
     if not conns:
         return {}
     chains: dict[str, dict[str, float]] = {}

@@ -16,6 +16,7 @@ from .place import Place
 Branch = Callable[[Tensor], Tensor]
 
 REGISTRY: dict[str, type["Connection"]] = {}
+ACROSS: dict[str, type[nn.Module]] = {}  # designs across a stack's layers, written after the connection (.across)
 
 
 class Connection(nn.Module):
@@ -47,7 +48,7 @@ class Connection(nn.Module):
         self.dim, self.layout = dim, layout
         self.in_dim = dim if in_dim is None else in_dim
         self.place = Place() if place is None else place
-        self.spec = _spec.format_spec(spec, type(self))
+        self.spec = _spec.format_spec(spec, type(self), ACROSS)
         self.recording: list[dict[str, Tensor]] | None = None  # a list only inside recording(); see record()
 
     @classmethod
@@ -117,7 +118,7 @@ def register(cls: type[Connection]) -> type[Connection]:
 def available_connections() -> dict[str, str]:
     """Every known design: spec pattern (in the papers' notation) -> its formula and source."""
     out: dict[str, str] = {}
-    for cls in REGISTRY.values():
+    for cls in [*REGISTRY.values(), *ACROSS.values()]:
         out.update(cls.patterns)
     for alias, target in _spec.ALIASES.items():
         out[alias] = f"alias of {target}"
@@ -130,7 +131,7 @@ def _known() -> str:
 
 def parse_spec(text: str) -> _spec.Spec:
     """Parse a spec string (see :mod:`skiplab.connections.spec` for the grammar)."""
-    return _spec.parse(text, REGISTRY, _known())
+    return _spec.parse(text, REGISTRY, _known(), ACROSS)
 
 
 def _positive_int(name: str, value: Any) -> int:

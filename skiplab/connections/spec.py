@@ -2,18 +2,21 @@
 
 Grammar (case-sensitive)::
 
-    spec    := [number] name ["+" norm] ["(" option ("," option)* ")"]
+    spec    := design ("+" across ["(" option ("," option)* ")"])*
+    design  := [number] name ["+" norm] ["(" option ("," option)* ")"]
     number  := a real such as 2, 0.5, 1e-1       -- λ of xSkip, the order k of rSkip
     name    := xSkip | rSkip | wSkip | SAS | Highway | PreLN | PreRMS | NoSkip | ReZero | SkipInit | LayerScale
              | MixLN
     norm    := LN | BN | RMS | DyT
     option  := key "=" value                     -- e.g. f=2, init=1, gate=single, gamma=free
+    across  := ValueRes | UNet                    -- designs across the layers of a stack (connections.across)
 
 Aliases: ``Residual`` = ``1xSkip``, ``PostLN`` = ``1xSkip+LN``, ``LNS`` = ``PreLN(scale=depth)``.
 
 Examples: ``1xSkip``, ``2xSkip``, ``0.5xSkip+LN(f=2)``, ``2rSkip+LN``, ``3rSkip+BN``, ``wSkip+LN(init=2)``,
 ``SAS``, ``SAS(gate=single)``, ``SAS(gamma=free)``, ``SAS+BN``, ``Highway``, ``PreLN``, ``PreRMS``,
-``ReZero``, ``LayerScale(init=1e-5)``, ``PreLN(scale=depth)``, ``MixLN+RMS(alpha=0.25)``.
+``ReZero``, ``LayerScale(init=1e-5)``, ``PreLN(scale=depth)``, ``MixLN+RMS(alpha=0.25)``, ``PreLN+ValueRes``,
+``HC(n=4)+ValueRes(learn=yes)+UNet``.
 
 Which numbers, norms and options a name accepts is declared by its class (``numbered``, ``accepts_norms``,
 ``options``); :func:`parse` checks a spec against that declaration and the registry turns it into a
@@ -31,6 +34,7 @@ from typing import Any, Callable
 
 ALIASES = {"Residual": "1xSkip", "PostLN": "1xSkip+LN", "LNS": "PreLN(scale=depth)"}
 
+_ACROSS_RE = re.compile(r"^(?P<rest>.+)\+(?P<name>[A-Za-z]+)(?P<options>\([^()]*\))?$")
 _SPEC_RE = re.compile(
     r"^(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)?"
     r"(?P<name>[A-Za-z]+)"
@@ -50,12 +54,14 @@ class Option:
 
 @dataclass(frozen=True)
 class Spec:
-    """A parsed spec: ``number``, ``name``, ``norm`` and every option (defaults filled in)."""
+    """A parsed spec: ``number``, ``name``, ``norm``, every option (defaults filled in) and the designs across
+    the layers of the stack (``stack``: their specs, in the order written)."""
 
     name: str
     number: float | None = None
     norm: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    stack: tuple["Spec", ...] = ()
 
 
 class SpecError(ValueError):
@@ -90,16 +96,41 @@ def choice(*values: str) -> Callable[[str], str]:
     return parse
 
 
-def parse(text: str, registry: dict[str, type], known: str) -> Spec:
-    """Parse ``text`` against the classes in ``registry``; raise :class:`SpecError` naming the problem."""
+def _options(cls: type, name: str, text: str | None, fail: Callable[[str], SpecError]) -> dict[str, Any]:
+    """``cls``'s options, defaults filled in, with those of ``text`` (``key=value,...``) parsed."""
+    options = {key: opt.default for key, opt in cls.options.items()}
+    for item in filter(None, (text or "").split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key or not value:
+            raise fail(f"option {item!r} is not key=value")
+        if key not in cls.options:
+            allowed = ", ".join(cls.options) or "none"
+            raise fail(f"{name} has no option {key!r} (options: {allowed})")
+        try:
+            options[key] = cls.options[key].parse(value)
+        except ValueError as err:
+            raise fail(f"option {key}: {err}") from None
+    return options
+
+
+def parse(text: str, registry: dict[str, type], known: str, across: dict[str, type] | None = None) -> Spec:
+    """Parse ``text`` against the classes in ``registry`` (and ``across``, the designs that may follow the
+    connection after a ``+``); raise :class:`SpecError` naming the problem."""
 
     def fail(problem: str) -> SpecError:
         return SpecError(f"bad connection spec {text!r}: {problem}. Known: {known}")
 
     if not isinstance(text, str):
         raise SpecError(f"a connection spec must be a string, got {type(text).__name__}. Known: {known}")
-    spec = ALIASES.get(text.strip(), text.strip())
-    m = _SPEC_RE.match(spec.replace(" ", ""))
+    spec, stack = text.replace(" ", ""), []
+    while (a := _ACROSS_RE.match(spec)) and a["name"] in (across or {}):  # peel "+ValueRes(...)" off the end
+        if any(s.name == a["name"] for s in stack):
+            raise fail(f"{a['name']} is given twice")
+        options = _options(across[a["name"]], a["name"], (a["options"] or "()")[1:-1], fail)
+        stack.insert(0, Spec(name=a["name"], options=options))
+        spec = a["rest"]
+    spec = ALIASES.get(spec, spec)
+    m = _SPEC_RE.match(spec)
     if m is None:
         raise fail("not of the form [number]name[+NORM][(key=value, ...)]")
     name, norm = m["name"], m["norm"]
@@ -129,29 +160,24 @@ def parse(text: str, registry: dict[str, type], known: str) -> Spec:
     if norm is None:
         norm = cls.default_norm
 
-    options = {key: opt.default for key, opt in cls.options.items()}
-    for item in filter(None, (m["options"] or "").split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or not key or not value:
-            raise fail(f"option {item!r} is not key=value")
-        if key not in cls.options:
-            allowed = ", ".join(cls.options) or "none"
-            raise fail(f"{name} has no option {key!r} (options: {allowed})")
-        try:
-            options[key] = cls.options[key].parse(value)
-        except ValueError as err:
-            raise fail(f"option {key}: {err}") from None
-    return Spec(name=name, number=number, norm=norm, options=options)
+    return Spec(name=name, number=number, norm=norm, options=_options(cls, name, m["options"], fail),
+                stack=tuple(stack))
 
 
-def format_spec(spec: Spec, cls: type) -> str:
-    """The canonical text of ``spec``: ``parse(format_spec(s)) == s``; default options left out."""
+def format_spec(spec: Spec, cls: type, across: dict[str, type] | None = None) -> str:
+    """The canonical text of ``spec``: ``parse(format_spec(s)) == s``; default options left out; the designs
+    across the stack (classes in ``across``) after it."""
     text = (format_number(spec.number) if spec.number is not None else "") + spec.name
     if spec.norm is not None and spec.norm != cls.default_norm:
         text += f"+{spec.norm}"
+    text += _format_options(spec, cls)
+    return text + "".join(f"+{s.name}{_format_options(s, (across or {})[s.name])}" for s in spec.stack)
+
+
+def _format_options(spec: Spec, cls: type) -> str:
     opts = [
         f"{k}={format_number(v) if isinstance(v, float) else v}"
         for k, v in spec.options.items()
         if v != cls.options[k].default
     ]
-    return text + (f"({','.join(opts)})" if opts else "")
+    return f"({','.join(opts)})" if opts else ""

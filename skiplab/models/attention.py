@@ -15,6 +15,8 @@ materialised mask, so that the fused kernels (flash, memory-efficient) may run o
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -80,11 +82,14 @@ class SelfAttention(_Attention):
         return {"query": [q], "key": [k], "value": [v], "output": [self.out_proj.weight]}
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
-                cache: dict[str, Tensor] | None = None) -> Tensor:
+                cache: dict[str, Tensor] | None = None, values: Callable[[Tensor], Tensor] | None = None) -> Tensor:
         """``x`` (B, T, D) attends to itself: under the padding ``mask`` (encoder) or ``causal``ly (decoder:
         position i sees positions <= i). With a ``cache`` (incremental decoding) x holds the new positions;
-        their keys and values are appended to the cached ones of the earlier positions."""
+        their keys and values are appended to the cached ones of the earlier positions. ``values`` maps the
+        values (B, H, T, D/H) before they are used and cached (a value residual, :mod:`skiplab.connections.across`)."""
         q, k, v = (self.split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
+        if values is not None:
+            v = values(v)
         past = cache["k"].shape[2] if cache is not None and "k" in cache else 0
         if self.rope is not None:
             q, k = self.rope(q, past), self.rope(k, past)

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..connections import Place, connection, final_norm, input_norm, iter_connections, parse_spec
+from ..connections import Across, Place, connection, final_norm, input_norm, iter_connections, parse_spec
 from .attention import Rotary, SelfAttention
 from .linear import stacked_linear, xavier_linear
 
@@ -112,9 +112,10 @@ class Layer(nn.Module):
         self.conn_attn.init_branch(self.attn.projections())
         self.conn_mlp.init_branch(self.mlp.projections())
 
-    def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None) -> Tensor:
-        """``x`` (B, T, D); with ``cache``, x holds the new positions only, after the cached ones."""
-        x = self.conn_attn(x, lambda h: self.drop(self.attn(h, causal=True, cache=cache)))
+    def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None, values=None) -> Tensor:
+        """``x`` (B, T, D); with ``cache``, x holds the new positions only, after the cached ones; ``values``:
+        the stack's map of the attention values (:class:`~skiplab.connections.Across`), or None."""
+        x = self.conn_attn(x, lambda h: self.drop(self.attn(h, causal=True, cache=cache, values=values)))
         return self.conn_mlp(x, lambda h: self.drop(self.mlp(h)))
 
 
@@ -131,6 +132,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.embed_norm = input_norm(cfg.connection, d)  # the identity but for designs that normalise the input
         self.layers = nn.ModuleList(Layer(cfg, rope, i + 1) for i in range(cfg.layers))
+        self.across = Across(cfg.connection, cfg.layers)  # designs across the layers (+ValueRes, +UNet), if any
         self.norm = final_norm(cfg.connection, d, layers=cfg.layers)
         self.head = None if cfg.tie else nn.Linear(d, cfg.vocab_size, bias=False)
         self._init_weights()
@@ -164,8 +166,10 @@ class GPT(nn.Module):
         if self.pos_embed is not None:
             x = x + self.pos_embed.weight[offset : offset + t]
         x = self.drop(self.embed_norm(x))
+        run = self.across.start()
         for i, layer in enumerate(self.layers):
-            x = layer(x, None if caches is None else caches[i])
+            x = layer(run.enter(i, x), None if caches is None else caches[i], run.values(i))
+            run.leave(i, x)
         h = self.norm(x)
         return self.head(h) if self.head is not None else F.linear(h, self.embed.weight)
 

@@ -43,6 +43,9 @@ class PreActResNetConfig:
         if REGISTRY[spec.name].needs_stack:
             raise ValueError(f"{spec.name} needs a stack that holds its residual streams from the first block to "
                              "the last; the PreAct-ResNet's stages change width and resolution between blocks")
+        if spec.stack:
+            raise ValueError(f"+{spec.stack[0].name} is a design across the layers of a Transformer stack (attention "
+                             "values, same-width skips); the PreAct-ResNet has no attention and its stages change width")
 
     @property
     def blocks_per_stage(self) -> int:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from ..connections import Place, connection, final_norm, input_norm, parse_spec
+from ..connections import Across, Place, connection, final_norm, input_norm, parse_spec
 from .attention import CrossAttention, SelfAttention
 from .linear import xavier_linear
 from .seq2seq import EncoderDecoder, Seq2SeqConfig
@@ -65,8 +65,8 @@ class EncoderLayer(nn.Module):
         self.conn_attn.init_branch(self.self_attn.projections())
         self.conn_ffn.init_branch(self.ffn.projections())
 
-    def forward(self, x: Tensor, mask: Tensor) -> Tensor:  # (B, S, D)
-        x = self.conn_attn(x, lambda h: self.drop(self.self_attn(h, mask)))
+    def forward(self, x: Tensor, mask: Tensor, values=None) -> Tensor:  # (B, S, D)
+        x = self.conn_attn(x, lambda h: self.drop(self.self_attn(h, mask, values=values)))
         return self.conn_ffn(x, lambda h: self.drop(self.ffn(h)))
 
 
@@ -88,9 +88,10 @@ class DecoderLayer(nn.Module):
         self.conn_ffn.init_branch(self.ffn.projections())
 
     def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
-                cache: dict[str, Tensor] | None = None) -> Tensor:
-        """``x`` (B, T, D); with ``cache``, x holds the new positions only (see the shell)."""
-        x = self.conn_self(x, lambda h: self.drop(self.self_attn(h, causal=True, cache=cache)))
+                cache: dict[str, Tensor] | None = None, values=None) -> Tensor:
+        """``x`` (B, T, D); with ``cache``, x holds the new positions only (see the shell); ``values``: the
+        stack's map of the self-attention values (:class:`~skiplab.connections.Across`), or None."""
+        x = self.conn_self(x, lambda h: self.drop(self.self_attn(h, causal=True, cache=cache, values=values)))
         x = self.conn_cross(x, lambda h: self.drop(self.cross_attn(h, cross_kv, memory_mask)))
         return self.conn_ffn(x, lambda h: self.drop(self.ffn(h)))
 
@@ -99,13 +100,15 @@ class ResidualEncoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg, i + 1) for i in range(cfg.encoder_layers))
+        self.across = Across(cfg.connection, cfg.encoder_layers)  # designs across the layers (+ValueRes, +UNet)
         self.input_norm = input_norm(cfg.connection, cfg.d_model)
         self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.encoder_layers)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        x = self.input_norm(x)
-        for layer in self.layers:
-            x = layer(x, mask)
+        x, run = self.input_norm(x), self.across.start()
+        for i, layer in enumerate(self.layers):
+            x = layer(run.enter(i, x), mask, run.values(i))
+            run.leave(i, x)
         return self.norm(x)
 
 
@@ -113,6 +116,7 @@ class ResidualDecoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg, i + 1) for i in range(cfg.decoder_layers))
+        self.across = Across(cfg.connection, cfg.decoder_layers)
         self.input_norm = input_norm(cfg.connection, cfg.d_model)
         self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.decoder_layers)
 
@@ -121,9 +125,10 @@ class ResidualDecoder(nn.Module):
 
     def forward(self, x: Tensor, cross: list[tuple[Tensor, Tensor]], memory_mask: Tensor,
                 caches: list[dict[str, Tensor]] | None = None) -> Tensor:
-        x = self.input_norm(x)  # per position: exact under incremental decoding
+        x, run = self.input_norm(x), self.across.start()  # per position: exact under incremental decoding
         for i, layer in enumerate(self.layers):
-            x = layer(x, cross[i], memory_mask, None if caches is None else caches[i])
+            x = layer(run.enter(i, x), cross[i], memory_mask, None if caches is None else caches[i], run.values(i))
+            run.leave(i, x)
         return self.norm(x)
 
 

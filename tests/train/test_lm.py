@@ -140,6 +140,20 @@ def test_gates_and_the_linearity_probe_on_an_sas_language_model(text, tmp_path):
     assert probe["metric"] == "bpb" and probe["layers"][0]["layer"] == "layer.1" and probe["untouched"] > 0
 
 
+def test_gates_report_the_value_residual_lambda_and_the_unet_weights(text, tmp_path):
+    out = tmp_path / "across"
+    with one_thread():
+        assert run(args(text, out, "--connection", "PreLN+ValueRes(learn=yes)+UNet")) == 0
+        assert run(["analyze", "gates", out, "--examples", "8", "--split", "valid"]) == 0
+    rows = json.loads((out / "analysis" / "gates.json").read_text())["connections"]
+    across = load_trained(out).model.across
+    lam, weight = across.designs[0].lam.tolist(), across.designs[1].weight.tolist()
+    assert [(r["block"], r["value_lambda"]) for r in rows if "value_lambda" in r] == [("layer.1", lam[0])]
+    assert [(r["block"], r["skip_weight"]) for r in rows if "skip_weight" in r] == [("layer.1", weight[0])]
+    assert lam[0] != 0.5 and weight[0] != 1.0  # trained away from their start
+    assert "value_lambda" in (out / "analysis" / "gates.md").read_text()
+
+
 @torch.no_grad()
 def test_cached_generation_equals_recomputing_the_prefix():
     torch.manual_seed(0)
