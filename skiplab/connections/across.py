@@ -57,6 +57,10 @@ class AcrossDesign(nn.Module):
         """Layer i's self-attention values V (B, H, T, d_head), as the attention uses and caches them."""
         return v
 
+    def stats(self) -> dict[str, Tensor]:
+        """What the design learned (or fixes), per layer."""
+        return {}
+
     def rows(self) -> list[tuple[int, str, float]]:
         """(layer index, quantity, value) of what the design learned (or fixes), for ``analyze gates``."""
         return []
@@ -100,6 +104,9 @@ class ValueRes(AcrossDesign):
             return v
         return torch.lerp(v, state["v1"], self.lam[i - 1].to(v.dtype))  # v + λ(v₁ − v): exactly v at λ = 0
 
+    def stats(self) -> dict[str, Tensor]:
+        return {"value_lambda": self.lam.detach().cpu().clone()}  # entry l − 2 for layer l = 2, ..., L
+
     def rows(self) -> list[tuple[int, str, float]]:
         return [(i + 1, "value_lambda", float(x)) for i, x in enumerate(self.lam.detach().cpu())]
 
@@ -138,6 +145,9 @@ class UNet(AcrossDesign):
         if i < self.half:
             state.setdefault("unet", []).append(x)
 
+    def stats(self) -> dict[str, Tensor]:
+        return {"skip_weight": self.weight.detach().cpu().clone()}  # w_i, entering layer ⌊L/2⌋ + i
+
     def rows(self) -> list[tuple[int, str, float]]:
         return [(self.half + j, "skip_weight", float(w)) for j, w in enumerate(self.weight.detach().cpu())]
 
@@ -153,6 +163,10 @@ class Across(nn.Module):
 
     def start(self) -> Run:
         return Run(self)
+
+    def stats(self) -> dict[str, dict[str, Tensor]]:
+        """Each design's :meth:`AcrossDesign.stats`, by name."""
+        return {d.name: d.stats() for d in self.designs}
 
     def extra_repr(self) -> str:
         return ", ".join(d.name for d in self.designs)

@@ -140,6 +140,8 @@ def test_the_learned_weights_get_gradients_in_both_families():
     F.cross_entropy(m(tokens()).flatten(0, 1), tokens().flatten()).backward()
     vr, unet = m.across.designs
     assert vr.lam.grad.abs().min() > 0 and unet.weight.grad.abs().min() > 0
+    stats = m.across.stats()
+    assert torch.equal(stats["ValueRes"]["value_lambda"], vr.lam.detach()) and stats["UNet"]["skip_weight"].tolist() == [1.0, 1.0]
     t = Transformer(TransformerConfig(vocab_size=30, d_model=16, heads=2, ffn_dim=32, encoder_layers=2,
                                       decoder_layers=4, connection="PreLN+ValueRes(learn=yes)+UNet"))
     t(tokens(), tokens()).sum().backward()
