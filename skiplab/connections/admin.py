@@ -34,8 +34,9 @@ class Admin(Connection):
     code does (LiyuanLucasLiu/Transformer-Clinic, ``transformer_layer.py``, ``--init-type adaptive``):
     ω_1 = 1, ω_{i+1} = √(Var[ω_i ⊙ x_{i−1}] + Var[F_i(x_{i−1})]). The paper writes
     ω_i = √(Σ_{j<i} Var[F_j]), which leaves out the input's variance (and would give the first block no
-    skip at all); skiplab counts it, as the code does. One chain per stack (the code keeps separate ones
-    for the decoder's three sub-layer kinds)."""
+    skip at all); skiplab counts it, as the code does. A separate ω per sub-layer and one chain per stack,
+    as the code has (its decoder's self, cross and FFN ω share one ``decoder_ratio`` chain). The code profiles
+    in training mode, after dropout; skiplab profiles in evaluation mode, so the profile is deterministic."""
 
     name = "Admin"
     accepts_norms = ("LN", "RMS", "DyT")

@@ -131,7 +131,7 @@ class HC(Connection):
 
 def sinkhorn(logits: Tensor, iters: int = 20) -> Tensor:
     """Sinkhorn–Knopp projection of exp(``logits``) (..., n, n) onto the doubly stochastic matrices: M⁰ = exp(·),
-    M^t = T_r(T_c(M^{t−1})) (columns, then rows normalised to sum 1), ``iters`` times (mHC's Eq. 8, t_max = 20).
+    M^t = T_r(T_c(M^{t−1})) (columns, then rows normalised to sum 1), ``iters`` times (mHC's Eq. 9; "we choose t_max = 20", Section 4.2).
     The rows sum to 1 exactly after the last step, the columns to within the iteration's convergence."""
     m = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))  # a common factor: the projection is unchanged
     for _ in range(iters):
@@ -150,9 +150,9 @@ class MHC(HC):
         x ← H^res x + H^postᵀ F(LN(H^pre x))
 
     so the stream-mixing matrix is doubly stochastic (rows and columns sum to 1) and the composite mixing of a
-    deep stack cannot blow up as HC's may. Initialisation (the paper text does not fix it; lucidrains'
-    ``manifold_constrained_hyper_connections.py`` is followed): φ = 0, α = 0.01 (learned), b^pre = e_{k mod n},
-    b^res = I, b^post = 1. The stack expands and sums the streams as HC's does.
+    deep stack cannot blow up as HC's may (Section 4.2, Eqs. 7-9). Initialisation: α = 0.01, learned (the
+    paper's Table 5, "gating factor init α 0.01"); φ = 0, b^pre = e_{k mod n}, b^res = I, b^post = 1, which the
+    paper leaves open, as lucidrains' ``manifold_constrained_hyper_connections.py`` sets them. The stack expands and sums the streams as HC's does.
     """
 
     name = "mHC"

@@ -34,7 +34,8 @@ class MixLN(Connection):
     (Table 5's ablation on LLaMA-1B); α = 0 is the pre-norm network, α = 1 the post-norm one (Table 5's
     "100%"). The stack ends with a final norm when it has pre-norm layers (α < 1); the authors' code
     (pixeli99/MixLN, ``modeling_llama.py``) keeps its final RMSNorm at every α, so its α = 1 is Post-LN plus
-    one more norm, while here α = 1 is exactly ``PostLN`` as the paper says. Their LLaMA uses RMSNorm:
+    one more norm (so were the paper's own 100% runs); skiplab chooses α = 1 to be exactly ``PostLN``, the
+    design the paper names. Their LLaMA uses RMSNorm:
     ``MixLN+RMS``.
     """
 

@@ -67,8 +67,9 @@ class ChannelRMSNorm(nn.Module):
 
 class DyT(nn.Module):
     """Dynamic Tanh, DyT(x) = γ ⊙ tanh(α·x) + β: α one learned scalar (α₀ = 0.5), γ and β per feature
-    (channel) at 1 and 0 (Zhu et al., CVPR 2025, "Transformers without Normalization", Section 3 and its
-    Algorithm 1; the paper's default α₀ = 0.5). No statistic of x: an element-wise stand-in for LN."""
+    (channel) at 1 and 0 (Zhu et al., CVPR 2025, "Transformers without Normalization", Section 4, Eq. 2 and
+    Algorithm 1; α₀ = 0.5 is the paper's default except for LLMs, Section 7). One α per DyT module, i.e. per
+    norm it replaces. No statistic of x: an element-wise stand-in for LN."""
 
     def __init__(self, dim: int, layout: str = "seq", alpha: float = 0.5):
         super().__init__()

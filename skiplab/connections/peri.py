@@ -37,8 +37,9 @@ class _Peri(Connection):
 class PeriLN(_Peri):
     """``PeriLN[+RMS](embed=yes)``: y = x + LN(F(LN(x))) (Kim et al. 2025, arXiv 2502.02732: normalisation at
     the sub-layer's input and output, none on the residual path), the embeddings normalised once before the first
-    layer (``embed=yes``, the paper's y_0 = Norm(x); ``embed=no`` leaves them, as OLMo-core's
-    ``PeriNormTransformerBlock`` does, which has no embedding norm) and a final norm after the last."""
+    layer (``embed=yes``: the paper's y_0 = Norm(x_embed), which it marks optional; skiplab turns it on by
+    default; ``embed=no`` leaves them, as OLMo-core's ``PeriNormTransformerBlock`` does) and a final norm after
+    the last, as the paper has before the output head."""
 
     name = "PeriLN"
     options = {"embed": Option("yes", choice("yes", "no"), "normalise the embeddings before the first layer")}

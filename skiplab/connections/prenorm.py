@@ -19,8 +19,10 @@ class _PreNorm(Connection):
     ``final_norm``, the Transformer's last LayerNorm on each stack).
 
     With ``scale=depth`` (LayerNorm scaling, "LNS"; Sun et al. 2025, "The Curse of Depth in Large Language
-    Models", Section 4): y = x + F(G(x)/√l), l the 1-based index of the block's layer, the same factor
-    for every sub-layer of layer l (lmsdss/LayerNorm-Scaling, ``modeling_llama.py``, ``1/sqrt(layer_index)``;
+    Models", Section 4, Eq. 12: "h(ℓ) = LayerNorm(h(ℓ)) × 1/√ℓ", ℓ = 1, ..., L): y = x + F(G(x)/√l), l the
+    1-based index of the block's layer, the same factor for every sub-layer of layer l (lmsdss/LayerNorm-Scaling,
+    ``peft_pretraining/modeling_llama.py``, ``scale_factor = 1 / math.sqrt(self.layer_index + 1)`` with a 0-based
+    index, before attention and before the MLP;
     OLMo-core's ``LayerNormScaledTransformerBlock``). No new parameters; at l = 1 it is the plain pre-norm block.
     """
 
