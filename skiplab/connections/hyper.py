@@ -58,6 +58,9 @@ class HC(Connection):
     ``dynamic_alpha_scale``, ``dynamic_beta_scale``). The stack expands its input to n copies before the first
     layer and sums the streams before the final norm (:func:`~skiplab.connections.input_norm`,
     :func:`~skiplab.connections.final_norm`). With n = 1 and the initialisation above, HC is ``PreLN``.
+    Initialisation constants: Section 2.3, Eq. 14; s_α, s_β: Section 2.2, Eqs. 10-13 and Algorithm 2. The
+    paper's implementation notes (Section 4) also rescale the initial std of the output projections with n;
+    skiplab keeps the model's own initialisation, so that designs compare on the same weights.
     """
 
     name = "HC"
