@@ -108,11 +108,18 @@ class HC(Connection):
         """A_m (..., n), A_r (..., n, n), B (..., n) for streams ``h`` (..., n, D)."""
         if not self.dynamic:
             return self.a_m, self.a_r, self.b
-        hn = self.stream_norm(h)
-        a_m = self.s_alpha * torch.tanh(hn @ self.w_m) + self.a_m
-        a_r = self.s_alpha * torch.tanh(hn @ self.w_r) + self.a_r
-        b = self.s_beta * torch.tanh(hn @ self.w_b) + self.b
+        n = self.n
+        w = torch.cat([self.w_m.unsqueeze(-1), self.w_r, self.w_b.unsqueeze(-1)], -1)  # one matmul for the three
+        t = torch.tanh(self.stream_norm(h) @ w)  # (..., n, n + 2): stream i's row
+        a_m = self.s_alpha * t[..., 0] + self.a_m
+        a_r = self.s_alpha * t[..., 1 : n + 1] + self.a_r
+        b = self.s_beta * t[..., n + 1] + self.b
         return a_m, a_r, b
+
+    def mixing(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """(W, B): W (..., n + 1, n) stacks A_mᵀ over A_rᵀ, so that W H gives h₀ and A_rᵀ H in one product."""
+        a_m, a_r, b = self.weights(h)
+        return torch.cat([a_m.unsqueeze(-2), a_r.mT], -2), b
 
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         if skip is not None:
@@ -120,11 +127,12 @@ class HC(Connection):
         if x.shape[-2:] != (self.n, self.dim):
             raise ValueError(f"HC(n={self.n}) expects streams (..., {self.n}, {self.dim}), got {tuple(x.shape)}: "
                              "the stack must begin with input_norm(spec, dim)")
-        a_m, a_r, b = self.weights(x)
-        h0 = (a_m.unsqueeze(-2) @ x).squeeze(-2)  # A_mᵀ H: (..., 1, n) @ (..., n, D)
-        out = branch(self.norm(h0))
-        mixed = a_r.mT @ x  # (A_rᵀ H)_j = Σ_i A_r[i, j] H_i
-        return torch.addcmul(mixed, b.unsqueeze(-1), out.unsqueeze(-2))  # + Bᵀ F
+        w, b = self.mixing(x)
+        # rows 0 and 1..n of W H: h₀ = A_mᵀ H and (A_rᵀ H)_j = Σ_i A_r[i, j] H_i, in one product (static weights:
+        # one matrix for every position, as a single matmul rather than a batch of tiny ones)
+        mix = torch.einsum("mn,...nd->...md", w, x) if w.dim() == 2 else w @ x
+        out = branch(self.norm(mix[..., 0, :]))
+        return torch.addcmul(mix[..., 1:, :], b.unsqueeze(-1), out.unsqueeze(-2))  # + Bᵀ F
 
     def stats(self) -> dict[str, Any]:
         return {"A_m": self.a_m.detach().cpu().clone(), "A_r": self.a_r.detach().cpu().clone(),
@@ -182,8 +190,9 @@ class MHC(HC):
     def weights(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """H^pre (..., n), H^res (..., n, n), H^post (..., n) for streams ``h`` (..., n, C)."""
         n = self.n
-        flat = F.rms_norm(h.flatten(-2), (h.shape[-2] * h.shape[-1],))
-        proj = flat @ self.phi
+        flat = h.flatten(-2)
+        # x̃ φ = (x φ) / rms(x): the same product without writing the normalised streams out
+        proj = (flat @ self.phi) * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + torch.finfo(h.dtype).eps)
         pre = torch.sigmoid(self.alpha[0] * proj[..., :n] + self.b_pre)
         post = 2 * torch.sigmoid(self.alpha[1] * proj[..., n : 2 * n] + self.b_post)
         res = sinkhorn(self.alpha[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + self.b_res, self.iters)
@@ -196,8 +205,9 @@ class MHC(HC):
             raise ValueError(f"mHC(n={self.n}) expects streams (..., {self.n}, {self.dim}), got {tuple(x.shape)}: "
                              "the stack must begin with input_norm(spec, dim)")
         pre, res, post = self.weights(x)
-        out = branch(self.norm((pre.unsqueeze(-2) @ x).squeeze(-2)))
-        return torch.addcmul(res @ x, post.unsqueeze(-1), out.unsqueeze(-2))
+        mix = torch.cat([pre.unsqueeze(-2), res], -2) @ x  # H^pre x and H^res x in one product
+        out = branch(self.norm(mix[..., 0, :]))
+        return torch.addcmul(mix[..., 1:, :], post.unsqueeze(-1), out.unsqueeze(-2))
 
     def stats(self) -> dict[str, Any]:
         res = sinkhorn(self.b_res.detach().float(), self.iters)
