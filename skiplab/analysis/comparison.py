@@ -41,7 +41,7 @@ def lambda_and_norm(spec: str) -> tuple[str, str]:
         "Highway": ("1-T (gated)", "-"),
         "PreLN": ("1", "LN (pre)"),
         "PreRMS": ("1", "RMS (pre)"),
-    }.get(s.name, ("?", norm))
+    }.get(s.name, ("-", norm))  # designs without the papers' λ (the modern ones): none to show
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
