@@ -41,10 +41,10 @@ class AcrossDesign(nn.Module):
     options: ClassVar[dict[str, Option]] = {}
     patterns: ClassVar[dict[str, str]]
     mixes_values: ClassVar[bool] = False
+    first = 0  # the 0-based layer that the first entry of each stats() tensor belongs to
 
     def __init__(self, spec: Spec, layers: int):
         super().__init__()
-        self.layers = layers
 
     def enter(self, i: int, x: Tensor, state: dict[str, Any]) -> Tensor:
         """Layer i's input."""
@@ -58,12 +58,12 @@ class AcrossDesign(nn.Module):
         return v
 
     def stats(self) -> dict[str, Tensor]:
-        """What the design learned (or fixes), per layer."""
+        """What the design learned (or fixes): a 1-d tensor per quantity, one entry per layer from ``first`` on."""
         return {}
 
     def rows(self) -> list[tuple[int, str, float]]:
-        """(layer index, quantity, value) of what the design learned (or fixes), for ``analyze gates``."""
-        return []
+        """(layer index, quantity, value) for each entry of :meth:`stats`, for ``analyze gates``."""
+        return [(self.first + j, key, float(v)) for key, t in self.stats().items() for j, v in enumerate(t)]
 
 
 @register_across
@@ -88,12 +88,12 @@ class ValueRes(AcrossDesign):
     patterns = {"+ValueRes(lambda=0.5,learn=no|yes)": "V'_l = λ V_1 + (1 − λ) V_l in the self-attention of layers "
                                                       "l >= 2  (Zhou et al. 2025, ResFormer)"}
     mixes_values = True
+    first = 1
 
     def __init__(self, spec: Spec, layers: int):
         super().__init__(spec, layers)
         lam = torch.full((max(layers - 1, 0),), float(spec.options["lambda"]))
-        self.learn = spec.options["learn"] == "yes"
-        if self.learn:
+        if spec.options["learn"] == "yes":
             self.lam = nn.Parameter(lam)
         else:
             self.register_buffer("lam", lam)
@@ -106,9 +106,6 @@ class ValueRes(AcrossDesign):
 
     def stats(self) -> dict[str, Tensor]:
         return {"value_lambda": self.lam.detach().cpu().clone()}  # entry l − 2 for layer l = 2, ..., L
-
-    def rows(self) -> list[tuple[int, str, float]]:
-        return [(i + 1, "value_lambda", float(x)) for i, x in enumerate(self.lam.detach().cpu())]
 
 
 @register_across
@@ -132,7 +129,7 @@ class UNet(AcrossDesign):
 
     def __init__(self, spec: Spec, layers: int):
         super().__init__(spec, layers)
-        self.half = layers // 2
+        self.half = self.first = layers // 2
         self.weight = nn.Parameter(torch.full((self.half,), float(spec.options["init"])))
 
     def enter(self, i: int, x: Tensor, state: dict[str, Any]) -> Tensor:
@@ -147,9 +144,6 @@ class UNet(AcrossDesign):
 
     def stats(self) -> dict[str, Tensor]:
         return {"skip_weight": self.weight.detach().cpu().clone()}  # w_i, entering layer ⌊L/2⌋ + i
-
-    def rows(self) -> list[tuple[int, str, float]]:
-        return [(self.half + j, "skip_weight", float(w)) for j, w in enumerate(self.weight.detach().cpu())]
 
 
 class Across(nn.Module):
@@ -201,7 +195,3 @@ class Run:
 
         return mix
 
-
-def stack_designs(spec: str) -> list[str]:
-    """The names of the designs across the stack that ``spec`` writes after its connection."""
-    return [s.name for s in parse_spec(spec).stack]
