@@ -7,7 +7,7 @@ decoder layers ``encoder.i`` / ``decoder.i``. Data are read from where the run f
 unless ``data_dir`` says otherwise.
 
     L_n = the loss of example n: its cross-entropy (image), or the sum of its target tokens'
-          cross-entropies (sequences).
+          cross-entropies (sequences); u_n its units: 1 (image), its target tokens (sequences).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 
@@ -94,9 +95,13 @@ class Trained:
         """L_n per example, shape (B,)."""
         raise NotImplementedError
 
+    def units(self, ex: Examples) -> Tensor:
+        """u_n summed over the batch: what the training objective averages over (examples; target tokens)."""
+        return torch.tensor(len(ex))
+
     def mean_loss(self, ex: Examples, output: Tensor) -> Tensor:
-        """The training objective's mean over the batch's units (examples, or target tokens)."""
-        return self.losses(ex, output).mean()
+        """The training objective: Σ_n L_n / Σ_n u_n over the batch (:meth:`units`)."""
+        return self.losses(ex, output).sum() / self.units(ex)
 
     def examples(self, split: str, count: int, seed: int = 0, batch: int = 250, max_tokens: int = 4096,
                  data_dir: str = "", shuffle: bool = False) -> Iterator[Examples]:

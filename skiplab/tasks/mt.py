@@ -42,9 +42,9 @@ class MTTrained(Trained):
         nll = F.cross_entropy(output.float().transpose(1, 2), ex.target, ignore_index=PAD, reduction="none")
         return nll.sum(1)
 
-    def mean_loss(self, ex: Examples, output: Tensor) -> Tensor:
-        """Per target token, as training normalises."""
-        return self.losses(ex, output).sum() / (ex.target != PAD).sum()
+    def units(self, ex: Examples) -> Tensor:
+        """Real target tokens: training normalises per target token."""
+        return (ex.target != PAD).sum()
 
     def examples(self, split: str, count: int, seed: int = 0, batch: int = 250, max_tokens: int = 4096,
                  data_dir: str = "", shuffle: bool = False) -> Iterator[Examples]:
