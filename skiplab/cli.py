@@ -186,7 +186,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
 
 
 ANALYZE_OPTIONS = ("split", "examples", "seed", "mode", "near_zero", "large", "layers", "steps", "objective", "sample",
-                   "lr", "beam", "score_start")
+                   "lr", "beam", "score_start", "k", "ratio")
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
@@ -321,7 +321,11 @@ def build_parser() -> argparse.ArgumentParser:
              "train", 10000),
             ("activations", "per-block output distributions, and the sum h against G(h) (the tutorial)", "test", 2000),
             ("linearity", "each chosen layer replaced by a linear map trained in its place: the metric lost "
-                          "(Section 4 of the depth-wise LSTM paper)", "", 0)]:
+                          "(Section 4 of the depth-wise LSTM paper)", "", 0),
+            ("redundancy", "angular distance between the hidden states entering layers l and l+k, and the loss "
+                           "without each layer (the Mix-LN and curse-of-depth papers)", "test", 200),
+            ("norms", "hidden-state RMS entering each layer, sub-layer output RMS, massive activations "
+                      "(|h| > ratio x median)", "test", 200)]:
         p = ana.add_parser(name, help=help, description=help)
         p.add_argument("run", metavar="RUN", help="a run directory (its last.pt) or a checkpoint file")
         p.add_argument("--compare", nargs="+", default=[], metavar="RUN", help="more runs, overlaid in one figure")
@@ -337,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "activations":
             p.add_argument("--near-zero", type=float, default=0.01, help="|y| below this is near zero (default: 0.01)")
             p.add_argument("--large", type=float, default=5.0, help="|y| above this is large (default: 5)")
+        if name == "redundancy":
+            p.add_argument("--k", type=config.count(1), default=1,
+                           help="the span of the distance curve: d(h_l, h_l+k) (default: 1)")
+        if name == "norms":
+            p.add_argument("--ratio", type=float, default=100.0,
+                           help="an entry is massive above this times its state's median |h| (default: 100)")
         if name == "linearity":
             p.add_argument("--layers", type=config.parse_list, required=True, metavar="LAYERS",
                            help="layers to replace, one at a time, comma-separated: block.3 (image), encoder.0, "

@@ -5,6 +5,8 @@
     ratios        the recursive skip's x : F ratio (skiplab.analysis.learned)
     activations   per-block output distributions; h against G(h) (skiplab.analysis.activations)
     linearity     each chosen layer replaced by a trained linear map: metric loss (skiplab.analysis.linearity)
+    redundancy    angular distance between layers' hidden states; loss without each block (skiplab.analysis.redundancy)
+    norms         hidden-state and sub-layer output RMS per layer, massive activations (skiplab.analysis.norms)
 
 Each run gets ``analysis/<name>.json``, ``.md`` and ``.png``; with ``--compare`` the first run's
 ``analysis/<name>_compare.png`` overlays them all. Nothing is overwritten without ``overwrite``.
@@ -15,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import run_dir
-from . import activations, gradients, learned, linearity
+from . import activations, gradients, learned, linearity, norms, redundancy
 from .report import outputs, pyplot, write
 from .trained import Trained
 
@@ -26,6 +28,8 @@ ANALYSES: dict[str, tuple[Callable[..., dict[str, Any]], Callable, Callable]] = 
     "ratios": (lambda tr, **kw: learned.learned(tr, "ratios", **kw), learned.table, learned.figure),
     "activations": (activations.activations, activations.table, activations.figure),
     "linearity": (linearity.linearity, linearity.table, linearity.figure),
+    "redundancy": (redundancy.redundancy, redundancy.table, redundancy.figure),
+    "norms": (norms.norms, norms.table, norms.figure),
 }
 
 

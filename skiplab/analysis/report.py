@@ -16,6 +16,7 @@ from typing import Any
 from torch import Tensor
 
 from .. import run_dir
+from ..models import parse_model_spec
 
 SUFFIXES = (".json", ".md", ".png")
 
@@ -75,6 +76,31 @@ def per_position(value: Tensor, mask: Tensor | None, batch: int) -> Tensor:
         return value.reshape(batch, -1)
     value = value.expand(*mask.shape, value.shape[-1])
     return value[mask]
+
+
+def legend_labels(results: list[dict[str, Any]]) -> list[str]:
+    """Short legend entries for runs labelled by model specs: only what differs between them, the connection
+    by its spec alone (``PreLN``; ``layers=8, PostLN``); a run's full label where nothing differs or a label
+    is not a model spec."""
+    try:
+        specs = [parse_model_spec(r["label"]) for r in results]
+    except (ValueError, KeyError):
+        return [r["label"] for r in results]
+    keys = sorted({k for _, options in specs for k in options})
+    differ = [k for k in keys if len({options.get(k) for _, options in specs}) > 1]
+    if len({name for name, _ in specs}) > 1 or not differ:
+        return [r["label"] for r in results]
+    return [", ".join(o.get(k, "-") if k == "connection" else f"{k}={o.get(k, '-')}" for k in differ) for _, o in specs]
+
+
+def integer_ticks(*axes, y: bool = False) -> None:
+    """Whole numbers only on the x axes (block and layer indices), and on the y axes with ``y``."""
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if y:
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 def pyplot():
