@@ -109,8 +109,10 @@ class HC(Connection):
         if not self.dynamic:
             return self.a_m, self.a_r, self.b
         n = self.n
-        w = torch.cat([self.w_m.unsqueeze(-1), self.w_r, self.w_b.unsqueeze(-1)], -1)  # one matmul for the three
-        t = torch.tanh(self.stream_norm(h) @ w)  # (..., n, n + 2): stream i's row
+        # one product for the three, as F.linear with the weights as rows (n + 2, D): the thin matmul H̄ W with W
+        # (D, n + 2) ran at half the speed (forward and backward) on the CPU, the weight gradient most of all
+        w = torch.cat([self.w_m.unsqueeze(0), self.w_r.t(), self.w_b.unsqueeze(0)], 0)
+        t = torch.tanh(F.linear(self.stream_norm(h), w))  # (..., n, n + 2): stream i's row
         a_m = self.s_alpha * t[..., 0] + self.a_m
         a_r = self.s_alpha * t[..., 1 : n + 1] + self.a_r
         b = self.s_beta * t[..., n + 1] + self.b
@@ -192,7 +194,9 @@ class MHC(HC):
         n = self.n
         flat = h.flatten(-2)
         # x̃ φ = (x φ) / rms(x): the same product without writing the normalised streams out
-        proj = (flat @ self.phi) * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True) + torch.finfo(h.dtype).eps)
+        # (as HC's weights: F.linear with φ as rows, (2n + n², nC), not the thin matmul x φ)
+        proj = F.linear(flat, self.phi.t().contiguous()) * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True)
+                                                                       + torch.finfo(h.dtype).eps)
         pre = torch.sigmoid(self.alpha[0] * proj[..., :n] + self.b_pre)
         post = 2 * torch.sigmoid(self.alpha[1] * proj[..., n : 2 * n] + self.b_post)
         res = sinkhorn(self.alpha[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + self.b_res, self.iters)
