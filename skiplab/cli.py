@@ -18,6 +18,7 @@
     skiplab analyze NAME RUN [...]       gradients, gates, ratios, activations of trained runs
     skiplab bench [--quick]              what the designs and the engine cost here, as side-by-side ratios
     skiplab reproduce TABLE --scale S    a table of the papers at smoke, cpu or paper scale, paper numbers beside ours
+    skiplab sweep lm --connections ... --depths ...   designs x depths x lrs x seeds, a table and figures by depth
     skiplab demo                         the main job: a small comparison on Fashion-MNIST
     skiplab demo gradient-flow [...]     the tutorial's gradient-flow demo (table + plot)
 
@@ -44,6 +45,7 @@ from .analysis.analyze import analyze
 from .analysis.curves import plot_runs
 from .connections import available_connections, connection, parse_spec
 from .models import family_of, options_of, with_options
+from .reproduce.sweep import sweep
 from .tasks.compare import compare
 from .tasks.lm import sample_text
 from .tasks.mt import add_decoding_arguments
@@ -213,6 +215,40 @@ def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[s
                         "--models; with --models, each model's own)")
     p.add_argument("--seeds", type=config.count(1), default=seeds, help=f"seeds 1..N per variant (default: {seeds})")
     p.set_defaults(func=cmd_compare, task=task, seed=1, default_connections=connections, **defaults)
+    return p
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    task = tasks.get(args.task)
+    base = config.from_arguments(task.config, args)
+    base = dataclasses.replace(base, model=_with_model_options(base.model, args))
+    sweep(task.name, base, args.connections, args.depths, args.lrs, seeds=args.seeds, jobs=args.jobs,
+          argv=sys.argv[2:] if sys.argv[1:2] == ["sweep"] else None, runs_dir=args.runs)
+
+
+def _add_sweep(sub, task: tasks.Task):
+    """``skiplab sweep <task>``: the task's training options (but the seed and the lr, which are axes), its model
+    options (but the connection and the depth, likewise), and the axes."""
+    help = (f"{task.help}: every design x depth x lr x seed one run, then a {task.metric_label} table and figures "
+            "against depth")
+    lr = next(f.default for f in dataclasses.fields(task.config) if f.name == "lr")
+    p = sub.add_parser(task.name, help=help, description=help)
+    config.add_arguments(p, task.config, skip=("seed", "lr"))
+    _add_model_options(p, task.name, skip=("connection", *task.depth_options))
+    p.add_argument("--connections", type=config.parse_list, required=True, metavar="SPECS",
+                   help="connection specs to sweep, comma-separated, e.g. PreLN,PostLN,DeepNorm")
+    p.add_argument("--depths", type=config.parse_list, required=True, metavar="DEPTHS",
+                   help=f"depths, comma-separated, e.g. 4,8,16,32 (the model's {' and '.join(task.depth_options)})")
+    p.add_argument("--lrs", type=config.parse_list, default=(), metavar="LRS",
+                   help=f"peak learning rates, comma-separated, e.g. 1e-3,3e-3,1e-2 (default: the config's lr alone, "
+                        f"{lr:g})")
+    p.add_argument("--seeds", type=config.count(1), default=task.compare_seeds,
+                   help=f"seeds 1..N per design x depth x lr (default: {task.compare_seeds})")
+    p.add_argument("--jobs", type=config.count(1), default=1,
+                   help="runs trained side by side, each with cores/jobs threads (default: 1)")
+    p.add_argument("--runs", default="", metavar="DIR",
+                   help="where the runs live (default: OUT/runs); sweeps given one DIR share the runs they both need")
+    p.set_defaults(func=cmd_sweep, task=task.name, seed=1, lr=lr, out=f"runs/sweep-{task.name}")
     return p
 
 
@@ -398,6 +434,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "rows are still filled where their runs exist (default: every row)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     p.set_defaults(func=cmd_reproduce)
+
+    swp = sub.add_parser("sweep", help="designs x depths x learning rates over seeds: stability, the metric by depth")
+    swp = swp.add_subparsers(dest="task", required=True, metavar="TASK")
+    for task in tasks.TASKS.values():
+        if task.depth_options:  # a task sweeps once it names its depth
+            _add_sweep(swp, task)
 
     demo = sub.add_parser("demo", help="the main job (a small comparison) or a named demo")
     demo_sub = demo.add_subparsers(dest="demo", metavar="DEMO")

@@ -23,6 +23,7 @@ from skiplab.reproduce.stats import welch_p
 from skiplab import tasks
 from skiplab.tasks import mt as mt_task
 from tests.data.test_cifar import write_cifar
+from tests.test_reproduce_lm import write_c4
 
 # A figure whose legend does not fit (one run standing for many rows) warns; here that fails the test.
 pytestmark = pytest.mark.filterwarnings("error:Tight layout not applied")
@@ -57,7 +58,9 @@ def _write(folder: Path, stem: str, lang: str, n: int, seed: int) -> None:
 
 
 def write_datasets(root: Path) -> Path:
-    """CIFAR-10/100 (python version), IWSLT15 en-vi and WMT14 en-de (Stanford NMT file names) under ``root``."""
+    """CIFAR-10/100 (python version), IWSLT15 en-vi and WMT14 en-de (Stanford NMT file names), and C4 'en' (a few
+    allenai/c4 shards) under ``root``."""
+    write_c4(root)
     write_cifar(root / "cifar10", "cifar10")
     write_cifar(root / "cifar100", "cifar100")
     iwslt, wmt = root / "iwslt15-en-vi", root / "wmt14-en-de"
@@ -163,11 +166,12 @@ def test_collected_runs_without_checkpoints_give_the_same_table(smoke, tmp_path,
             dest = tmp_path / "smoke" / "runs" / f.relative_to(runs)
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(f.read_bytes())
-    for task in ("image", "mt"):
+    for task in ("image", "mt", "lm"):
         monkeypatch.setattr(tasks.TASKS[task], "train", refuse)
+    monkeypatch.setattr(tasks.TASKS["lm"], "score", refuse)
     monkeypatch.setattr(mt_task, "evaluate_split", refuse)
     monkeypatch.setattr(reproduce_mod, "linearity", refuse)
-    for tid in ("000-table2", "003-table7"):
+    for tid in ("000-table2", "003-table7", "lns-table1"):
         before = smoke["results"][tid]
         (again,) = reproduce([tid], "smoke", str(tmp_path), seeds=2 if tid in smoke["two"] else 1,
                              data_root=str(smoke["root"]), progress=False)

@@ -63,6 +63,13 @@ PRESETS: dict[str, tuple[type, dict[str, Any]]] = {
                                   positions="rope", context=256, bias=False, tie=False, connection="PreRMS")),
     "llama-130m": (GPTConfig, dict(vocab_size=32000, d_model=768, heads=12, layers=12, ffn_dim=2048, mlp="swiglu",
                                    positions="rope", context=256, bias=False, tie=False, connection="PreRMS")),
+    # the larger ones of the same papers, from the same code's configs/llama_250m.json, llama_350m.json and
+    # llama_1b.json: hidden 768 / 1024 / 2048, intermediate 2560 / 2736 / 5461, 16 / 16 / 32 heads, 24 layers.
+    # (Mix-LN's Table 7 prints hidden 1024 for 250M; its code's 768 is the shape with 250M parameters.)
+    **{name: (GPTConfig, dict(vocab_size=32000, d_model=d, heads=h, layers=24, ffn_dim=ffn, mlp="swiglu",
+                              positions="rope", context=256, bias=False, tie=False, connection="PreRMS"))
+       for name, d, ffn, h in (("llama-250m", 768, 2560, 16), ("llama-350m", 1024, 2736, 16),
+                               ("llama-1b", 2048, 5461, 32))},
 }
 
 

@@ -11,7 +11,9 @@
 A cell is one row x column of the table. It is measured on the runs of its config over seeds 1..N: the
 final test error (image tables; accuracy = 100 - error), the test BLEU of the average of the paper's
 number of last checkpoints with beam 4 (MT tables; tokenised BLEU, the papers' form, with sacrebleu's
-detokenised BLEU beside it), or the BLEU after one layer is made linear (probe tables). Finished runs
+detokenised BLEU beside it), the BLEU after one layer is made linear (probe tables), or the final model's
+test bits per byte (LM tables at smoke and cpu scale, whose settings say so: not the papers' perplexity per
+T5 token; the report names both). Finished runs
 are reused, cut-short ones resumed, and scores are cached in the run directory, so a second
 ``reproduce`` of a finished table trains and translates nothing.
 """
@@ -127,7 +129,7 @@ def _measure(t: Table, r: Resolved, cfg: Any, sc: Scale, progress: bool) -> dict
             return {"value": probe["untouched_bleu_tok"], "train_time_s": summary["train_time_s"]}
         row = probe["layers"][0]
         return {"value": row["bleu_tok"], "train_time_s": summary["train_time_s"], "probe_time_s": row.get("time_s")}
-    return get_task(r.task).measure(cfg, summary, t.metric, average, t.beam, progress)
+    return get_task(r.task).measure(cfg, summary, r.setting.metric or t.metric, average, t.beam, progress)
 
 
 # ---- the command -----------------------------------------------------------------------------------------
@@ -174,7 +176,8 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
             cells.append(_cell_result(t, r, sc, seeds, root, resolved, progress))
         result = {
             "table": t.id, "source": t.source, "title": t.title, "metric": t.metric,
-            "higher_is_better": t.higher_is_better, "scale": sc.name, "scale_about": sc.about, "seeds": seeds,
+            "higher_is_better": t.higher_is_better, "ours_metric": _ours_metric(t, resolved), "scale": sc.name,
+            "scale_about": sc.about, "seeds": seeds,
             "settings": {r.cell.run.setting: r.setting.about for r in resolved if r.setting is not None},
             "reading": t.reading, "notes": list(t.notes), "cells": cells,
             "command": "skiplab reproduce " + " ".join(shlex.quote(a) for a in (argv or [t.id, "--scale", sc.name,
@@ -199,6 +202,11 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         print(f"wrote {', '.join(str(p) for p in [table_dir / 'table.md', table_dir / 'table.csv', table_dir / 'table.json', *figures])}")
         written.append(result)
     return written
+
+
+def _ours_metric(t: Table, resolved: list[Resolved]) -> str:
+    """What our numbers are: the table's metric, or what the scale's settings measure instead."""
+    return ", ".join(sorted({r.setting.metric or t.metric for r in resolved if r.setting is not None})) or t.metric
 
 
 def _curves(t: Table, resolved: list[Resolved], seeds: int, root: Path) -> dict[str, list[list[dict[str, Any]]]]:
@@ -255,7 +263,8 @@ def _cell_result(t: Table, r: Resolved, sc: Scale, seeds: int, root: Path, resol
 
 
 def listing() -> str:
-    """Every table: rows, cells runnable per scale, runs needed and the estimated time on a 2-core CPU."""
+    """Every table: rows, cells runnable per scale, runs needed and the estimated time on a 2-core CPU, and what
+    our numbers are where a scale measures them in another unit than the paper's."""
     lines = []
     for t in TABLES.values():
         lines.append(f"{t.id}  {t.title}  [{t.metric}, {'higher' if t.higher_is_better else 'lower'} is better]")
@@ -269,7 +278,10 @@ def listing() -> str:
             else:
                 secs = sum(r.setting.seconds_per_run for r in _distinct(resolved)) * sc.seeds / 2
                 estimate = f"~{report.duration(secs)} here" if ran else "-"
-            lines.append(f"    {name:5s}: {ran}/{len(resolved)} cells, {len(needed)} runs ({sc.seeds} seeds), {estimate}")
+            ours = _ours_metric(t, resolved)
+            unit = f"; ours in {ours}, not the paper's {t.metric}" if ours != t.metric else ""
+            lines.append(f"    {name:5s}: {ran}/{len(resolved)} cells, {len(needed)} runs ({sc.seeds} seeds), "
+                         f"{estimate}{unit}")
     return "\n".join(lines)
 
 

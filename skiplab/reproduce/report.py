@@ -17,8 +17,8 @@ def _num(v: float | None, digits: int = 2) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
 
 
-def _signed(v: float | None) -> str:
-    return "-" if v is None else f"{v:+.2f}"
+def _signed(v: float | None, digits: int = 2) -> str:
+    return "-" if v is None else f"{v:+.{digits}f}"
 
 
 def _p(p: float | list[float | None] | None) -> str:
@@ -29,24 +29,48 @@ def _p(p: float | list[float | None] | None) -> str:
     return f"{p:.3f}" if p >= 0.001 else "<0.001"
 
 
-def ours(c: dict[str, Any]) -> str:
+def ours(c: dict[str, Any], digits: int = 2) -> str:
     """``mean ± std (n)``, or why there is no number."""
     if not c.get("available"):
         return c["why"]
     if c.get("mean") is None:
+        runs = len(c.get("values") or [])
+        if c.get("diverged") and c["diverged"] == runs:
+            return f"diverged ({runs} of {runs} seeds)"
         return "not run yet" + (f" ({c['diverged']} diverged)" if c.get("diverged") else "")
-    text = f"{c['mean']:.2f} ± {c['std']:.2f} ({c['n']})"
+    text = f"{c['mean']:.{digits}f} ± {c['std']:.{digits}f} ({c['n']})"
     return text + (f", {c['diverged']} diverged" if c.get("diverged") else "")
 
 
 HEAD = ("row", "column", "paper", "ours: mean ± std (seeds)", "Δ paper", "Δ ours", "p", "baseline")
 
 
+def _units_differ(result: dict[str, Any]) -> bool:
+    """Ours is measured in another unit than the paper's (the LM miniatures: bits per byte, not perplexity)."""
+    return result.get("ours_metric", result["metric"]) != result["metric"]
+
+
+def head(result: dict[str, Any]) -> tuple[str, ...]:
+    """The table's header; where the units differ, each number column names its own."""
+    if not _units_differ(result):
+        return HEAD
+    paper, ours_ = result["metric"], result["ours_metric"]
+    return ("row", "column", f"paper: {paper}", f"ours: {ours_}, mean ± std (seeds)", f"Δ paper ({paper})",
+            f"Δ ours ({ours_})", "p", "baseline")
+
+
+def source(result: dict[str, Any]) -> str:
+    """Where the paper's numbers come from: a file of shared/papers, or the citation the table gives."""
+    src = result["source"]
+    return f"`shared/papers/{src}`" if src.endswith(".txt") else src
+
+
 def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
+    digits = 3 if result.get("ours_metric") == "bits per byte" else 2  # bits per byte differ in the third decimal
     out = []
     for c in result["cells"]:
-        out.append((c["row"], c["column"], _num(c["paper"]), ours(c), _signed(c.get("paper_delta")),
-                    _signed(c.get("delta")), _p(c.get("p")), c["baseline"]))
+        out.append((c["row"], c["column"], _num(c["paper"]), ours(c, digits), _signed(c.get("paper_delta")),
+                    _signed(c.get("delta"), digits), _p(c.get("p")), c["baseline"]))
     return out
 
 
@@ -60,10 +84,15 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
     """The table with its header (source, metric, scale, settings, seeds) and, unless ``brief``, how it was made."""
     direction = "higher" if result["higher_is_better"] else "lower"
     tests = sorted({c["test"] for c in result["cells"] if c.get("test")})
+    metric = f"Metric: {result['metric']} ({direction} is better)."
+    if _units_differ(result):
+        metric = (f"Metric: the paper's {result['metric']}; ours at this scale {result['ours_metric']} ({direction} is "
+                  f"better for both). The two are not the same quantity and cannot be compared as numbers: compare "
+                  f"the orderings and the signs of the differences to the baseline.")
     parts = [f"### {result['table']}: {result['title']}",
-             f"Source: `shared/papers/{result['source']}`. Metric: {result['metric']} ({direction} is better). "
+             f"Source: {source(result)}. {metric} "
              f"Scale `{result['scale']}`: {result['scale_about']}; seeds 1-{result['seeds']}.",
-             _md_table(HEAD, rows(result)),
+             _md_table(head(result), rows(result)),
              "Δ: the row's mean minus its baseline row's in the same column (the paper's numbers and ours); "
              f"p: {'; '.join(tests) if tests else 'no test (one side has no runs or seeds to compare)'}."]
     if brief:
@@ -88,14 +117,14 @@ def csv(result: dict[str, Any]) -> str:
     buf = io.StringIO()
     w = _csv.writer(buf)
     w.writerow(["table", "scale", "row", "column", "paper", "mean", "std", "n", "values", "paper_delta", "delta", "p",
-                "test", "baseline", "available"])
+                "test", "baseline", "available", "paper_metric", "ours_metric"])
     for c in result["cells"]:
         p = c.get("p")
         w.writerow([result["table"], result["scale"], c["row"], c["column"], c["paper"], c.get("mean"), c.get("std"),
                     c.get("n"), " ".join("" if v is None else f"{v:.4f}" for v in c.get("values") or []),
                     c.get("paper_delta"), c.get("delta"),
                     " ".join(str(x) for x in p) if isinstance(p, list) else p, c.get("test"), c["baseline"],
-                    c.get("why") or "yes"])
+                    c.get("why") or "yes", result["metric"], result.get("ours_metric", result["metric"])])
     return buf.getvalue()
 
 
@@ -137,7 +166,9 @@ def deltas_figure(result: dict[str, Any], path: Path) -> bool:
     """Per column, each row's difference to its baseline: the paper's (a bar) beside ours (mean ± std over seeds).
 
     The two are on one axis so that the ordering of the designs can be compared at a glance, whatever the
-    absolute level of the scale. Returns False (nothing written) where no cell has both numbers.
+    absolute level of the scale; where ours is in another unit (the LM miniatures' bits per byte against the
+    papers' perplexity) ours get an axis of their own on the right. Returns False (nothing written) where no
+    cell has ours.
     """
     columns = list(dict.fromkeys(c["column"] for c in result["cells"]))
     panels = [(col, [c for c in result["cells"] if c["column"] == col and c["row"] != c["baseline"]
@@ -153,15 +184,23 @@ def deltas_figure(result: dict[str, Any], path: Path) -> bool:
         paper = [(x, c["paper_delta"]) for x, c in zip(xs, cells) if c.get("paper_delta") is not None]
         ours_ = [(x, c["delta"], c.get("std") or 0) for x, c in zip(xs, cells) if c.get("delta") is not None]
         ax.bar([x - 0.2 for x, _ in paper], [v for _, v in paper], 0.4, label="paper", color="C0")
-        ax.bar([x + 0.2 for x, *_ in ours_], [v for _, v, _ in ours_], 0.4, label="ours (mean)", color="C1",
-               yerr=[sd for *_, sd in ours_], capsize=3)
+        ours_ax = ax.twinx() if _units_differ(result) else ax
+        ours_ax.bar([x + 0.2 for x, *_ in ours_], [v for _, v, _ in ours_], 0.4, label="ours (mean)", color="C1",
+                    yerr=[sd for *_, sd in ours_], capsize=3)
         for x, c in zip(xs, cells):  # a row of ours that is missing says so, rather than reading as a zero
             if c.get("delta") is None:
-                ax.text(x + 0.2, 0, " not run", rotation=90, ha="center", va="bottom", fontsize=7, color="0.4")
+                ours_ax.text(x + 0.2, 0, " not run", rotation=90, ha="center", va="bottom", fontsize=7, color="0.4")
         ax.axhline(0, color="k", lw=0.8)
+        if ours_ax is not ax:  # both axes symmetric about zero, so that the two zeros are one line
+            for a in (ax, ours_ax):
+                top = max(abs(v) for v in a.get_ylim())
+                a.set_ylim(-top, top)
+            ours_ax.set_ylabel(f"Δ ours: {result['ours_metric']}", color="C1")
+            ours_ax.legend(fontsize=8, loc="lower right")
         ax.set_xticks(list(xs))
         ax.set_xticklabels([c["row"] for c in cells], rotation=30, ha="right", fontsize=8)
-        ax.set_ylabel(f"Δ {result['metric']} vs {cells[0]['baseline'] if cells else ''}")
+        ax.set_ylabel(f"Δ {'paper: ' if _units_differ(result) else ''}{result['metric']} vs "
+                      f"{cells[0]['baseline'] if cells else ''}")
         ax.set_title(col, fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
@@ -174,4 +213,5 @@ def deltas_figure(result: dict[str, Any], path: Path) -> bool:
     return True
 
 
-__all__ = ["markdown", "csv", "train_command", "duration", "gpu_estimate", "deltas_figure", "GPU_BASIS"]
+__all__ = ["markdown", "csv", "head", "source", "train_command", "duration", "gpu_estimate", "deltas_figure",
+           "GPU_BASIS"]

@@ -2,18 +2,23 @@
 
 A *setting* is one dataset x model x recipe of the papers (``c10-r110``: CIFAR-10 with PreAct-ResNet-110 and
 the 164-epoch recipe; ``wmt-base-003``: WMT14 En-De with Transformer Base as the depth-wise LSTM paper trains
-it). A scale maps each setting to the run config it starts from, or to the reason it has none there:
+it; ``c4-llama130m``: C4 with LLaMA-130M as the Mix-LN and curse-of-depth papers train it). A scale maps each
+setting to the run config it starts from, or to the reason it has none there:
 
 - ``paper``: the published setting (He et al. 2016b's CIFAR recipe with the papers' weight decay 2e-4;
   Vaswani et al. 2017's Transformer recipe with each paper's batch, steps, warm-up and validation set);
 - ``cpu``: a faithful miniature that runs in about an hour per table on a 2-core CPU: Fashion-MNIST with
-  PreAct-ResNet-20/32 (4,000 training and 4,000 test images, 8 epochs, the lr milestones scaled), and
-  Multi30k en-de with the ``small`` presets (1,000 updates of 4,096 tokens, warm-up 800);
+  PreAct-ResNet-20/32 (4,000 training and 4,000 test images, 8 epochs, the lr milestones scaled),
+  Multi30k en-de with the ``small`` presets (1,000 updates of 4,096 tokens, warm-up 800), and pydocs with a
+  LLaMA-shaped byte-level model of the papers' depth (12 or 24 layers, d 128, 600 updates of 16 x 256 bytes);
 - ``smoke``: seconds per run on tiny subsets of the paper's own datasets, to keep every table's plumbing
   alive (the tests write such datasets in the official formats).
 
 Two settings that resolve to the same run config share their runs (the cpu miniature of CIFAR-10 and of
 CIFAR-100 is the same Fashion-MNIST run), so a run is trained once for every table that needs it.
+
+A setting whose number is not in the paper's unit says so in ``metric`` (the language-model miniatures report
+bits per byte where the papers report perplexity per T5 token); the report names both.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..models import with_options
 from ..train.image import ImageTrainConfig
+from ..train.lm import LMTrainConfig
 from ..train.mt import MTTrainConfig
 
 SCALES = ("smoke", "cpu", "paper")
@@ -32,13 +39,14 @@ SCALES = ("smoke", "cpu", "paper")
 class Setting:
     """What a setting is at one scale: the task, the config its runs start from, the model size, and scoring."""
 
-    task: str  # "image" or "mt"
-    config: ImageTrainConfig | MTTrainConfig
+    task: str  # "image", "mt" or "lm"
+    config: ImageTrainConfig | MTTrainConfig | LMTrainConfig
     about: str  # one line for the table's header
     size: str = ""  # MT: the preset size the families are built at (base, big, small)
     layers: dict[int, int] = dataclasses.field(default_factory=dict)  # MT: paper's layer count -> this scale's
     seconds_per_run: float = 0.0  # estimated wall time of one run here (two runs side by side), for --list
     gpu_hours: float = 0.0  # paper scale: estimated GPU-hours of one run (basis: GPU_BASIS)
+    metric: str = ""  # what our number is where it is not the table's metric (LM: "bits per byte")
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,10 @@ def _image(**kw: Any) -> ImageTrainConfig:
 
 def _mt(**kw: Any) -> MTTrainConfig:
     return MTTrainConfig(device="auto", **kw)
+
+
+def _lm(**kw: Any) -> LMTrainConfig:
+    return LMTrainConfig(device="auto", **kw)
 
 
 # ---- paper ------------------------------------------------------------------------------------------------
@@ -127,9 +139,31 @@ _PAPER_MT = {
                                        warmup=8000, save_every=1500),
                            about="WMT14 En-De (newstest2012+2013 valid), Big, 25k target tokens, 300k updates, warm-up 8k"),
 }
+# The Mix-LN paper's LLaMA models (its Table 7 and Appendix A.1: sequences of 256 T5 tokens, 512 a batch,
+# Adam, lr 1e-3 up to 250M and 5e-4 for 1B, warm-up 10% of the updates, cosine to 10%; the authors' scripts:
+# weight decay 0, no gradient clipping), and LLaMA-350M as the curse-of-depth authors' run_350m.sh trains it.
+# Per setting: the preset, updates, peak lr, the paper's layer count.
+LM_PAPER = {
+    "c4-llama71m": ("llama-71m", 10_000, 1e-3, 12),
+    "c4-llama130m": ("llama-130m", 20_000, 1e-3, 12),
+    "c4-llama250m": ("llama-250m", 40_000, 1e-3, 24),
+    "c4-llama350m": ("llama-350m", 60_000, 5e-4, 24),
+    "c4-llama1b": ("llama-1b", 100_000, 5e-4, 24),
+}
+NO_T5 = ("the papers' perplexity is per token of the T5 tokenizer (SentencePiece, 32,000 ids), which skiplab's "
+         "LM tokenizers (bytes; bpe or unigram trained on the training split) cannot load")
+
+
+def _paper_lm(preset: str, steps: int, lr: float) -> str:
+    e = lambda v: f"{v:.0e}".replace("e-0", "e-")  # noqa: E731  (1e-3, 5e-4)
+    return (f"C4 en, {preset}, {steps // 1000}K updates of 512 x 256 tokens, lr {e(lr)}, warm-up {steps // 10_000}K, "
+            f"cosine to {e(lr / 10)}: not run, {NO_T5}")
+
+
 _PAPER_LAYERS = {n: n for n in (2, 6, 12, 18, 24)}
 PAPER = Scale("paper", {**_PAPER_IMAGE, **{k: dataclasses.replace(v, layers=_PAPER_LAYERS)
-                                          for k, v in _PAPER_MT.items()}}, seeds=5,
+                                          for k, v in _PAPER_MT.items()},
+                        **{k: _paper_lm(preset, steps, lr) for k, (preset, steps, lr, _) in LM_PAPER.items()}}, seeds=5,
               about="the published settings (a GPU per run; the papers average 5 runs for the image tables)")
 
 # ---- cpu --------------------------------------------------------------------------------------------------
@@ -140,6 +174,20 @@ _CPU_MT = _mt(model="transformer-small", corpus="multi30k", src="en", tgt="de", 
 _CPU_MT_ABOUT = ("Multi30k en-de (test2016), {size} preset, 1,000 updates of 4,096 tokens, warm-up 800 "
                  "(one miniature for every MT setting)")
 _NO_BIG = "no Big model at cpu scale (the small preset stands in for Base only)"
+# LM: the papers' LLaMA at their depth (12 layers for 71M and 130M, 24 beyond), a quarter of LLaMA-71M's width
+# (d 128, 4 heads, SwiGLU 344 = 1368 / 4, rounded to 8), on pydocs in UTF-8 bytes; the papers' recipe otherwise
+# (Adam: AdamW with no weight decay, betas 0.9 / 0.999; lr 1e-3, warm-up 10%, cosine to 10%, no clipping).
+# seconds_per_run: one update of 16 x 256 bytes timed with one thread beside two other one-thread training
+# runs (median of 3 after a warm-up): the 12-layer model 0.76x and the 24-layer one 1.71x a gpt-small update,
+# scaled by gpt-small's recorded 1.37 s per update two side by side (docs/language-models.md); 600 updates plus
+# six validations on 100k bytes and the test split: ~690 x 1.04 s and ~690 x 2.35 s.
+_CPU_LM = _lm(model="llama-71m(d_model=128,heads=4,ffn_dim=344)", corpus="pydocs", tokenizer="bytes",
+              batch_size=16, max_steps=600, warmup=60, lr=1e-3, min_lr=1e-4, adam_betas=(0.9, 0.999),
+              weight_decay=0.0, clip_norm=0.0, eval_every=100, valid_tokens=100_000, keep_checkpoints=1)
+_CPU_LM_ABOUT = ("pydocs (UTF-8 bytes), a LLaMA-shaped model of {n} layers (d 128, 4 heads, SwiGLU 344, RMSNorm, "
+                 "rotary), 600 updates of 16 x 256 bytes, lr 1e-3, warm-up 60, cosine to 1e-4, no clipping "
+                 "(one miniature for every {n}-layer model size)")
+BPB = "bits per byte"
 CPU = Scale("cpu", {
     "c10-r110": Setting("image", _image(model="preact-resnet20", **_CPU_IMAGE_RUN), _FMNIST.format(d=20),
                         seconds_per_run=300),
@@ -150,6 +198,9 @@ CPU = Scale("cpu", {
     **{k: (Setting("mt", _CPU_MT, _CPU_MT_ABOUT.format(size="small"), size="small", layers={6: 3, 2: 1},
                    seconds_per_run=3300)  # 000-table2's cpu runs: 2,886-3,320 s two side by side, + scoring
            if "base" in k else _NO_BIG) for k in _PAPER_MT},
+    **{k: Setting("lm", dataclasses.replace(_CPU_LM, model=with_options(_CPU_LM.model, layers=n)) if n != 12 else _CPU_LM,
+                  _CPU_LM_ABOUT.format(n=n), seconds_per_run=720 if n == 12 else 1620, metric=BPB)
+       for k, (_, _, _, n) in LM_PAPER.items()},
 }, seeds=2, about="miniatures for a 2-core CPU: about an hour per table, 2 seeds per row")
 
 # ---- smoke ------------------------------------------------------------------------------------------------
@@ -157,6 +208,13 @@ _SMOKE_IMAGE_RUN = dict(epochs=1, train_subset=64, test_subset=32, batch_size=32
 _SMOKE_MODEL = "small(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1)"
 _SMOKE_MT = dict(max_steps=2, warmup=1, save_every=1, keep_checkpoints=3, max_tokens=512, update_freq=1, vocab_size=120,
                  max_len=64)
+
+
+def _smoke_lm(layers: int) -> LMTrainConfig:
+    return dataclasses.replace(_CPU_LM, model=f"llama-71m(d_model=32,heads=2,ffn_dim=64,layers={layers},context=32)",
+                               corpus="c4-en", batch_size=4, max_steps=2, warmup=1, eval_every=1, valid_tokens=2000)
+
+
 SMOKE = Scale("smoke", {
     **{k: Setting("image", _image(model="preact-resnet20", dataset=v.config.dataset, **_SMOKE_IMAGE_RUN),
                   f"{v.config.dataset} (64 train / 32 test images), PreAct-ResNet-20, 1 epoch", seconds_per_run=2)
@@ -166,6 +224,10 @@ SMOKE = Scale("smoke", {
                   f"{v.config.corpus} {v.config.src}-{v.config.tgt}, a d=32 model of 1-3 layers, 2 updates",
                   size=_SMOKE_MODEL, layers={2: 1, 6: 1, 12: 2, 18: 2, 24: 3}, seconds_per_run=4)
        for k, v in _PAPER_MT.items()},
+    **{k: Setting("lm", _smoke_lm(n // 6),
+                  f"c4-en (UTF-8 bytes), a d=32 LLaMA-shaped model of {n // 6} layers, 2 updates", seconds_per_run=2,
+                  metric=BPB)
+       for k, (_, _, _, n) in LM_PAPER.items()},
 }, seeds=2, about="seconds per run on tiny subsets of the paper's datasets: the plumbing of every table")
 
 BY_NAME = {s.name: s for s in (SMOKE, CPU, PAPER)}

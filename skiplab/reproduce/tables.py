@@ -19,9 +19,9 @@ class Run:
     """How to obtain one cell: ``setting`` with the row's changes."""
 
     setting: str
-    connection: str = ""  # image: the connection on every block; MT: the Transformer's connection
+    connection: str = ""  # image: the connection on every block; MT: the Transformer's; LM: every sub-layer's
     family: str = "transformer"  # MT: transformer or dwlstm
-    options: tuple[tuple[str, Any], ...] = ()  # MT model options (share, merge, hidden_layers)
+    options: tuple[tuple[str, Any], ...] = ()  # model options: MT (share, merge, hidden_layers), LM (init)
     layers: int = 0  # MT: the paper's encoder and decoder layer count (0: the preset's)
     probe: tuple[str, int] | None = None  # ("encoder" | "decoder", k): BLEU with layer k (1-based) made linear
 
@@ -40,9 +40,9 @@ class Table:
     """One experimental table: cells, metric and direction, the baseline row, and MT scoring."""
 
     id: str  # "000-table1"
-    source: str  # the paper's file in shared/papers
+    source: str  # the paper's file in shared/papers (.txt), or its citation ("arXiv:2412.13795v1 ..., Table 1")
     title: str
-    metric: str  # "error %", "accuracy %" or "BLEU"
+    metric: str  # "error %", "accuracy %", "BLEU" or "perplexity" (a scale may measure ours in another: Setting.metric)
     higher_is_better: bool
     baseline: str  # the row every other row is compared with (per column)
     cells: tuple[Cell, ...]

@@ -35,6 +35,10 @@ class Task:
     compare_connections: ClassVar[tuple[str, ...]] = ()  # compare's default connections (model takes them)
     compare_seeds: ClassVar[int] = 2
     compare_out: ClassVar[str] = "runs/compare"
+    # what sweep varies and reports (skiplab.reproduce.sweep): the model options one depth sets (none: the task has
+    # no ``skiplab sweep``), and the summary's final validation number with its column header
+    depth_options: ClassVar[tuple[str, ...]] = ()
+    final_valid: ClassVar[tuple[str, str]] = ("final_valid_loss", "final valid loss")
     significance: ClassVar[str] = "Welch's t-test over seeds"  # reproduce's test between a cell and its baseline
     paired: ClassVar[bool] = False  # reproduce tests seed-matched measurements with paired_p instead
 
@@ -49,6 +53,9 @@ class Task:
     def score(self, cfg: Any, summary: dict[str, Any], progress: bool) -> dict[str, Any]:
         """A finished run's summary with :attr:`metric` in it (computing and saving it where training does not)."""
         return summary
+
+    def check_scorable(self, cfg: Any) -> None:
+        """An error where a finished run of ``cfg`` could not be scored (:meth:`score`), raised before it trains."""
 
     def variants(self, base_model: str, models: tuple[str, ...], connections: tuple[str, ...]) -> list[Variant]:
         """compare's rows: every model spec x connection."""

@@ -8,6 +8,7 @@ cross-entropies.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,8 @@ from torch import Tensor
 from .. import run_dir
 from ..analysis.trained import Examples, Trained
 from ..config import count
-from ..models import lm_families
+from ..connections import connection
+from ..models import lm_families, with_options
 from ..models.generate import generate
 from ..text.windows import eval_windows, sample_windows
 from ..train import lm
@@ -85,6 +87,7 @@ class LMTask(Task):
     curves, decimals = ("train_loss", "valid_loss"), 3  # bits per byte differ in the third decimal
     cost_columns = True
     compare_connections, compare_seeds, compare_out = ("PreLN", "PostLN", "2rSkip+LN", "SAS"), 2, "runs/compare-lm"
+    depth_options, final_valid = ("layers",), ("final_valid_bpb", "final valid bits per byte")
 
     def families(self) -> list[type]:
         return lm_families()
@@ -94,16 +97,39 @@ class LMTask(Task):
 
     def score(self, cfg: Any, summary: dict[str, Any], progress: bool) -> dict[str, Any]:
         """Test loss and bits per byte of the final model, into the summary."""
-        result = lm.evaluate_checkpoint(cfg.out, "test", progress=progress)
+        result = lm.evaluate_checkpoint(cfg.out, "test", data_dir=cfg.data_dir, device=cfg.device, progress=progress)
         summary = dict(summary, test_loss=result["loss"], test_bpb=result["bpb"], test_ppl=result["ppl"])
         run_dir.write_json(Path(cfg.out) / "summary.json", summary)
         return summary
+
+    def check_scorable(self, cfg: Any) -> None:
+        if not cfg.corpus and not cfg.test_file:
+            raise ValueError("the final model is scored on the test split: give --test-file (with --corpus '')")
 
     def data_name(self, cfg: Any) -> str:
         return cfg.corpus or Path(cfg.train_file).name
 
     def describe_data(self, cfg: Any) -> str:
         return f"{self.data_name(cfg)} ({cfg.tokenizer})"
+
+    def cell_config(self, base: Any, run: Any, setting: Any) -> Any:
+        """The setting's model with the cell's connection on every sub-layer and its model options (init=gpt2)."""
+        options = dict(run.options)
+        if run.connection:
+            options["connection"] = connection(run.connection, 4).spec
+        return dataclasses.replace(base, model=with_options(base.model, **options))
+
+    def measure(self, cfg: Any, summary: dict[str, Any], metric: str, average: int, beam: int,
+                progress: bool) -> dict[str, Any]:
+        """The final model's test bits per byte or perplexity (per token), as ``metric`` says; scored once, into
+        the run's summary (:meth:`score`)."""
+        keys = {"bits per byte": "test_bpb", "perplexity": "test_ppl"}
+        if metric not in keys:
+            raise ValueError(f"a language-model cell measures {' or '.join(keys)}, not {metric!r}")
+        if summary.get("test_bpb") is None and summary.get("test_ppl") is None:
+            summary = self.score(cfg, summary, progress)
+        return {"value": summary[keys[metric]], "test_loss": summary["test_loss"],
+                "train_time_s": summary["train_time_s"]}
 
     def add_eval_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")

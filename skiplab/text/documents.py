@@ -15,6 +15,11 @@ download rules (nothing partial left behind, a present file never replaced, offl
 file to put where). enwik8 and text8 are one stream each, split 90M / 5M / 5M in order (the split of
 awd-lstm-lm's ``prep_enwik8.py`` and transformer-xl's ``prep_text8.py``); enwik8 is bytes, kept exactly
 (bytes that are not UTF-8 survive as surrogate escapes, so the byte tokenizer sees the original bytes).
+
+A sharded corpus (``c4-en``) is read from the shards of a split that are present in ``data_dir`` (or in its
+``en/`` folder, the layout of the allenai/c4 repository), in shard order: a user may hold any subset of them,
+and nothing is downloaded. C4 publishes train and validation only; its test split is the validation shards,
+the split on which the papers report C4 perplexity.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ EOT_SEPARATOR = "<|endoftext|>"  # TinyStories' document separator line
 _GZIP_MAGIC = b"\x1f\x8b"
 _M = 1_000_000
 _FOLDER_FILES = (".txt", ".txt.gz", ".jsonl", ".jsonl.gz")
+C4_TRAIN, C4_VALID = "c4-train.?????-of-01024.json.gz", "c4-validation.?????-of-00008.json.gz"
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,7 @@ class LMCorpus:
     cuts: tuple[int, int, int] = (0, 0, 0)
     binary: bool = False  # bytes kept as they are (enwik8)
     separator: str = ""  # the line between two documents of a text file ("": a blank line)
+    shards: dict[str, str] = field(default_factory=dict)  # split -> glob of its shards (read: those present)
     about: str = ""
 
 
@@ -71,6 +78,14 @@ LM_CORPORA: dict[str, LMCorpus] = {
         urls={f"TinyStoriesV2-GPT4-{s}.txt": f"https://huggingface.co/datasets/roneneldan/TinyStories/resolve/main/"
                                               f"TinyStoriesV2-GPT4-{s}.txt" for s in ("train", "valid")},
         about="short stories (Eldan and Li 2023), GPT-4 version; it publishes no test split: test is valid"),
+    # allenai/c4, configuration "en" (Raffel et al. 2020, the Colossal Clean Crawled Corpus as the Hugging Face
+    # hub publishes it): en/c4-train.00000-of-01024.json.gz ... 01023 and en/c4-validation.00000-of-00008.json.gz
+    # ... 00007, JSON lines with "text", "timestamp" and "url"
+    "c4-en": LMCorpus(
+        "c4-en", shards={"train": C4_TRAIN, "valid": C4_VALID, "test": C4_VALID},
+        about="C4 English (allenai/c4 'en' shards, c4-train.NNNNN-of-01024.json.gz and "
+              "c4-validation.NNNNN-of-00008.json.gz; the shards present are read, none downloaded); it publishes "
+              "no test split: test is validation"),
 }
 
 
@@ -113,6 +128,8 @@ def load_documents(corpus: str, data_dir: str | Path | None, split: str, downloa
     if split not in LM_SPLITS:
         raise ValueError(f"{info.name}: unknown split {split!r}; known: {', '.join(LM_SPLITS)}")
     root = Path(data_dir).expanduser() if data_dir else default_data_dir(info.name)
+    if info.shards:
+        return _sharded(root, info, split)
     if info.stream:
         data = _member(root, info, info.stream, download)
         start = sum(info.cuts[: LM_SPLITS.index(split)])
@@ -158,6 +175,20 @@ def _member(root: Path, info: LMCorpus, name: str, download: bool) -> bytes:
         raise ValueError(f"{dest}: the archive has no {name}") from None
     except zipfile.BadZipFile as exc:
         raise ValueError(f"{dest}: corrupt zip archive ({exc})") from None
+
+
+def _sharded(root: Path, info: LMCorpus, split: str) -> Documents:
+    """The documents of every shard of ``split`` present in ``root`` (or ``root/en``), in shard order."""
+    pattern = info.shards[split]
+    files = sorted(root.glob(pattern)) or sorted((root / "en").glob(pattern))
+    if not files:
+        raise FileNotFoundError(f"{root}: no {info.name} shards for the {split} split ({pattern}); put some of "
+                                f"them there (in the folder or its en/) or give the folder holding them")
+    texts: list[str] = []
+    for f in files:
+        texts += _jsonl(f)
+    total = pattern.split("-of-")[1].split(".")[0].lstrip("0")
+    return _checked(Documents(texts, f"{info.name}/{split} ({len(files)} of {total} shards)"), files[0].parent)
 
 
 def _kind(path: Path) -> str:

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The depth study (docs/depth.md): gpt-mini width (d = 128, 4 heads, FFN 512) on pydocs bytes, 128-token windows,
+# 16 a batch, 500 updates (lr 1e-3 cosine to 1e-4, 50 warm-up), seeds 1 and 2, two runs side by side, one thread each.
+#   1. designs x depths at lr 1e-3           -> OUT/depth  (sweep.md/csv/json, depth.png, curves.png)
+#   2. PostLN, PreLN, DeepNorm at the deepest depth, lr 1e-3, 3e-3, 1e-2 -> OUT/lr (with lr.png)
+# Both sweeps keep their runs in OUT/runs, so the lr-1e-3 runs of step 2 are step 1's. A finished run is kept, one
+# cut short resumes, so the study can be run a group of depths at a time across sessions:
+#   DEPTHS=4,8 experiments/depth_study.sh     then DEPTHS=4,8,16 ..., then the default (all four, and step 2)
+# Usage: experiments/depth_study.sh [OUT]   (default runs/depth)
+#   DESIGNS (default PreLN,PostLN,DeepNorm,MixLN,LNS,HC), DEPTHS (default 4,8,16,32), LR_AXIS=no skips step 2.
+#   RECORDED=docs/results/depth puts the small files of runs recorded there back into OUT first (those runs are
+#   then not trained again); afterwards: experiments/collect_runs.sh OUT docs/results/depth
+set -euo pipefail
+out=${1:-runs/depth}
+designs=${DESIGNS:-PreLN,PostLN,DeepNorm,MixLN,LNS,HC}
+depths=${DEPTHS:-4,8,16,32}
+deepest=${depths##*,}
+data=${DATA:-../shared/data/pydocs}
+skiplab=${SKIPLAB:-skiplab}
+common=(--model "gpt-mini(context=128)" --corpus pydocs --data-dir "$data" --tokenizer bytes --batch-size 16
+        --max-steps 500 --warmup 50 --min-lr 1e-4 --eval-every 100 --valid-tokens 50000 --device cpu
+        --seeds 2 --jobs 2 --runs "$out/runs")
+mkdir -p "$out"
+out=$(cd "$out" && pwd)  # absolute: the copy below runs inside RECORDED
+if [ -n "${RECORDED:-}" ] && [ -d "$RECORDED" ]; then
+    (cd "$RECORDED" && find . -name summary.json -path '*/seed*/*' | while read -r f; do
+        d=$(dirname "$f"); mkdir -p "$out/$d"; cp -n "$d"/config.json "$d"/metrics.jsonl "$d"/summary.json "$out/$d/"
+    done)
+fi
+"$skiplab" sweep lm "${common[@]}" --connections "$designs" --depths "$depths" --lrs 1e-3 --out "$out/depth"
+if [ "${LR_AXIS:-yes}" != no ]; then
+    "$skiplab" sweep lm "${common[@]}" --connections PostLN,PreLN,DeepNorm --depths "$deepest" --lrs 1e-3,3e-3,1e-2 \
+        --out "$out/lr"
+fi

@@ -1,0 +1,275 @@
+"""``skiplab reproduce`` for the language-model tables (Mix-LN, curse of depth): the transcribed numbers, what
+each cell runs at each scale, the C4 shards, and a smoke table end to end with the paper's numbers beside ours
+in another unit."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from skiplab import cli, tasks
+from skiplab.models import build_model, model_config
+from skiplab.reproduce import TABLES, report, reproduce, resolve, scale, table
+from skiplab.reproduce import runs as runs_mod
+from skiplab.reproduce.scales import LM_PAPER, SCALES
+from skiplab.text.documents import load_documents
+
+pytestmark = pytest.mark.filterwarnings("error:Tight layout not applied")
+
+LM_IDS = ("mixln-table1", "lns-table1", "lns-table4")
+
+# The published numbers, copied again by hand from the papers' tables (so that a typo in papers_lm.py shows).
+PUBLISHED = {
+    "mixln-table1": {  # Li, Yin, Liu (ICLR 2025), arXiv 2412.13795v1, Table 1
+        "columns": ["LLaMA-71M", "LLaMA-130M", "LLaMA-250M", "LLaMA-1B"],
+        "Post-LN": [35.18, 26.95, 1409.09, 1411.54],
+        "DeepNorm": [34.87, 27.17, 22.77, 1410.94],
+        "Pre-LN": [34.77, 26.78, 21.92, 18.65],
+        "Mix-LN": [33.12, 26.07, 21.39, 18.18],
+    },
+    "lns-table1": {  # Sun et al. (2025), arXiv 2502.05795v1, Table 1
+        "columns": ["LLaMA-130M", "LLaMA-250M", "LLaMA-350M", "LLaMA-1B"],
+        "Post-LN": [26.95, 1409.79, 1368.33, 1390.75],
+        "DeepNorm": [27.17, 22.77, 1362.59, 1409.08],
+        "Mix-LN": [26.07, 21.39, 1363.21, 1414.78],
+        "Pre-LN": [26.73, 21.92, 19.58, 17.02],
+        "Pre-LN + LayerNorm Scaling": [25.76, 20.35, 18.20, 15.71],
+    },
+    "lns-table4": {  # Sun et al. (2025), revised version, Table 4
+        "columns": ["LLaMA-130M", "LLaMA-250M"],
+        "Pre-LN": [26.73, 21.92],
+        "+ LayerScale": [27.93, 23.45],
+        "+ SkipInit": [27.41, 22.29],
+        "+ Depth-Scaled Initialization": [26.95, 21.50],
+        "+ Scaled Initialization": [26.04, 20.98],
+        "+ LayerNorm Scaling": [25.76, 20.35],
+        "+ LayerNorm Scaling + Scaled Initialization": [25.80, 20.79],
+    },
+}
+
+WORDS = ("the a of to and in model layer norm deep residual train data text token loss small large "
+         "network learns every step grows falls").split()
+
+
+def _doc(rng: random.Random) -> str:
+    sentences = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 12))).capitalize() + "."
+                 for _ in range(rng.randint(2, 5))]
+    return " ".join(sentences)
+
+
+def write_shard(path: Path, docs: int, seed: int) -> list[str]:
+    """One C4 shard as allenai/c4 publishes it: gzipped JSON lines with text, timestamp and url."""
+    rng = random.Random(seed)
+    texts = [_doc(rng) for _ in range(docs)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for i, text in enumerate(texts):
+            f.write(json.dumps({"text": text, "timestamp": "2019-04-25T12:57:54Z",
+                                "url": f"https://example.org/{seed}/{i}"}) + "\n")
+    return texts
+
+
+def write_c4(root: Path) -> Path:
+    """A tiny C4 'en' under ``root/c4-en``: two of the 1,024 train shards (not the first two) and one of the
+    eight validation shards."""
+    folder = root / "c4-en"
+    for k, seed in ((0, 1), (3, 2)):
+        write_shard(folder / f"c4-train.{k:05d}-of-01024.json.gz", 60, seed)
+    write_shard(folder / "c4-validation.00000-of-00008.json.gz", 25, 9)
+    return folder
+
+
+# ---- the tables as data -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tid", LM_IDS)
+def test_transcribed_numbers_against_a_literal_copy(tid):
+    t, published = table(tid), PUBLISHED[tid]
+    assert t.columns == published["columns"]
+    assert t.rows == [r for r in published if r != "columns"]
+    for row in t.rows:
+        assert [t.cell(row, col).paper for col in t.columns] == published[row], (tid, row)
+    assert (t.metric, t.higher_is_better, t.baseline) == ("perplexity", False, "Pre-LN")
+    assert "arXiv" in t.source and f"Table {tid.split('table')[1]}" in t.source
+
+
+def test_each_paper_is_transcribed_as_it_prints_the_shared_rows():
+    mix, lns = table("mixln-table1"), table("lns-table1")
+    same = [("DeepNorm", "LLaMA-130M"), ("DeepNorm", "LLaMA-250M"), ("Mix-LN", "LLaMA-130M"), ("Mix-LN", "LLaMA-250M"),
+            ("Post-LN", "LLaMA-130M"), ("Pre-LN", "LLaMA-250M")]
+    assert all(mix.cell(*rc).paper == lns.cell(*rc).paper for rc in same)
+    assert (mix.cell("Pre-LN", "LLaMA-130M").paper, lns.cell("Pre-LN", "LLaMA-130M").paper) == (26.78, 26.73)
+    assert (mix.cell("Post-LN", "LLaMA-250M").paper, lns.cell("Post-LN", "LLaMA-250M").paper) == (1409.09, 1409.79)
+
+
+@pytest.mark.parametrize("name", SCALES)
+@pytest.mark.parametrize("tid", LM_IDS)
+def test_every_cell_resolves_at_every_scale_or_says_why(tid, name):
+    t, sc = table(tid), scale(name)
+    for cell in t.cells:
+        r = resolve(t, cell, sc)
+        if cell.run is None:
+            assert r.config is None and r.why.startswith("paper only: ") and len(r.why) > 20
+        elif name == "paper":  # the T5 tokenizer is not one skiplab loads
+            assert r.config is None and r.why.startswith("not available at paper scale: C4 en, llama-")
+            assert "T5 tokenizer" in r.why
+        else:
+            assert r.task == "lm" and r.setting.metric == "bits per byte"
+            assert r.config.corpus == ("c4-en" if name == "smoke" else "pydocs") and r.config.tokenizer == "bytes"
+            m = model_config(r.config.model)
+            assert (m.mlp, m.positions, m.bias, m.tie) == ("swiglu", "rope", False, False)
+            layers = LM_PAPER[cell.run.setting][3]
+            assert m.layers == (layers if name == "cpu" else layers // 6)
+
+
+def test_rows_run_the_papers_designs_and_share_runs():
+    cpu = scale("cpu")
+    t1, t4, mix = table("lns-table1"), table("lns-table4"), table("mixln-table1")
+    model = lambda t, row, col: model_config(resolve(t, t.cell(row, col), cpu).config.model)  # noqa: E731
+    assert [model(mix, row, "LLaMA-71M").connection for row in mix.rows] == [
+        "1xSkip+RMS", "DeepNorm+RMS", "PreRMS", "MixLN+RMS"]
+    assert model(t1, "Pre-LN + LayerNorm Scaling", "LLaMA-1B").connection == "PreRMS(scale=depth)"
+    assert model(t4, "+ LayerScale", "LLaMA-250M").connection == "LayerScale+RMS"
+    scaled = model(t4, "+ LayerNorm Scaling + Scaled Initialization", "LLaMA-130M")
+    assert (scaled.connection, scaled.init) == ("PreRMS(scale=depth)", "gpt2")
+    assert model(t4, "+ LayerNorm Scaling", "LLaMA-130M").init == "default"
+    key = lambda t, row, col: runs_mod.key(resolve(t, t.cell(row, col), cpu).config)  # noqa: E731
+    # the 12-layer sizes share one miniature, the 24-layer ones another; the tables share their runs
+    assert key(mix, "Pre-LN", "LLaMA-71M") == key(mix, "Pre-LN", "LLaMA-130M") == key(t4, "Pre-LN", "LLaMA-130M")
+    assert key(mix, "Pre-LN", "LLaMA-250M") == key(t1, "Pre-LN", "LLaMA-1B") != key(mix, "Pre-LN", "LLaMA-71M")
+    cfg = resolve(mix, mix.cell("Mix-LN", "LLaMA-1B"), cpu).config
+    assert (cfg.max_steps, cfg.warmup, cfg.lr, cfg.min_lr, cfg.weight_decay, cfg.clip_norm) == (600, 60, 1e-3, 1e-4, 0, 0)
+    assert cfg.batch_size * model_config(cfg.model).context == 4096
+
+
+def _count(vocab: int, d: int, ffn: int, layers: int) -> int:
+    """Parameters of the LLaMA shape: untied embedding and output layer, per layer 4d² (attention) + 3d·ffn
+    (SwiGLU) + 2d (two RMSNorm gains), a final RMSNorm; no biases."""
+    return 2 * vocab * d + layers * (4 * d * d + 3 * d * ffn + 2 * d) + d
+
+
+def test_the_papers_llama_shapes_have_their_parameter_counts():
+    """The presets the paper-scale settings name: the authors' configs' shapes, with the sizes the papers name
+    them by (a small model of the same family checks the count by building it)."""
+    shapes = {"llama-71m": (512, 1368, 8, 12, 70_578_688), "llama-130m": (768, 2048, 12, 12, 134_105_856),
+              "llama-250m": (768, 2560, 16, 24, 247_370_496), "llama-350m": (1024, 2736, 16, 24, 367_969_280),
+              "llama-1b": (2048, 5461, 32, 24, 1_339_082_752)}
+    assert [p for p, *_ in LM_PAPER.values()] == list(shapes)
+    for name, (d, ffn, heads, layers, count) in shapes.items():
+        m = model_config(name)
+        assert (m.vocab_size, m.d_model, m.ffn_dim, m.heads, m.layers, m.context) == (32000, d, ffn, heads, layers, 256)
+        assert (m.mlp, m.positions, m.bias, m.tie, m.connection) == ("swiglu", "rope", False, False, "PreRMS")
+        assert _count(32000, d, ffn, layers) == count, name
+    small = build_model(model_config("llama-250m(d_model=32,heads=2,ffn_dim=40,layers=3)", vocab_size=100))
+    assert sum(p.numel() for p in small.parameters()) == _count(100, 32, 40, 3)
+
+
+# ---- C4 -----------------------------------------------------------------------------------------------------
+def test_c4_reads_the_shards_present_in_order_and_validation_is_test(tmp_path):
+    folder = tmp_path / "c4"
+    b = write_shard(folder / "c4-train.00007-of-01024.json.gz", 3, 7)
+    a = write_shard(folder / "c4-train.00002-of-01024.json.gz", 2, 2)
+    valid = write_shard(folder / "c4-validation.00005-of-00008.json.gz", 2, 5)
+    (folder / "c4-train.00009-of-01024.json").write_text('{"text": "not a shard name"}\n')  # not gzipped: no shard
+    train = load_documents("c4-en", folder, "train")
+    assert train.texts == a + b and train.name == "c4-en/train (2 of 1024 shards)"
+    assert load_documents("c4-en", folder, "valid").texts == load_documents("c4-en", folder, "test").texts == valid
+    nested = tmp_path / "hub"  # the allenai/c4 repository's layout: the shards in en/
+    write_shard(nested / "en" / "c4-validation.00000-of-00008.json.gz", 2, 0)
+    assert len(load_documents("c4_en", nested, "test")) == 2
+
+
+def test_a_folder_without_c4_shards_is_a_one_line_error(tmp_path):
+    write_shard(tmp_path / "c4-validation.00000-of-00008.json.gz", 2, 0)
+    with pytest.raises(FileNotFoundError) as err:
+        load_documents("c4-en", tmp_path, "train")
+    message = str(err.value)
+    assert len(message.splitlines()) == 1
+    assert f"{tmp_path}: no c4-en shards for the train split (c4-train.?????-of-01024.json.gz)" in message
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "c4-validation.00001-of-00008.json.gz").write_bytes(gzip.compress(b'{"url": "x"}\n'))
+    with pytest.raises(ValueError, match=r"c4-validation.00001-of-00008.json.gz, line 1: not a JSON object with"):
+        load_documents("c4-en", bad, "valid")
+
+
+# ---- a table end to end -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    root = tmp_path_factory.mktemp("data")
+    write_c4(root)
+    out = tmp_path_factory.mktemp("repro")
+    (result,) = reproduce(["mixln-table1"], "smoke", str(out), seeds=2, data_root=str(root), progress=False)
+    return {"root": root, "out": out, "result": result}
+
+
+def test_smoke_table_end_to_end_with_the_paper_beside_ours_in_its_own_unit(smoke):
+    result, folder = smoke["result"], smoke["out"] / "smoke" / "mixln-table1"
+    assert (result["metric"], result["ours_metric"]) == ("perplexity", "bits per byte")
+    cells = {(c["row"], c["column"]): c for c in result["cells"]}
+    for (row, col), c in cells.items():
+        assert c["available"] and c["n"] == 2 and c["paper"] == PUBLISHED["mixln-table1"][row][
+            PUBLISHED["mixln-table1"]["columns"].index(col)]
+        for run, value in zip(c["runs"], c["values"]):  # ours: the final model's test bits per byte, in its summary
+            summary = json.loads((Path(run) / "summary.json").read_text())
+            assert value == summary["test_bpb"] and 0 < value < 20
+            assert json.loads((Path(run) / "config.json").read_text())["data"]["train"] == (
+                "c4-en/train (2 of 1024 shards)")
+    # sizes of one depth share their runs; the baseline's differences and Welch's test
+    assert cells[("Pre-LN", "LLaMA-71M")]["runs"] == cells[("Pre-LN", "LLaMA-130M")]["runs"]
+    assert cells[("Pre-LN", "LLaMA-71M")]["runs"] != cells[("Pre-LN", "LLaMA-1B")]["runs"]
+    mix = cells[("Mix-LN", "LLaMA-1B")]
+    assert mix["delta"] == pytest.approx(mix["mean"] - cells[("Pre-LN", "LLaMA-1B")]["mean"])
+    assert mix["paper_delta"] == pytest.approx(18.18 - 18.65) and mix["test"].startswith("Welch")
+    md = (folder / "table.md").read_text()
+    assert "Source: arXiv:2412.13795v1 (Li, Yin, Liu, ICLR 2025), Table 1." in md
+    assert "Metric: the paper's perplexity; ours at this scale bits per byte (lower is better for both)" in md
+    assert re.search(r"\| paper: perplexity\s+\|", md)
+    assert re.search(r"\| ours: bits per byte, mean ± std \(seeds\)\s*\|", md)
+    line = next(ln for ln in md.splitlines() if ln.startswith("| Post-LN") and "LLaMA-250M" in ln)
+    assert "1409.09" in line and re.search(r"\d\.\d{3} ± \d\.\d{3} \(2\)", line)
+    assert "skiplab train lm" in md and "--corpus c4-en" in md
+    rows = list(csv.DictReader(io.StringIO((folder / "table.csv").read_text())))
+    assert {(r["paper_metric"], r["ours_metric"]) for r in rows} == {("perplexity", "bits per byte")}
+    assert (folder / "deltas.png").stat().st_size > 0 and (folder / "curves.png").stat().st_size > 0
+
+
+def test_a_second_reproduce_trains_and_scores_nothing(smoke, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("trained or scored again")
+
+    monkeypatch.setattr(tasks.TASKS["lm"], "train", refuse)
+    monkeypatch.setattr(tasks.TASKS["lm"], "score", refuse)
+    (again,) = reproduce(["mixln-table1"], "smoke", str(smoke["out"]), seeds=2, data_root=str(smoke["root"]),
+                         progress=False)
+    assert [c["values"] for c in again["cells"]] == [c["values"] for c in smoke["result"]["cells"]]
+
+
+def test_paper_only_and_diverged_cells_say_so(smoke):
+    """lns-table4's rows skiplab cannot build carry the paper's number and the reason; a cell whose every seed
+    diverged says that, not "not run yet"."""
+    (t4,) = reproduce(["lns-table4"], "smoke", str(smoke["out"]), seeds=1, data_root=str(smoke["root"]),
+                      progress=False)
+    skip = {c["column"]: c for c in t4["cells"] if c["row"] == "+ SkipInit"}
+    assert skip["LLaMA-130M"]["paper"] == 27.41 and skip["LLaMA-130M"]["why"].startswith("paper only: skiplab's SkipInit")
+    md = (smoke["out"] / "smoke" / "lns-table4" / "table.md").read_text()
+    assert "no depth-scaled initialisation" in md and "Scaled Initialization is read as" in md
+    cell = {"available": True, "mean": None, "values": [None, None], "diverged": 2}
+    assert report.ours(cell) == "diverged (2 of 2 seeds)"
+    assert report.ours({**cell, "diverged": 1}) == "not run yet (1 diverged)"
+
+
+def test_list_names_the_lm_tables_their_unit_and_time_per_scale(capsys):
+    assert cli.main(["reproduce", "--list"]) == 0
+    out = capsys.readouterr().out
+    for tid in LM_IDS:
+        assert tid in out and tid in TABLES
+    block = out[out.index("mixln-table1"):out.index("lns-table1")]
+    assert re.search(r"cpu\s*: 16/16 cells, 16 runs \(2 seeds\), ~2 h 36 min here; ours in bits per byte, not the "
+                     r"paper's perplexity", block)  # 8 runs of 12 and 8 of 24 layers, two at a time
+    assert re.search(r"paper: 0/16 cells, 0 runs \(5 seeds\), -\n", block)
