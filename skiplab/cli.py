@@ -223,7 +223,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     base = config.from_arguments(task.config, args)
     base = dataclasses.replace(base, model=_with_model_options(base.model, args))
     sweep(task.name, base, args.connections, args.depths, args.lrs, seeds=args.seeds, jobs=args.jobs,
-          argv=sys.argv[2:] if sys.argv[1:2] == ["sweep"] else None, runs_dir=args.runs)
+          argv=args.argv[1:], runs_dir=args.runs)
 
 
 def _add_sweep(sub, task: tasks.Task):
@@ -466,6 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["demo"]:  # the main job by default
         argv = ["demo", "image"]
     args = parser.parse_args(argv)
+    args.argv = [str(a) for a in argv]  # the command as given, for the reports that restate it
     try:
         with warnings.catch_warnings():  # restores the default display when done
             warnings.showwarning = _one_line_warning

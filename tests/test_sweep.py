@@ -46,6 +46,8 @@ def test_every_point_is_one_run_and_the_rows_are_its_runs_numbers(swept):
     result = load(swept / "sweep.json")
     assert result["axes"] == {"connections": ["PreLN", "PostLN"], "depths": [1, 2], "lrs": [STABLE, HUGE], "seeds": 1}
     assert result["config"]["max_steps"] == 4 and "environment" in result
+    assert result["command"].startswith("skiplab sweep lm --corpus '' --train-file ")  # as given, to run again
+    assert "--lrs 1e+06,0.003" in result["command"] and result["command"] in (swept / "sweep.md").read_text()
     records = result["runs"]
     assert len(records) == 8 and len({r["dir"] for r in records}) == 8
     assert sorted(p.parent for p in (swept / "runs").glob("*/seed1/summary.json")) == sorted(
