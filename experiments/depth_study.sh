@@ -21,12 +21,8 @@ common=(--model "gpt-mini(context=128)" --corpus pydocs --data-dir "$data" --tok
         --max-steps 400 --warmup 40 --min-lr 1e-4 --eval-every 100 --valid-tokens 50000 --device cpu
         --seeds 2 --jobs 2 --runs "$out/runs")
 mkdir -p "$out"
-out=$(cd "$out" && pwd)  # absolute: the copy below runs inside RECORDED
-if [ -n "${RECORDED:-}" ] && [ -d "$RECORDED" ]; then
-    (cd "$RECORDED" && find . -name summary.json -path '*/seed*/*' | while read -r f; do
-        d=$(dirname "$f"); mkdir -p "$out/$d"; cp -n "$d"/config.json "$d"/metrics.jsonl "$d"/summary.json "$out/$d/"
-    done)
-fi
+out=$(cd "$out" && pwd)
+"$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out"
 "$skiplab" sweep lm "${common[@]}" --connections "$designs" --depths "$depths" --lrs 1e-3 --out "$out/depth"
 if [ "${LR_AXIS:-yes}" != no ]; then
     "$skiplab" sweep lm "${common[@]}" --connections PostLN,PreLN,DeepNorm --depths "$deepest" --lrs 1e-3,3e-3,1e-2 \

@@ -17,12 +17,8 @@ common=(--model gpt-small --corpus pydocs --data-dir "$data" --tokenizer bytes -
         --max-steps "${STEPS:-1200}" --warmup 100 --lr 1e-3 --min-lr 1e-4 --eval-every 100 --valid-tokens 100000
         --device cpu)
 mkdir -p "$out"
-out=$(cd "$out" && pwd)  # absolute: the copy below runs inside RECORDED
-if [ -n "${RECORDED:-}" ] && [ -d "$RECORDED" ]; then
-    (cd "$RECORDED" && find . -name summary.json -path '*/seed*/*' | while read -r f; do
-        d=$(dirname "$f"); mkdir -p "$out/$d"; cp -n "$d"/config.json "$d"/metrics.jsonl "$d"/summary.json "$out/$d/"
-    done)
-fi
+out=$(cd "$out" && pwd)
+"$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out"
 train() {  # DESIGN SEED
     local dir="$out/$1/seed$2"
     if [ -f "$dir/summary.json" ]; then return 0; fi
