@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The depth study (docs/depth.md): gpt-mini width (d = 128, 4 heads, FFN 512) on pydocs bytes, 128-token windows,
-# 16 a batch, 400 updates (lr 1e-3 cosine to 1e-4, 40 warm-up), seeds 1 and 2, two runs side by side, one thread each.
+# 16 a batch, 400 updates (lr 1e-3 cosine to 1e-4, 40 warm-up), no gradient clipping (the Mix-LN and curse-of-depth
+# papers' setting, in which their post-norm models diverge), seeds 1 and 2, two runs side by side, one thread each.
 #   1. designs x depths at lr 1e-3           -> OUT/depth  (sweep.md/csv/json, depth.png, curves.png)
 #   2. PostLN, PreLN, DeepNorm at the deepest depth, lr 1e-3, 3e-3, 1e-2 -> OUT/lr (with lr.png)
 # Both sweeps keep their runs in OUT/runs, so the lr-1e-3 runs of step 2 are step 1's. A finished run is kept, one
@@ -18,7 +19,7 @@ deepest=${depths##*,}
 data=${DATA:-../shared/data/pydocs}
 skiplab=${SKIPLAB:-skiplab}
 common=(--model "gpt-mini(context=128)" --corpus pydocs --data-dir "$data" --tokenizer bytes --batch-size 16
-        --max-steps 400 --warmup 40 --min-lr 1e-4 --eval-every 100 --valid-tokens 50000 --device cpu
+        --max-steps 400 --warmup 40 --min-lr 1e-4 --clip-norm 0 --eval-every 100 --valid-tokens 50000 --device cpu
         --seeds 2 --jobs 2 --runs "$out/runs")
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
