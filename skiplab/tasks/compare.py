@@ -65,8 +65,8 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
                 columns[variant.label]["s/update"] = f"{sum(times) / len(times):.2f}"
 
     if len(set().union(*machines.values())) > 1:  # seconds from different machines: say which is which
-        for label, names in machines.items():
-            columns[label]["machine"] = " + ".join(sorted(names))
+        for name, names in machines.items():
+            columns[name]["machine"] = " + ".join(sorted(names))
     rows = comparison.summarise(results, metric, columns)
     table = comparison.markdown(rows, label, spec.decimals)
     (root / "table.md").write_text(table + "\n")
