@@ -367,6 +367,33 @@ def test_sinkhorn_makes_the_mixing_matrix_doubly_stochastic():
     torch.testing.assert_close(sinkhorn(torch.eye(4)), (torch.ones(4, 4) + (math.e - 1) * torch.eye(4)) / (math.e + 3))
 
 
+def test_sinkhorn_gradient_is_that_of_the_unrolled_iterations():
+    from skiplab.connections.hyper import sinkhorn
+
+    def unrolled(logits, iters):  # the iteration as written, differentiated by autograd
+        m = torch.exp(logits)
+        for _ in range(iters):
+            m = m / m.sum(-2, keepdim=True)
+            m = m / m.sum(-1, keepdim=True)
+        return m
+
+    gen = torch.Generator().manual_seed(1)
+    for shape, iters in (((4, 4), 20), ((5, 3, 3), 7), ((2, 3, 4, 4), 20)):
+        logits = (2 * torch.randn(shape, generator=gen, dtype=torch.float64)).requires_grad_()
+        weight = torch.randn(shape, generator=gen, dtype=torch.float64)
+        got = sinkhorn(logits, iters)
+        ref = unrolled(logits, iters)
+        torch.testing.assert_close(got, ref)
+        g_got, = torch.autograd.grad((got * weight).sum(), logits)
+        g_ref, = torch.autograd.grad((ref * weight).sum(), logits)
+        torch.testing.assert_close(g_got, g_ref)
+        assert g_got.abs().max() > 1e-3  # a gradient to compare, not zeros
+    assert torch.autograd.gradcheck(lambda z: sinkhorn(z, 5), (torch.randn(2, 3, 3, dtype=torch.float64,
+                                                                          requires_grad=True),))
+    half = sinkhorn(torch.randn(2, 4, 4, dtype=torch.bfloat16), 20)  # computed in float32, returned in bf16
+    assert half.dtype == torch.bfloat16
+
+
 def test_mhc_matches_its_equations():
     from skiplab.connections.hyper import sinkhorn
     torch.manual_seed(0)
