@@ -6,6 +6,7 @@
     OUT/best.pt         the checkpoint with the best validation/test metric
     OUT/summary.json    written once the run ends: status "finished" or "diverged", final metrics
     OUT/checkpoint_<step>.pt   step checkpoints of a translation run, averaged for evaluation
+    OUT/.lock           while a process trains OUT: held by it, naming it; a second process is refused
 
 A directory that holds a run is never overwritten silently: ``--resume`` continues it, ``--overwrite``
 replaces it, anything else is an error. Checkpoints are written atomically (temp file + rename) and
@@ -25,12 +26,18 @@ import os
 import platform
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from torch import Tensor
+
+try:
+    import fcntl
+except ImportError:  # Windows: run directories are not locked
+    fcntl = None
 
 RUN_FILES = ("config.json", "metrics.jsonl", "last.pt", "best.pt", "summary.json")
 PLACE = ("out", "data_dir", "device")  # config fields that say where a run is, not what it trains
@@ -40,24 +47,91 @@ class RunDirError(ValueError):
     """A run directory that cannot be used as asked."""
 
 
-def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> Path:
-    """Make ``out`` ready for a run: fresh, resumed (must hold last.pt) or replaced (``overwrite``)."""
-    out = Path(out)
+def _check(out: Path, resume: bool, overwrite: bool) -> bool:
+    """Whether ``out`` may be used as asked (else a RunDirError); True where its files are to be replaced."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other")
-    used = out.exists() and any(out.iterdir())
     if resume:
         if not (out / "last.pt").is_file():
             raise RunDirError(f"nothing to resume in {out}: no last.pt there")
-        return out
-    if used:
-        if not overwrite:
-            raise RunDirError(f"{out} already holds files; use --resume to continue that run or --overwrite to replace it")
-        if not (out / "config.json").is_file():  # guard against wiping a directory that is not a run
-            raise RunDirError(f"{out} is not a skiplab run directory (no config.json); refusing to overwrite it")
-        shutil.rmtree(out)
+        return False
+    if not (out.exists() and any(p.name != LOCK for p in out.iterdir())):
+        return False
+    if not overwrite:
+        raise RunDirError(f"{out} already holds files; use --resume to continue that run or --overwrite to replace it")
+    if not (out / "config.json").is_file():  # guard against wiping a directory that is not a run
+        raise RunDirError(f"{out} is not a skiplab run directory (no config.json); refusing to overwrite it")
+    return True
+
+
+def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> Path:
+    """Make ``out`` ready for a run: fresh, resumed (must hold last.pt) or replaced (``overwrite``), and held
+    by this process (:func:`hold`) until :func:`release`. Checked before anything is written, and again once
+    held (another process may have written there in between)."""
+    out = Path(out)
+    _check(out, resume, overwrite)
     out.mkdir(parents=True, exist_ok=True)
+    hold(out)
+    try:
+        if _check(out, resume, overwrite):
+            for path in out.iterdir():
+                if path.name != LOCK:
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    except BaseException:
+        release(out)
+        raise
     return out
+
+
+# -- one process a run directory ---------------------------------------------------------------------------
+LOCK = ".lock"  # OUT/.lock: held (flock) by the process training OUT; it says who, for the error of another
+_held: dict[Path, IO[str]] = {}
+
+
+def hold(out: Path) -> None:
+    """Take ``out``'s lock for this process, or refuse in one line naming the process that holds it: two
+    processes training one directory would interleave their checkpoints and metrics.jsonl records.
+
+    An advisory ``flock`` on OUT/.lock, so the system lets it go when its process ends, however it ends
+    (a killed run leaves at most an unheld .lock file, which the next run takes over). :func:`release`
+    removes the file while still holding it, so a lock taken on a file that has since been removed is
+    dropped and taken again on the new one. Within one process holding again is a no-op (a resumed run in the
+    same process). Where the system has no ``fcntl`` (Windows) nothing is locked."""
+    key = out.resolve()
+    if fcntl is None or key in _held:
+        return
+    path = out / LOCK
+    while True:
+        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 -- held open until release()
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "a process that has not said who it is yet"
+            handle.close()
+            raise RunDirError(f"{out} is being trained by another process ({holder}); wait for it to end or stop "
+                              "it first") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()  # released and removed by its holder in between: take the new file's lock
+    handle.seek(0)
+    handle.truncate()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())
+    handle.write(f"pid {os.getpid()} on {platform.node() or 'this machine'}, since {stamp}\n")
+    handle.flush()
+    _held[key] = handle
+
+
+def release(out: Path) -> None:
+    """Remove ``out``'s lock file and let go of its lock (a no-op where this process does not hold it)."""
+    key = Path(out).resolve()
+    handle = _held.pop(key, None)
+    if handle is not None:
+        (key / LOCK).unlink(missing_ok=True)
+        handle.close()  # closing the descriptor releases the flock
 
 
 def processor() -> str:

@@ -18,6 +18,8 @@ What a run directory holds when a task goes through a Run (the files themselves:
     metrics.jsonl           one record a save, in the order of the run's ``key`` (epoch or step)
     last.pt                 the checkpoint of the latest save; best.pt that of the best one so far
     checkpoint_<step>.pt    with step checkpoints, one a save, the last ``keep`` of them kept
+    .lock                   from start to summary, held by the training process (``run_dir.hold``): a
+                            second process training the same directory is refused, told which one holds it
     summary.json            status "finished" (what the task reports, train_time_s summed over the
                             records' "time", world_size, the compile report where compiled, the config)
                             or "diverged" (where the loss stopped being finite)
@@ -166,7 +168,12 @@ class Run:
     # -- the end ------------------------------------------------------------------------------------------
     def diverged(self, loss: float, epoch: int, step: int) -> dict[str, Any]:
         """A non-finite ``loss`` at ``epoch`` and ``step`` (from 1): the run is recorded as diverged; its summary."""
-        return self.group.on_main(lambda: run_dir.stop_diverged(self.out, self.config, loss, epoch, step))
+        def write() -> dict[str, Any]:
+            summary = run_dir.stop_diverged(self.out, self.config, loss, epoch, step)
+            run_dir.release(self.out)
+            return summary
+
+        return self.group.on_main(write)
 
     def finish(self, summary: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
         """Write summary.json of a finished run and return it: ``summary(last record)`` gives the task's
@@ -178,6 +185,7 @@ class Run:
                       "world_size": self.group.world_size,
                       **({"compile": self.compile_stats.report()} if self.compile_stats else {}), "config": self.config}
             run_dir.write_json(self.out / "summary.json", result)
+            run_dir.release(self.out)
             return result
 
         return self.group.on_main(write)

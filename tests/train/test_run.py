@@ -1,6 +1,9 @@
 """The run-directory helper every training loop shares, with a linear model standing in for a task's."""
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -113,3 +116,79 @@ def test_a_fresh_run_resumes_nothing_and_diverged_writes_the_summary(tmp_path, c
     summary = run.diverged(float("nan"), 1, 3)
     assert summary["status"] == "diverged" and summary["step"] == 3
     assert "non-finite loss (nan) at epoch 1, step 3" in capsys.readouterr().out
+
+
+HOLDER = """
+import sys
+from skiplab import run_dir
+run_dir.prepare(sys.argv[1], resume=sys.argv[2] == "resume")
+print("held", flush=True)
+sys.stdin.read()  # held until the test closes stdin or kills this process
+"""
+
+
+def holder(out, resume: bool) -> subprocess.Popen:
+    """Another process that prepares ``out`` (so holds it) and waits; returns once it holds it."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(out), "resume" if resume else "fresh"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_run_directory_held_by_another_process_is_refused_naming_it_and_freed_when_that_one_dies(tmp_path):
+    cfg = Config(out=str(tmp_path / "run"))
+    run, _ = started(cfg)
+    train_steps(run, [1, 2])
+    run.finish(lambda last: {"steps": 2})  # finishing lets go: another process may resume it
+    before = {p.name: p.read_bytes() for p in run.out.iterdir() if p.is_file() and p.name != run_dir.LOCK}
+    proc = holder(run.out, resume=True)
+    try:
+        for resume, overwrite in ((True, False), (False, True)):
+            with pytest.raises(run_dir.RunDirError) as err:
+                Run(cfg, "toy", Group(), torch.device("cpu"), resume=resume, overwrite=overwrite)
+            assert str(err.value).startswith(f"{run.out} is being trained by another process (pid {proc.pid} on ")
+            assert "\n" not in str(err.value)
+        after = {p.name: p.read_bytes() for p in run.out.iterdir() if p.is_file() and p.name != run_dir.LOCK}
+        assert after == before  # nothing overwritten, not even by --overwrite
+    finally:
+        proc.kill()  # killed, not ended: the system lets the lock go all the same
+        proc.wait()
+    resumed, ckpt = started(Config(out=cfg.out, max_steps=9), resume=True)
+    assert ckpt["step"] == 2
+    # held now by this process until it finishes: a fresh holder elsewhere is refused
+    proc = subprocess.run([sys.executable, "-c", HOLDER, str(run.out), "resume"], capture_output=True, text=True,
+                          input="")
+    assert proc.returncode == 1 and f"(pid {os.getpid()} on " in proc.stderr.strip().splitlines()[-1]
+    resumed.finish(lambda last: {})
+
+
+def test_a_lock_file_alone_is_not_a_run_and_overwrite_keeps_only_it(tmp_path):
+    out = tmp_path / "run"
+    proc = holder(out, resume=False)  # a fresh start that ended before writing anything
+    proc.stdin.close()
+    proc.wait()
+    assert [p.name for p in out.iterdir()] == [run_dir.LOCK]
+    run, _ = started(Config(out=str(out)))  # not "already holds files"
+    train_steps(run, [1])
+    (run.out / "sub").mkdir()
+    run.finish(lambda last: {})
+    run_dir.prepare(out, overwrite=True)
+    assert [p.name for p in out.iterdir()] == [run_dir.LOCK]
+    run_dir.release(out)
+
+
+def test_a_finished_run_leaves_no_lock_file_and_a_killed_ones_is_taken_over(tmp_path):
+    run, _ = started(Config(out=str(tmp_path / "run")))
+    assert (run.out / run_dir.LOCK).read_text().startswith(f"pid {os.getpid()} on ")
+    train_steps(run, [1])
+    run.finish(lambda last: {})
+    assert not (run.out / run_dir.LOCK).exists()
+    proc = holder(run.out, resume=True)
+    proc.kill()  # ends holding it: the file stays, its lock does not
+    proc.wait()
+    assert f"pid {proc.pid} on " in (run.out / run_dir.LOCK).read_text()
+    resumed, ckpt = started(Config(out=str(run.out)), resume=True)
+    assert ckpt["step"] == 1 and f"pid {os.getpid()} on " in (run.out / run_dir.LOCK).read_text()
+    run_dir.release(run.out)
+    assert sorted(p.name for p in run.out.iterdir()) == ["best.pt", "checkpoint_1.pt", "config.json", "last.pt",
+                                                         "metrics.jsonl", "summary.json"]
