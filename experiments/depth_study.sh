@@ -4,7 +4,8 @@
 # papers' setting, in which their post-norm models diverge), seeds 1 and 2, two runs side by side, one thread each.
 #   1. designs x depths at lr 1e-3           -> OUT/depth  (sweep.md/csv/json, depth.png, curves.png)
 #   2. `analyze redundancy` and `analyze norms` of the deepest PreLN run (seed 1) with MixLN's and LNS's overlaid
-#      -> OUT/analysis (needs those runs' checkpoints: trained here, not restored from RECORDED; ANALYZE=no skips it)
+#      -> OUT/analysis (needs the three runs' checkpoints: trained here, not restored from RECORDED; skipped
+#      without them, or with ANALYZE=no)
 #   3. PostLN, PreLN, DeepNorm at the deepest depth, lr 1e-3, 3e-3, 1e-2 -> OUT/lr (with lr.png)
 # Both sweeps keep their runs in OUT/runs, so the lr-1e-3 runs of step 3 are step 1's. A finished run is kept, one
 # cut short resumes, so the study can be run a group of depths at a time across sessions:
@@ -32,7 +33,8 @@ run_of() {  # DESIGN: the seed-1 run of DESIGN at the deepest depth and lr 1e-3
     local found=("$out/runs/"*"_connection=$1_layers=${deepest}_-"*/seed1)
     echo "${found[0]}"
 }
-if [ "${ANALYZE:-yes}" != no ] && [ -f "$(run_of PreLN)/last.pt" ]; then
+if [ "${ANALYZE:-yes}" != no ] && [ -f "$(run_of PreLN)/last.pt" ] && [ -f "$(run_of MixLN)/last.pt" ] \
+        && [ -f "$(run_of LNS)/last.pt" ]; then
     mkdir -p "$out/analysis"
     for analysis in redundancy norms; do
         "$skiplab" analyze "$analysis" "$(run_of PreLN)" --compare "$(run_of MixLN)" "$(run_of LNS)" --overwrite

@@ -75,8 +75,12 @@ def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> P
     try:
         if _check(out, resume, overwrite):
             for path in out.iterdir():
-                if path.name != LOCK:
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                if path.name == LOCK:
+                    continue
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
     except BaseException:
         release(out)
         raise
