@@ -1,4 +1,4 @@
-"""``skiplab reproduce`` for the language-model tables (Mix-LN, curse of depth): the transcribed numbers, what
+"""``skiplab reproduce`` for the language-model tables (Mix-LN, curse of depth, hyper-connections): the transcribed numbers, what
 each cell runs at each scale, the C4 shards, and a smoke table end to end with the paper's numbers beside ours
 in another unit."""
 
@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from skiplab import cli, tasks
+from skiplab.connections import parse_spec
 from skiplab.models import build_model, model_config
 from skiplab.reproduce import TABLES, report, reproduce, resolve, scale, table
 from skiplab.reproduce import runs as runs_mod
-from skiplab.reproduce.scales import LM_PAPER, SCALES
+from skiplab.reproduce.scales import LM_PAPER, OLMO_PAPER, SCALES
 from skiplab.text.documents import load_documents
 
 pytestmark = pytest.mark.filterwarnings("error:Tight layout not applied")
@@ -52,6 +53,16 @@ PUBLISHED = {
         "+ LayerNorm Scaling": [25.76, 20.35],
         "+ LayerNorm Scaling + Scaled Initialization": [25.80, 20.79],
     },
+}
+
+# Zhu et al. (ICLR 2025), arXiv 2409.19606, Tables 1 and 2: (V2 eval loss, V3 eval loss)
+HC_PUBLISHED = {
+    "hc-table1": {"OLMo-1B": [2.811, 2.544], "DHC×1 W/O tanh": [2.822, 2.556], "DHC×2 W/O tanh": [2.792, 2.537],
+                  "DHC×4 W/O tanh": [2.779, 2.516], "DHC×8 W/O tanh": [2.777, 2.514], "DHC×1": [2.819, 2.556],
+                  "DHC×2": [2.802, 2.534], "DHC×4": [2.781, 2.514], "DHC×8": [2.778, 2.516]},
+    "hc-table2": {"OLMo-1B": [2.811, 2.544], "SHC×2": [2.799, 2.538], "DHC×2": [2.802, 2.534],
+                  "DHC×2 W/O tanh": [2.792, 2.529], "SHC×4": [2.791, 2.528], "DHC×4": [2.781, 2.515],
+                  "DHC×4 W/O tanh": [2.779, 2.516]},
 }
 
 WORDS = ("the a of to and in model layer norm deep residual train data text token loss small large "
@@ -169,6 +180,61 @@ def test_the_papers_llama_shapes_have_their_parameter_counts():
     assert sum(p.numel() for p in small.parameters()) == _count(100, 32, 40, 3)
 
 
+# ---- the hyper-connections tables ----------------------------------------------------------------------------
+@pytest.mark.parametrize("tid", HC_PUBLISHED)
+def test_hc_tables_transcribed_and_each_row_runs_its_design_at_olmo_shape(tid):
+    t, published = table(tid), HC_PUBLISHED[tid]
+    assert (t.columns, t.rows) == (["V2 eval loss", "V3 eval loss"], list(published))
+    assert all([t.cell(row, col).paper for col in t.columns] == published[row] for row in t.rows)
+    assert (t.metric, t.higher_is_better, t.baseline) == ("loss", False, "OLMo-1B") and "2409.19606" in t.source
+    for name in SCALES:
+        sc = scale(name)
+        for cell in t.cells:
+            r = resolve(t, cell, sc)
+            if name == "paper":
+                assert r.config is None and "OLMo's tokenizer" in r.why and "Dolma" in r.why
+                continue
+            m = model_config(r.config.model)
+            assert (m.mlp, m.positions, m.bias, m.tie, m.layers) == ("swiglu", "rope", False, True,
+                                                                       16 if name == "cpu" else 2)
+            spec = parse_spec(m.connection)
+            n = int(re.search(r"×(\d)", cell.row).group(1)) if "×" in cell.row else None
+            if n is None:
+                assert m.connection == "PreLN"
+            else:
+                assert (spec.name, spec.options["n"]) == ("HC", n)
+                assert spec.options["kind"] == ("static" if cell.row.startswith("SHC") else "dynamic")
+                assert spec.options["tanh"] == ("no" if "W/O tanh" in cell.row else "yes")
+    cpu = scale("cpu")
+    cfg = resolve(t, t.cell("OLMo-1B", "V2 eval loss"), cpu).config
+    assert (cfg.adam_betas, cfg.weight_decay, cfg.clip_norm, cfg.max_steps, cfg.lr) == ((0.9, 0.95), 0.1, 1.0, 600, 1e-3)
+    # both columns are one run per seed, and the two tables share the rows they both have
+    key = lambda t, row, col: runs_mod.key(resolve(t, t.cell(row, col), cpu).config)  # noqa: E731
+    assert key(t, "DHC×2", "V2 eval loss") == key(t, "DHC×2", "V3 eval loss") == key(table("hc-table1"), "DHC×2",
+                                                                                     "V3 eval loss")
+
+
+def test_hc_tables_print_their_v3_differences_as_the_paper_does():
+    t1, t2 = table("hc-table1"), table("hc-table2")
+    shared = [(r, c) for r in t2.rows if r in t1.rows for c in t2.columns]
+    differ = [(r, c) for r, c in shared if t1.cell(r, c).paper != t2.cell(r, c).paper]
+    assert differ == [("DHC×2 W/O tanh", "V3 eval loss"), ("DHC×4", "V3 eval loss")]
+    assert any("2.529" in n and "2.537" in n for n in t2.notes)
+
+
+def test_olmo_1b_preset_has_the_hyper_connections_papers_parameter_count():
+    """Tied embedding V·d, per layer 4d² (attention) + 3d·ffn (SwiGLU); OLMo's LayerNorm has no parameters, skiplab's
+    2d per norm (two per layer and the final one). The paper's Table 7: OLMo-1B 1.17676442B."""
+    (preset, layers), = OLMO_PAPER.values()
+    m = model_config(preset)
+    v, d, ffn = m.vocab_size, m.d_model, m.ffn_dim
+    assert (v, d, ffn, m.heads, m.layers, m.context, m.tie, m.bias) == (50304, 2048, 8192, 16, layers, 2048, True, False)
+    olmo = v * d + layers * (4 * d * d + 3 * d * ffn)
+    assert round(olmo / 1e9, 8) == 1.17676442
+    small = build_model(model_config("olmo-1b(d_model=32,heads=2,ffn_dim=40,layers=3)", vocab_size=100))
+    assert sum(p.numel() for p in small.parameters()) == 100 * 32 + 3 * (4 * 32 * 32 + 3 * 32 * 40) + (2 * 3 + 1) * 2 * 32
+
+
 # ---- C4 -----------------------------------------------------------------------------------------------------
 def test_c4_reads_the_shards_present_in_order_and_validation_is_test(tmp_path):
     folder = tmp_path / "c4"
@@ -262,6 +328,21 @@ def test_paper_only_and_diverged_cells_say_so(smoke):
     cell = {"available": True, "mean": None, "values": [None, None], "diverged": 2}
     assert report.ours(cell) == "diverged (2 of 2 seeds)"
     assert report.ours({**cell, "diverged": 1}) == "not run yet (1 diverged)"
+
+
+def test_hc_table_smoke_runs_static_dynamic_and_tanh_free_rows(smoke):
+    (t2,) = reproduce(["hc-table2"], "smoke", str(smoke["out"]), seeds=1, data_root=str(smoke["root"]),
+                      progress=False)
+    assert (t2["metric"], t2["ours_metric"]) == ("loss", "bits per byte")
+    cells = {(c["row"], c["column"]): c for c in t2["cells"]}
+    assert all(c["n"] == 1 and 0 < c["mean"] < 20 for c in cells.values())
+    assert cells[("SHC×4", "V2 eval loss")]["values"] == cells[("SHC×4", "V3 eval loss")]["values"]
+    specs = {json.loads((Path(c["runs"][0]) / "config.json").read_text())["model"]["connection"]
+             for c in cells.values()}
+    assert specs == {"PreLN", "HC(n=2,kind=static)", "HC(n=2)", "HC(n=2,tanh=no)", "HC(kind=static)", "HC",
+                     "HC(tanh=no)"}
+    md = (smoke["out"] / "smoke" / "hc-table2" / "table.md").read_text()
+    assert "Metric: the paper's loss; ours at this scale bits per byte" in md and "2.529" in md
 
 
 def test_list_names_the_lm_tables_their_unit_and_time_per_scale(capsys):

@@ -46,8 +46,8 @@ class Reduce(nn.Sequential):
 
 @register
 class HC(Connection):
-    """``HC[+RMS](n=4, kind=dynamic|static)``: n residual streams H ∈ R^{n×d} per position. Each sub-layer k reads
-    h₀ = A_mᵀ H, computes F(LN(h₀)) (the pre-norm sub-layer) and writes H ← Bᵀ F(LN(h₀)) + A_rᵀ H, with
+    """``HC[+RMS](n=4, kind=dynamic|static, tanh=yes|no)``: n residual streams H ∈ R^{n×d} per position. Each
+    sub-layer k reads h₀ = A_mᵀ H, computes F(LN(h₀)) (the pre-norm sub-layer) and writes H ← Bᵀ F(LN(h₀)) + A_rᵀ H, with
     A_m ∈ R^n, A_r ∈ R^{n×n}, B ∈ R^n (the hyper-connection matrix [[0, B], [A_m, A_r]]).
 
     Static (``kind=static``): A_m, A_r, B learned, initialised A_m = e_{k mod n} (k the sub-layer's 0-based index
@@ -55,7 +55,8 @@ class HC(Connection):
     (``kind=dynamic``, the paper's DHC): with H̄ = LN(H) per stream,
     A_m(H) = s_α tanh(H̄ W_m) + A_m, A_r(H) = s_α tanh(H̄ W_r) + A_r, B(H) = s_β tanh(H̄ W_β) + B,
     W_m ∈ R^d, W_r ∈ R^{d×n}, W_β ∈ R^d starting at 0 and the scales s_α, s_β learned from 0.01 (the code's
-    ``dynamic_alpha_scale``, ``dynamic_beta_scale``). The stack expands its input to n copies before the first
+    ``dynamic_alpha_scale``, ``dynamic_beta_scale``); ``tanh=no`` drops the tanh, A_m(H) = s_α H̄ W_m + A_m and
+    so on (the "W/O tanh" rows of the paper's Tables 1 and 2). The stack expands its input to n copies before the first
     layer and sums the streams before the final norm (:func:`~skiplab.connections.input_norm`,
     :func:`~skiplab.connections.final_norm`). With n = 1 and the initialisation above, HC is ``PreLN``.
     Initialisation constants: Section 2.3, Eq. 14; s_α, s_β: Section 2.2, Eqs. 10-13 and Algorithm 2. The
@@ -69,8 +70,9 @@ class HC(Connection):
     needs_stack = True
     final_norm = "LN"
     options = {"n": Option(4, _streams, "residual streams (expansion rate)"),
-               "kind": Option("dynamic", choice("dynamic", "static"), "dynamic: weights depend on H (DHC)")}
-    patterns = {"HC[+RMS](n=4,kind=dynamic|static)": "n streams H; h₀ = A_mᵀH, H ← Bᵀ F(LN(h₀)) + A_rᵀH; A_m = e_{k mod n}, "
+               "kind": Option("dynamic", choice("dynamic", "static"), "dynamic: weights depend on H (DHC)"),
+               "tanh": Option("yes", choice("yes", "no"), "dynamic: tanh on H̄W (no: the paper's W/O tanh rows)")}
+    patterns = {"HC[+RMS](n=4,kind=dynamic|static,tanh=yes|no)": "n streams H; h₀ = A_mᵀH, H ← Bᵀ F(LN(h₀)) + A_rᵀH; A_m = e_{k mod n}, "
                                                       "A_r = I, B = 1 at start  (Zhu et al. 2025, Hyper-Connections)"}
 
     def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
@@ -84,6 +86,9 @@ class HC(Connection):
         self.a_r = nn.Parameter(torch.eye(n))
         self.b = nn.Parameter(torch.ones(n))
         self.dynamic = spec.options["kind"] == "dynamic"
+        self.tanh = spec.options["tanh"] == "yes"
+        if not self.dynamic and not self.tanh:
+            raise ValueError("HC(tanh=no) acts on the dynamic weights; kind=static has none")
         if self.dynamic:
             self.stream_norm = make_norm(spec.norm, dim)
             self.w_m = nn.Parameter(torch.zeros(dim))
@@ -112,7 +117,8 @@ class HC(Connection):
         # one product for the three, as F.linear with the weights as rows (n + 2, D): the thin matmul H̄ W with W
         # (D, n + 2) ran at half the speed (forward and backward) on the CPU, the weight gradient most of all
         w = torch.cat([self.w_m.unsqueeze(0), self.w_r.t(), self.w_b.unsqueeze(0)], 0)
-        t = torch.tanh(F.linear(self.stream_norm(h), w))  # (..., n, n + 2): stream i's row
+        t = F.linear(self.stream_norm(h), w)  # (..., n, n + 2): stream i's row
+        t = torch.tanh(t) if self.tanh else t
         a_m = self.s_alpha * t[..., 0] + self.a_m
         a_r = self.s_alpha * t[..., 1 : n + 1] + self.a_r
         b = self.s_beta * t[..., n + 1] + self.b

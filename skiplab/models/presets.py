@@ -70,6 +70,12 @@ PRESETS: dict[str, tuple[type, dict[str, Any]]] = {
                               positions="rope", context=256, bias=False, tie=False, connection="PreRMS"))
        for name, d, ffn, h in (("llama-250m", 768, 2560, 16), ("llama-350m", 1024, 2736, 16),
                                ("llama-1b", 2048, 5461, 32))},
+    # OLMo-1B (Groeneveld et al. 2024), the hyper-connections paper's dense baseline (Zhu et al., ICLR 2025,
+    # Section 4): OLMo's configs/official/OLMo-1B.yaml, d_model 2048, 16 heads, 16 layers, mlp_ratio 8 (SwiGLU:
+    # 16,384 outputs, two halves of 8,192), rope, no biases, weight tying, sequences of 2,048, embedding_size
+    # 50,304 (the GPT-NeoX tokenizer's 50,280 ids padded); its LayerNorm has no gain or bias (skiplab's PreLN has)
+    "olmo-1b": (GPTConfig, dict(vocab_size=50304, d_model=2048, heads=16, layers=16, ffn_dim=8192, mlp="swiglu",
+                                positions="rope", context=2048, bias=False, tie=True, connection="PreLN")),
 }
 
 

@@ -1,12 +1,15 @@
-"""The small-scale language-model tables of two 2024-2025 papers, as :class:`Table` data.
+"""The small-scale language-model tables of three 2024-2025 papers, as :class:`Table` data.
 
 - ``mixln-table1``: "Mix-LN: Unleashing the Power of Deeper Layers by Combining Pre-LN and Post-LN" (Li, Yin,
   Liu, ICLR 2025; arXiv 2412.13795v1), Table 1;
 - ``lns-table1`` and ``lns-table4``: "The Curse of Depth in Large Language Models" (Sun et al. 2025; arXiv
-  2502.05795), Tables 1 and 4.
+  2502.05795), Tables 1 and 4;
+- ``hc-table1`` and ``hc-table2``: "Hyper-Connections" (Zhu et al., ICLR 2025; arXiv 2409.19606), Tables 1 and 2,
+  OLMo-1B on the dolma v1.5 sample, read from the ICLR camera-ready's text (Table 7 of its appendix gives OLMo-1B
+  1.17676442B parameters, which the ``olmo-1b`` preset matches without its LayerNorm gains and biases).
 
-Both train LLaMA (RMSNorm, SwiGLU, rotary positions) on C4 with the T5 tokenizer and report C4 validation
-perplexity, so every row's design is the RMSNorm form of skiplab's: Post-LN ``1xSkip+RMS``, DeepNorm
+The first two papers train LLaMA (RMSNorm, SwiGLU, rotary positions) on C4 with the T5 tokenizer and report C4
+validation perplexity, so every row's design is the RMSNorm form of skiplab's: Post-LN ``1xSkip+RMS``, DeepNorm
 ``DeepNorm+RMS``, Pre-LN ``PreRMS``, Mix-LN ``MixLN+RMS(alpha=0.25)``, LayerNorm Scaling ``PreRMS(scale=depth)``.
 Each paper's numbers are transcribed as it prints them: the curse-of-depth paper re-reports Mix-LN's 130M and
 250M rows with two differences (Pre-LN at 130M: 26.73 against Mix-LN's 26.78; Post-LN at 250M: 1409.79 against
@@ -108,4 +111,63 @@ LNS_TABLE4 = Table(
         "CaiT's value for the depth (0.1 up to 18 layers, 1e-5 at 24)."),
     notes=("Pre-LN and + LayerNorm Scaling are the runs of lns-table1's Pre-LN and Pre-LN + LayerNorm Scaling rows.",))
 
-LM_TABLES = (MIXLN_TABLE1, LNS_TABLE1, LNS_TABLE4)
+# ---- hyper-connections ------------------------------------------------------------------------------------
+HC1 = "arXiv:2409.19606 (Zhu et al., \"Hyper-Connections\", ICLR 2025), Table 1"
+HC2 = "arXiv:2409.19606 (Zhu et al., \"Hyper-Connections\", ICLR 2025), Table 2"
+OLMO = "dolma-olmo1b"
+_LOSSES = ("V2 eval loss", "V3 eval loss")
+
+
+def _olmo(rows: list[tuple[str, str, tuple[float, float]]]) -> tuple[Cell, ...]:
+    """Cells of OLMo-1B rows: (row, spec, (V2 loss, V3 loss)); both columns are the same runs of ours."""
+    return tuple(Cell(row, col, paper, Run(OLMO, connection=spec))
+                 for row, spec, values in rows for col, paper in zip(_LOSSES, values))
+
+
+_HC_READING = (
+    "Every row is OLMo-1B's shape (16 layers, SwiGLU, rotary, tied output) with the row's residual connection: the "
+    "baseline is Pre-LN, DHC×n is HC(n=N) (dynamic, tanh), W/O tanh HC(n=N,tanh=no), SHC×n HC(n=N,kind=static). "
+    "The paper reports OLMo's losses (nats per token of its tokenizer) averaged over the V2 and V3 validation sets; "
+    "ours is the final model's test bits per byte on one corpus, the same runs in both columns, so compare the "
+    "orderings and the signs of the differences, not the values.")
+_HC_NOTES = (
+    "The paper's OLMo LayerNorm has no gain or bias (OLMo's layer_norm_with_affine: false; the paper's Appendix B "
+    "counts |θ_norm| = 0); skiplab's LN has both, starting at 1 and 0.",
+    "Two implementation details of the paper's Section 4 that skiplab's HC does not follow, so that every design "
+    "trains on the same weights and optimiser groups: the output projections' initial std scaled by √n, and weight "
+    "decay on the dynamic weights only (skiplab's LM recipe decays matrices, A_r and W_r among them, and not vectors).",
+    "The paper's PPL columns (per-set perplexities averaged, not exp of the mean loss) and its downstream average are "
+    "not transcribed: the first follows the same runs, the second needs OLMo's evaluation suite.",
+    "Trained on 500B tokens of the dolma v1.5 sample, one run per row.")
+HC_TABLE1 = Table(
+    "hc-table1", HC1, "OLMo-1B, 500B tokens: dynamic hyper-connections by expansion rate, with and without tanh "
+    "(validation loss)", "loss", False, baseline="OLMo-1B",
+    cells=_olmo([
+        ("OLMo-1B", "PreLN", (2.811, 2.544)),
+        ("DHC×1 W/O tanh", "HC(n=1,tanh=no)", (2.822, 2.556)),
+        ("DHC×2 W/O tanh", "HC(n=2,tanh=no)", (2.792, 2.537)),
+        ("DHC×4 W/O tanh", "HC(n=4,tanh=no)", (2.779, 2.516)),
+        ("DHC×8 W/O tanh", "HC(n=8,tanh=no)", (2.777, 2.514)),
+        ("DHC×1", "HC(n=1)", (2.819, 2.556)),
+        ("DHC×2", "HC(n=2)", (2.802, 2.534)),
+        ("DHC×4", "HC(n=4)", (2.781, 2.514)),
+        ("DHC×8", "HC(n=8)", (2.778, 2.516))]),
+    reading=_HC_READING, notes=_HC_NOTES)
+HC_TABLE2 = Table(
+    "hc-table2", HC2, "OLMo-1B, 500B tokens: static against dynamic hyper-connections (validation loss)",
+    "loss", False, baseline="OLMo-1B",
+    cells=_olmo([
+        ("OLMo-1B", "PreLN", (2.811, 2.544)),
+        ("SHC×2", "HC(n=2,kind=static)", (2.799, 2.538)),
+        ("DHC×2", "HC(n=2)", (2.802, 2.534)),
+        ("DHC×2 W/O tanh", "HC(n=2,tanh=no)", (2.792, 2.529)),
+        ("SHC×4", "HC(n=4,kind=static)", (2.791, 2.528)),
+        ("DHC×4", "HC(n=4)", (2.781, 2.515)),
+        ("DHC×4 W/O tanh", "HC(n=4,tanh=no)", (2.779, 2.516))]),
+    reading=_HC_READING,
+    notes=(*_HC_NOTES,
+           "Transcribed as this table prints them: its V3 losses of DHC×2 W/O tanh (2.529) and DHC×4 (2.515) differ "
+           "from Table 1's (2.537 and 2.514) for the same runs; the other shared numbers agree. The rows with DHC "
+           "share their runs with hc-table1's."))
+
+LM_TABLES = (MIXLN_TABLE1, LNS_TABLE1, LNS_TABLE4, HC_TABLE1, HC_TABLE2)

@@ -160,10 +160,20 @@ def _paper_lm(preset: str, steps: int, lr: float) -> str:
             f"cosine to {e(lr / 10)}: not run, {NO_T5}")
 
 
+# The hyper-connections paper's dense models (Zhu et al., ICLR 2025, Section 4, "Experiment Settings"): OLMo-1B
+# trained as Groeneveld et al. 2024 train it, on the dolma v1.5 sample, 500B tokens; the loss is OLMo's, averaged
+# over its V2 and V3 validation sets. Per setting: the preset, the paper's layer count.
+OLMO_PAPER = {"dolma-olmo1b": ("olmo-1b", 16)}
+NO_OLMO = ("the paper's loss is per token of OLMo's tokenizer (GPT-NeoX's BPE, 50,280 ids), averaged over OLMo's V2 "
+           "and V3 validation sets; skiplab has neither that tokenizer nor a Dolma or OLMo-evaluation loader")
+_PAPER_OLMO = {k: f"dolma v1.5 sample, {preset}, 500B tokens in OLMo-1B's recipe: not run, {NO_OLMO}"
+               for k, (preset, _) in OLMO_PAPER.items()}
+
 _PAPER_LAYERS = {n: n for n in (2, 6, 12, 18, 24)}
 PAPER = Scale("paper", {**_PAPER_IMAGE, **{k: dataclasses.replace(v, layers=_PAPER_LAYERS)
                                           for k, v in _PAPER_MT.items()},
-                        **{k: _paper_lm(preset, steps, lr) for k, (preset, steps, lr, _) in LM_PAPER.items()}}, seeds=5,
+                        **{k: _paper_lm(preset, steps, lr) for k, (preset, steps, lr, _) in LM_PAPER.items()},
+                        **_PAPER_OLMO}, seeds=5,
               about="the published settings (a GPU per run; the papers average 5 runs for the image tables)")
 
 # ---- cpu --------------------------------------------------------------------------------------------------
@@ -188,6 +198,16 @@ _CPU_LM_ABOUT = ("pydocs (UTF-8 bytes), a LLaMA-shaped model of {n} layers (d 12
                  "rotary), 600 updates of 16 x 256 bytes, lr 1e-3, warm-up 60, cosine to 1e-4, no clipping "
                  "(one miniature for every {n}-layer model size)")
 BPB = "bits per byte"
+# OLMo-1B's miniature: its 16 layers at the LLaMA miniature's width (d 128, 4 heads; SwiGLU 512, OLMo's 4d),
+# LayerNorm, rotary, tied output; skiplab's LM recipe, which is OLMo's optimiser (AdamW 0.9 / 0.95, weight decay
+# 0.1 on matrices, clipping at 1.0), over the LLaMA miniature's 600 updates of 16 x 256 bytes at lr 1e-3.
+# seconds_per_run: not timed; between the 12- and 24-layer LLaMA miniatures' by layer count.
+_CPU_OLMO = _lm(model="olmo-1b(d_model=128,heads=4,ffn_dim=512,context=256)", corpus="pydocs", tokenizer="bytes",
+                batch_size=16, max_steps=600, warmup=60, lr=1e-3, min_lr=1e-4, eval_every=100, valid_tokens=100_000,
+                keep_checkpoints=1)
+_CPU_OLMO_ABOUT = ("pydocs (UTF-8 bytes), an OLMo-1B-shaped model of 16 layers (d 128, 4 heads, SwiGLU 512, "
+                   "LayerNorm, rotary, tied output), 600 updates of 16 x 256 bytes, AdamW (0.9, 0.95), weight decay "
+                   "0.1, lr 1e-3, warm-up 60, cosine to 1e-4, clipping at 1.0")
 CPU = Scale("cpu", {
     "c10-r110": Setting("image", _image(model="preact-resnet20", **_CPU_IMAGE_RUN), _FMNIST.format(d=20),
                         seconds_per_run=300),
@@ -201,6 +221,7 @@ CPU = Scale("cpu", {
     **{k: Setting("lm", dataclasses.replace(_CPU_LM, model=with_options(_CPU_LM.model, layers=n)) if n != 12 else _CPU_LM,
                   _CPU_LM_ABOUT.format(n=n), seconds_per_run=720 if n == 12 else 1620, metric=BPB)
        for k, (_, _, _, n) in LM_PAPER.items()},
+    **{k: Setting("lm", _CPU_OLMO, _CPU_OLMO_ABOUT, seconds_per_run=1000, metric=BPB) for k in OLMO_PAPER},
 }, seeds=2, about="miniatures for a 2-core CPU: about an hour per table, 2 seeds per row")
 
 # ---- smoke ------------------------------------------------------------------------------------------------
@@ -228,6 +249,12 @@ SMOKE = Scale("smoke", {
                   f"c4-en (UTF-8 bytes), a d=32 LLaMA-shaped model of {n // 6} layers, 2 updates", seconds_per_run=2,
                   metric=BPB)
        for k, (_, _, _, n) in LM_PAPER.items()},
+    **{k: Setting("lm", dataclasses.replace(_CPU_OLMO, model=f"olmo-1b(d_model=32,heads=2,ffn_dim=64,layers={n // 6},"
+                                                           "context=32)", corpus="c4-en", batch_size=4, max_steps=2,
+                                            warmup=1, eval_every=1, valid_tokens=2000),
+                  f"c4-en (UTF-8 bytes; skiplab has no Dolma loader), a d=32 OLMo-shaped model of {n // 6} layers, "
+                  "2 updates", seconds_per_run=2, metric=BPB)
+       for k, (_, n) in OLMO_PAPER.items()},
 }, seeds=2, about="seconds per run on tiny subsets of the paper's datasets: the plumbing of every table")
 
 BY_NAME = {s.name: s for s in (SMOKE, CPU, PAPER)}

@@ -337,6 +337,22 @@ def test_dynamic_hc_starts_as_static_and_its_weights_then_follow_the_streams():
     torch.testing.assert_close(b, 0.01 * torch.tanh(hn @ dyn.w_b) + 1.0)
 
 
+def test_dynamic_hc_without_tanh_is_linear_in_the_normalised_streams():
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 4, DIM)
+    conn = skiplab.connection("HC(tanh=no)", DIM)
+    with torch.no_grad():
+        conn.w_b.copy_(torch.linspace(-3, 3, DIM))
+        conn.w_r.copy_(torch.randn(DIM, 4))
+    a_m, a_r, b = conn.weights(x)
+    hn = ln(x, conn.stream_norm.weight, conn.stream_norm.bias)
+    torch.testing.assert_close(b, 0.01 * (hn @ conn.w_b) + 1.0)  # beyond tanh's range: |H̄ W_β| reaches > 1
+    assert (hn @ conn.w_b).abs().max() > 1
+    torch.testing.assert_close(a_r, 0.01 * (hn @ conn.w_r) + torch.eye(4))
+    with pytest.raises(ValueError, match="kind=static has none"):
+        skiplab.connection("HC(kind=static,tanh=no)", DIM)
+
+
 @pytest.mark.parametrize("family", ["gpt", "transformer"])
 @torch.no_grad()
 def test_hc_with_one_stream_is_preln(family):

@@ -16,7 +16,7 @@ EXAMPLES = [
     "ReZero", "ReZero(init=0.5)", "SkipInit", "LayerScale", "LayerScale+RMS(init=0.1)", "PreLN(scale=depth)", "LNS",
     "PreRMS(scale=depth)", "MixLN", "MixLN+RMS(alpha=0.5)", "DeepNorm", "DeepNorm+RMS",
     "PeriLN", "PeriLN+RMS(embed=no)", "SandwichLN", "PreDyT", "1xSkip+DyT", "SAS+DyT", "MixLN+DyT", "DeepNorm+DyT",
-    "Admin", "Admin+RMS(init=profile)", "HC", "HC(n=2,kind=static)", "HC+RMS(n=1)", "mHC", "mHC(n=2,iters=5)",
+    "Admin", "Admin+RMS(init=profile)", "HC", "HC(n=2,kind=static)", "HC(n=2,tanh=no)", "HC+RMS(n=1)", "mHC", "mHC(n=2,iters=5)",
 ]
 
 
