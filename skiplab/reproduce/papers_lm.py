@@ -112,8 +112,7 @@ LNS_TABLE4 = Table(
     notes=("Pre-LN and + LayerNorm Scaling are the runs of lns-table1's Pre-LN and Pre-LN + LayerNorm Scaling rows.",))
 
 # ---- hyper-connections ------------------------------------------------------------------------------------
-HC1 = "arXiv:2409.19606 (Zhu et al., \"Hyper-Connections\", ICLR 2025), Table 1"
-HC2 = "arXiv:2409.19606 (Zhu et al., \"Hyper-Connections\", ICLR 2025), Table 2"
+HC = "arXiv:2409.19606 (Zhu et al., \"Hyper-Connections\", ICLR 2025), Table {}"
 OLMO = "dolma-olmo1b"
 _LOSSES = ("V2 eval loss", "V3 eval loss")
 
@@ -140,7 +139,7 @@ _HC_NOTES = (
     "not transcribed: the first follows the same runs, the second needs OLMo's evaluation suite.",
     "Trained on 500B tokens of the dolma v1.5 sample, one run per row.")
 HC_TABLE1 = Table(
-    "hc-table1", HC1, "OLMo-1B, 500B tokens: dynamic hyper-connections by expansion rate, with and without tanh "
+    "hc-table1", HC.format(1), "OLMo-1B, 500B tokens: dynamic hyper-connections by expansion rate, with and without tanh "
     "(validation loss)", "loss", False, baseline="OLMo-1B",
     cells=_olmo([
         ("OLMo-1B", "PreLN", (2.811, 2.544)),
@@ -154,7 +153,7 @@ HC_TABLE1 = Table(
         ("DHC×8", "HC(n=8)", (2.778, 2.516))]),
     reading=_HC_READING, notes=_HC_NOTES)
 HC_TABLE2 = Table(
-    "hc-table2", HC2, "OLMo-1B, 500B tokens: static against dynamic hyper-connections (validation loss)",
+    "hc-table2", HC.format(2), "OLMo-1B, 500B tokens: static against dynamic hyper-connections (validation loss)",
     "loss", False, baseline="OLMo-1B",
     cells=_olmo([
         ("OLMo-1B", "PreLN", (2.811, 2.544)),
