@@ -3,6 +3,7 @@ numbers equal to the runs' own summaries, runs reused by a second sweep, the bes
 one-line errors before anything trains."""
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 
 from skiplab import tasks
 from skiplab.reproduce.sweep import aggregate, plan, stability
-from skiplab.train.lm import LMTrainConfig
+from skiplab.train.lm import LMTrainConfig, unigram_baseline
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import run, text  # noqa: F401 (text: the tiny corpus fixture)
 
@@ -87,6 +88,30 @@ def test_every_point_is_one_run_and_the_rows_are_its_runs_numbers(swept):
         assert (s["best_lr"], s["highest_stable_lr"], s["diverged"], s["runs"]) == (STABLE, STABLE, 1, 2)
     for name in ("depth.png", "lr.png", "curves.png"):
         assert (swept / name).stat().st_size > 10_000
+
+
+def test_the_reference_is_the_unigram_model_of_the_training_bytes(swept, text, tmp_path):  # noqa: F811
+    """By hand from the files: byte counts of the training documents (+ one end of text each, id 256), add-one
+    over 257 ids; the test documents' bytes and end-of-text tokens, all but the first token, scored."""
+    def docs(split):
+        return [json.loads(line)["text"].encode() for line in (text / f"{split}.jsonl").read_text().splitlines()]
+    counts = [0] * 257
+    for d in docs("train"):
+        for b in d:
+            counts[b] += 1
+        counts[256] += 1
+    total = sum(counts) + 257
+    test = [t for d in docs("test") for t in (*d, 256)]
+    nats = -sum(math.log((counts[t] + 1) / total) for t in test[1:])
+    bpb = nats / (math.log(2) * sum(len(d) for d in docs("test")))
+    ref = load(swept / "sweep.json")["reference"]
+    assert ref == {"label": "unigram model of the training split", "value": pytest.approx(bpb, rel=1e-9)}
+    assert f"the unigram model of the training split reaches {bpb:.3f} test bits per byte" in (
+        swept / "sweep.md").read_text()
+    files = {f"{split}_file": str(text / f"{split}.jsonl") for split in ("train", "valid", "test")}
+    no_run = LMTrainConfig(corpus="", out=str(tmp_path / "none"), **files)  # bytes need no checkpoint (restored runs)
+    assert unigram_baseline(no_run)["bpb"] == pytest.approx(bpb, rel=1e-9)
+    assert unigram_baseline(dataclasses.replace(no_run, tokenizer="bpe")) is None  # its tokenizer is in no checkpoint
 
 
 def test_a_second_sweep_trains_and_scores_nothing(swept, text, monkeypatch, capsys):  # noqa: F811

@@ -14,8 +14,10 @@ finished or diverged run is reused as it is, one cut short is resumed, and ``--j
     OUT/depth.png, lr.png, curves.png   the figures (skiplab.reproduce.sweep_report)
 
 A run that diverges (a non-finite loss; its summary's status ``diverged``) is a result, counted and never
-retried. A finished run is scored on the test split as ``compare`` does (the task's ``score``, cached in
-its summary). Over the S seeds of a cell c = (d, L, η), with m_k the test metric of seed k:
+retried; one that finishes near the task's context-free reference (LM: the unigram model of the training
+split, :meth:`~skiplab.tasks.base.Task.reference`, drawn as a dashed line) trained without learning much. A
+finished run is scored on the test split as ``compare`` does (the task's ``score``, cached in its summary). Over the S
+seeds of a cell c = (d, L, η), with m_k the test metric of seed k:
 
     finished(c) = #{k : run k finished},  diverged(c) = #{k : run k diverged}
     mean(c) = (1/n) Σ_k m_k,  std(c) = sqrt(Σ_k (m_k − mean)² / (n − 1))    over the n finished seeds (std 0 at n = 1)
@@ -226,6 +228,7 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
         "length": f"{base.epochs} epochs" if getattr(base, "epochs", 0) else f"{base.max_steps} steps",
         "config": dataclasses.asdict(base), "axes": {**axes, "seeds": seeds}, "runs": records, "rows": rows,
         "stability": stability(rows, spec.higher_is_better),
+        "reference": next((spec.reference(c) for _, c in needed if runs.state(c) == "finished"), None),
         "command": "skiplab sweep " + " ".join(shlex.quote(a) for a in (argv or [task, "--out", str(out)])),
         "train_time_s": sum(runs.train_time(c) for _, c in needed), "wall_time_s": time.time() - t0,
         "environment": run_dir.environment(),

@@ -7,6 +7,9 @@
                  diverged
     curves.png   one panel per depth: the validation loss against steps per design at its best lr, mean over
                  the seeds (± std shaded)
+
+depth.png and lr.png's right panel draw the task's context-free reference (sweep.json's ``reference``; LM: the
+unigram model's test bits per byte) as a dashed grey line.
 """
 
 from __future__ import annotations
@@ -67,6 +70,10 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
              f"Test {label} ({direction} is better): mean ± std (n − 1) over the seeds that finished; a diverged "
              "run is counted, never averaged in. s/update: training time over updates, mean over finished seeds.",
              _md_table(head, body)]
+    ref = result.get("reference")
+    if ref:
+        parts.append(f"Context-free reference: the {ref['label']} reaches {ref['value']:.{digits}f} test {label}; a "
+                     "run that ends near it trained without learning much beyond the data's frequencies.")
     if len(result["axes"]["lrs"]) > 1:
         depths = result["axes"]["depths"]
         by = {(s["connection"], s["depth"]): s for s in result["stability"]}
@@ -112,6 +119,13 @@ def _legend(ax, marked: bool, what: str) -> None:
     ax.legend(handles, labels, fontsize=8)
 
 
+def _reference_line(ax, result: dict[str, Any]) -> None:
+    """The task's context-free reference level (sweep.json's ``reference``), dashed grey, where there is one."""
+    ref = result.get("reference")
+    if ref:
+        ax.axhline(ref["value"], color="grey", linestyle="--", linewidth=1, label=ref["label"])
+
+
 def depth_figure(result: dict[str, Any], path: Path) -> Path:
     """The test metric against depth per design (the module's first figure)."""
     plt = pyplot()
@@ -126,6 +140,7 @@ def depth_figure(result: dict[str, Any], path: Path) -> Path:
         bad = [s["depth"] for s in cells if s["best_mean"] is None]
         _diverged_marks(ax, bad, i)
         marked = marked or bool(bad)
+    _reference_line(ax, result)
     ax.set_xscale("log", base=2)
     ax.set_xticks(result["axes"]["depths"], [str(d) for d in result["axes"]["depths"]])
     ax.set_xlabel(f"depth ({', '.join(result['depth_options'])})")
@@ -168,6 +183,7 @@ def lr_figure(result: dict[str, Any], path: Path) -> Path:
         bad = [r["lr"] for r in rows if r["diverged"]]
         _diverged_marks(right, bad, i)
         marked = marked or bool(bad)
+    _reference_line(right, result)
     right.set_xscale("log")
     right.set_xlabel("lr (peak)")
     right.set_ylabel(f"test {result['metric_label']}")

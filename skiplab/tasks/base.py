@@ -54,6 +54,12 @@ class Task:
         """A finished run's summary with :attr:`metric` in it (computing and saving it where training does not)."""
         return summary
 
+    def reference(self, cfg: Any) -> dict[str, Any] | None:
+        """A context-free level of :attr:`metric` on the data of ``cfg``'s finished run, ``{"label", "value"}``, that a
+        run which learned nothing beyond the data's frequencies reaches (the sweep draws it); None where the task
+        has none."""
+        return None
+
     def check_scorable(self, cfg: Any) -> None:
         """An error where a finished run of ``cfg`` could not be scored (:meth:`score`), raised before it trains."""
 

@@ -102,6 +102,15 @@ class LMTask(Task):
         run_dir.write_json(Path(cfg.out) / "summary.json", summary)
         return summary
 
+    def reference(self, cfg: Any) -> dict[str, Any] | None:
+        """The test bits per byte of the unigram model of the training split (:func:`lm.unigram_baseline`), in the
+        run's tokens; None where the bytes are unknown (.bin files without their sidecar) or a subword run's
+        tokenizer is (no checkpoint)."""
+        found = lm.unigram_baseline(cfg, "test")
+        if not found or found["bpb"] is None:
+            return None
+        return {"label": "unigram model of the training split", "value": found["bpb"]}
+
     def check_scorable(self, cfg: Any) -> None:
         if not cfg.corpus and not cfg.test_file:
             raise ValueError("the final model is scored on the test split: give --test-file (with --corpus '')")

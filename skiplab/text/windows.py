@@ -137,3 +137,22 @@ def eval_windows(stream: Stream, n: int, stride: int = 0, batch: int = 16) -> It
 def bits_per_byte(nats: float, n_bytes: int) -> float | None:
     """Σ NLL / (ln 2 · bytes); None where the bytes are unknown."""
     return nats / (math.log(2) * n_bytes) if n_bytes else None
+
+
+def unigram_nats(train: Stream, scored: Stream, vocab_size: int) -> float:
+    """Σ NLL (nats) of every target of ``scored`` (all its tokens but the first, as :func:`eval_windows`
+    scores them) under the unigram model of ``train``, each token predicted from its training frequency alone,
+    add-one smoothed so that no token has probability 0:
+
+        p(t) = (c(t) + 1) / (N + V),   Σ NLL = − Σ_{i ≥ 1} ln p(x_i)
+
+    c(t) the count of token t in ``train``, N its length, V the vocabulary size: the loss a model reaches
+    without using any context, the level a run that learned nothing beyond token frequencies stalls at."""
+    counts = np.bincount(np.asarray(train.tokens), minlength=vocab_size)
+    if len(counts) > vocab_size:
+        raise ValueError(f"the training tokens hold id {len(counts) - 1}, outside the vocabulary of {vocab_size}")
+    log_p = np.log(counts + 1.0) - math.log(len(train) + vocab_size)
+    targets = np.bincount(np.asarray(scored.tokens[1:]), minlength=vocab_size)
+    if len(targets) > vocab_size:
+        raise ValueError(f"the scored tokens hold id {len(targets) - 1}, outside the vocabulary of {vocab_size}")
+    return float(-(targets * log_p).sum())

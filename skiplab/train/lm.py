@@ -37,8 +37,8 @@ from ..device import pick_device
 from ..models import GPTConfig, PRESETS, build_model, family_of, model_config, model_from_checkpoint
 from ..text.documents import Documents, load_documents, read_documents
 from ..text.lm_tokenizer import LM_TOKENIZERS, ByteTokenizer, LMTokenizer, load_lm_tokenizer, train_lm_tokenizer
-from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, eval_windows, read_bin, token_stream, window_starts,
-                            windows_at)
+from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, eval_windows, read_bin, token_stream, unigram_nats,
+                            window_starts, windows_at)
 from .run import Run
 
 SCHEDULES = ("cosine", "constant")
@@ -323,3 +323,23 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", average: int = 0,
                       progress=progress)
     return {"checkpoint": str(path), "step": ckpt.get("step"), "averaged": max(1, average), "model": where["model"],
             "split": data.name, "stride": stride or model.cfg.context, **result}
+
+
+def unigram_baseline(cfg: LMTrainConfig, split: str = "test") -> dict[str, Any] | None:
+    """Loss and bits per byte on a split of ``cfg``'s corpus of the unigram model of its training split, in the
+    tokens of ``cfg``'s finished run (:func:`skiplab.text.windows.unigram_nats`): the level of a model that
+    ignores context, against which a run that trained can be told from one that stalled. Bytes and .bin files
+    need no checkpoint; a subword tokenizer is read from the run's (None where it has none)."""
+    if cfg.binary:
+        tok = None
+    elif cfg.tokenizer == "bytes":
+        tok = ByteTokenizer()
+    elif (Path(cfg.out) / "last.pt").is_file():
+        tok = checkpoint_tokenizer(run_dir.load_checkpoint(cfg.out, kind="lm"))
+    else:
+        return None
+    vocab = tok.vocab_size if tok else cfg.vocab_size
+    train_data, data = stream(cfg, "train", tok), stream(cfg, split, tok)
+    nats, targets = unigram_nats(train_data, data, vocab), max(0, len(data) - 1)
+    return {"split": data.name, "loss": nats / targets if targets else math.nan,
+            "bpb": bits_per_byte(nats, data.n_bytes), "tokens": targets, "bytes": data.n_bytes}

@@ -14,7 +14,7 @@ import torch
 from skiplab.data.download import DownloadError
 from skiplab.text.documents import LM_CORPORA, load_documents, read_documents
 from skiplab.text.lm_tokenizer import ByteTokenizer, load_lm_tokenizer, train_lm_tokenizer
-from skiplab.text.windows import bits_per_byte, eval_windows, read_bin, sample_windows, token_stream
+from skiplab.text.windows import bits_per_byte, eval_windows, read_bin, sample_windows, token_stream, unigram_nats
 
 TEXTS = ["The cat sat.\n  Indented   code:\tx = 1\n", "Zweite Geschichte: grüße, naïve café — ok", "中文 text 🙂"]
 
@@ -149,3 +149,17 @@ def test_bits_per_byte_by_hand():
     nats = 7 * math.log(4)
     assert bits_per_byte(nats, 6) == pytest.approx(7 * 2 / 6)
     assert bits_per_byte(nats, 0) is None
+
+
+def test_unigram_nats_by_hand():
+    """Training stream 0 0 0 1 e (e = 2, the end of text; N = 5) over V = 3 ids: p = (count + 1) / 8, add-one.
+    Scored stream e 0 1 e: its first token has no context, so the targets are 0, 1, e."""
+    train = token_stream([[0, 0, 0, 1]], 2, 3, 4, "train")
+    counts = {0: 3, 1: 1, 2: 1}
+    p = {t: (c + 1) / (5 + 3) for t, c in counts.items()}
+    scored = token_stream([[2, 0, 1]], 2, 3, 3, "test")  # 2 0 1 2: targets 0, 1, 2
+    assert unigram_nats(train, scored, 3) == pytest.approx(-(math.log(p[0]) + math.log(p[1]) + math.log(p[2])))
+    uniform = token_stream([[]], 2, 3, 0, "empty")  # one end-of-text token: every id about equally likely
+    assert unigram_nats(uniform, scored, 3) == pytest.approx(-(2 * math.log(1 / 4) + math.log(2 / 4)))
+    with pytest.raises(ValueError, match="id 2, outside the vocabulary of 2"):
+        unigram_nats(train, scored, 2)
