@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from skiplab import tasks
+from skiplab.analysis.report import pyplot
 from skiplab.reproduce.sweep import aggregate, plan, stability
+from skiplab.reproduce.sweep_report import _reference_line
 from skiplab.train.lm import LMTrainConfig, unigram_baseline
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import run, text  # noqa: F401 (text: the tiny corpus fixture)
@@ -226,3 +228,17 @@ def test_bad_axes_are_one_line_errors_before_anything_trains(change, message, te
     err = capsys.readouterr().err
     assert err.startswith("skiplab: error: ") and message in err and err.count("\n") == 1, err
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_reference_is_drawn_inside_the_axes_or_named_off_them():
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [2.0, 3.0])
+    _reference_line(ax, {"reference": {"label": "unigram", "value": 4.8}})  # above the runs: named, not drawn
+    assert ax.get_ylim()[1] < 4.8 and not ax.lines[1].get_xdata().size
+    assert ax.lines[1].get_label() == "unigram: 4.800 (above the axes)"
+    _reference_line(ax, {"reference": {"label": "unigram", "value": 2.5}})  # inside: a horizontal line at it
+    assert list(ax.lines[2].get_ydata()) == [2.5, 2.5] and ax.lines[2].get_label() == "unigram"
+    _reference_line(ax, {"reference": None})
+    assert len(ax.lines) == 3
+    plt.close(fig)

@@ -9,7 +9,7 @@
                  the seeds (± std shaded)
 
 depth.png and lr.png's right panel draw the task's context-free reference (sweep.json's ``reference``; LM: the
-unigram model's test bits per byte) as a dashed grey line.
+unigram model's test bits per byte) as a dashed grey line, or name it in the legend where it lies off the axes.
 """
 
 from __future__ import annotations
@@ -120,10 +120,18 @@ def _legend(ax, marked: bool, what: str) -> None:
 
 
 def _reference_line(ax, result: dict[str, Any]) -> None:
-    """The task's context-free reference level (sweep.json's ``reference``), dashed grey, where there is one."""
+    """The task's context-free reference level (sweep.json's ``reference``), dashed grey, where there is one; where
+    it lies outside the runs' range it is named in the legend with its value rather than stretch the axes."""
     ref = result.get("reference")
-    if ref:
+    if not ref:
+        return
+    low, high = ax.get_ylim()
+    if low <= ref["value"] <= high:
         ax.axhline(ref["value"], color="grey", linestyle="--", linewidth=1, label=ref["label"])
+    else:
+        where = "above" if ref["value"] > high else "below"
+        ax.plot([], [], color="grey", linestyle="--", linewidth=1,
+                label=f"{ref['label']}: {ref['value']:.3f} ({where} the axes)")
 
 
 def depth_figure(result: dict[str, Any], path: Path) -> Path:
