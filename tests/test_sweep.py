@@ -14,6 +14,7 @@ from skiplab import tasks
 from skiplab.analysis.report import pyplot
 from skiplab.reproduce.sweep import aggregate, plan, stability
 from skiplab.reproduce.sweep_report import _reference_line
+from skiplab.train import lm
 from skiplab.train.lm import LMTrainConfig, unigram_baseline
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import run, text  # noqa: F401 (text: the tiny corpus fixture)
@@ -108,6 +109,8 @@ def test_the_reference_is_the_unigram_model_of_the_training_bytes(swept, text, t
     bpb = nats / (math.log(2) * sum(len(d) for d in docs("test")))
     ref = load(swept / "sweep.json")["reference"]
     assert ref == {"label": "unigram model of the training split", "value": pytest.approx(bpb, rel=1e-9)}
+    first = next(r for r in load(swept / "sweep.json")["runs"] if r["status"] == "finished")
+    assert load(Path(first["dir"]) / "summary.json")["unigram_test_bpb"] == ref["value"]  # kept for the next sweep
     assert f"the unigram model of the training split reaches {bpb:.3f} test bits per byte" in (
         swept / "sweep.md").read_text()
     files = {f"{split}_file": str(text / f"{split}.jsonl") for split in ("train", "valid", "test")}
@@ -122,6 +125,7 @@ def test_a_second_sweep_trains_and_scores_nothing(swept, text, monkeypatch, caps
 
     monkeypatch.setattr(tasks.TASKS["lm"], "train", refuse)
     monkeypatch.setattr(tasks.TASKS["lm"], "score", refuse)
+    monkeypatch.setattr(lm, "unigram_baseline", refuse)  # the reference too is kept in a run's summary
     summaries = sorted((swept / "runs").glob("*/seed1/summary.json"))
     before = {p: p.stat().st_mtime_ns for p in summaries}
     rows = load(swept / "sweep.json")["rows"]

@@ -15,7 +15,7 @@ finished or diverged run is reused as it is, one cut short is resumed, and ``--j
 
 A run that diverges (a non-finite loss; its summary's status ``diverged``) is a result, counted and never
 retried; one that finishes near the task's context-free reference (LM: the unigram model of the training
-split, :meth:`~skiplab.tasks.base.Task.reference`, drawn as a dashed line) trained without learning much. A
+split, :meth:`~skiplab.tasks.base.Task.reference`, shown in the figures) trained without learning much. A
 finished run is scored on the test split as ``compare`` does (the task's ``score``, cached in its summary). Over the S
 seeds of a cell c = (d, L, η), with m_k the test metric of seed k:
 

@@ -104,12 +104,19 @@ class LMTask(Task):
 
     def reference(self, cfg: Any) -> dict[str, Any] | None:
         """The test bits per byte of the unigram model of the training split (:func:`lm.unigram_baseline`), in the
-        run's tokens; None where the bytes are unknown (.bin files without their sidecar) or a subword run's
-        tokenizer is (no checkpoint)."""
-        found = lm.unigram_baseline(cfg, "test")
-        if not found or found["bpb"] is None:
-            return None
-        return {"label": "unigram model of the training split", "value": found["bpb"]}
+        run's tokens, computed once (a pass over the training split) and kept in the run's summary as
+        ``unigram_test_bpb``, as :meth:`score` keeps the test score; None where the bytes are unknown (.bin files
+        without their sidecar) or a subword run's tokenizer is (no checkpoint)."""
+        path = Path(cfg.out) / "summary.json"
+        summary = run_dir.read_json(path)
+        if "unigram_test_bpb" not in summary:
+            found = lm.unigram_baseline(cfg, "test")
+            if found is None:  # not known now; a later sweep may find the checkpoint
+                return None
+            summary = dict(summary, unigram_test_bpb=found["bpb"])
+            run_dir.write_json(path, summary)
+        value = summary["unigram_test_bpb"]
+        return None if value is None else {"label": "unigram model of the training split", "value": value}
 
     def check_scorable(self, cfg: Any) -> None:
         if not cfg.corpus and not cfg.test_file:

@@ -148,11 +148,11 @@ def unigram_nats(train: Stream, scored: Stream, vocab_size: int) -> float:
 
     c(t) the count of token t in ``train``, N its length, V the vocabulary size: the loss a model reaches
     without using any context, the level a run that learned nothing beyond token frequencies stalls at."""
-    counts = np.bincount(np.asarray(train.tokens), minlength=vocab_size)
-    if len(counts) > vocab_size:
-        raise ValueError(f"the training tokens hold id {len(counts) - 1}, outside the vocabulary of {vocab_size}")
-    log_p = np.log(counts + 1.0) - math.log(len(train) + vocab_size)
-    targets = np.bincount(np.asarray(scored.tokens[1:]), minlength=vocab_size)
-    if len(targets) > vocab_size:
-        raise ValueError(f"the scored tokens hold id {len(targets) - 1}, outside the vocabulary of {vocab_size}")
-    return float(-(targets * log_p).sum())
+    def counts(tokens: np.ndarray, what: str) -> np.ndarray:
+        found = np.bincount(np.asarray(tokens), minlength=vocab_size)
+        if len(found) > vocab_size:
+            raise ValueError(f"the {what} tokens hold id {len(found) - 1}, outside the vocabulary of {vocab_size}")
+        return found
+
+    log_p = np.log(counts(train.tokens, "training") + 1.0) - math.log(len(train) + vocab_size)
+    return float(-(counts(scored.tokens[1:], "scored") * log_p).sum())
