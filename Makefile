@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q --no-deps "torchscale==0.3.0" "fairscale==0.4.13"
 	touch $(STAMP)
 
 # The demo's data: Debian's dataset-fashion-mnist where apt is available and we are root; otherwise
