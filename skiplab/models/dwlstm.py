@@ -33,6 +33,13 @@ normalises the three pre-activations jointly), the gate and hidden layers have t
 write (Neutron has none), the decoder's LSTM input is the merge of the two sub-layers' outputs and the
 cross-attention reads s + out (Section 3.3; Neutron feeds a + LN(s + LN(out)) and queries LN(s + LN(out))).
 
+Neutron's own wiring and output layer are options, the paper's stay the default: ``wiring=neutron`` builds the
+decoder layer as the authors' code does (``transformer/RFN/Decoder.py`` with ``norm_residual``, the toolkit's
+default), q = LN_c(s + LN_s(out_{i-1})), a = Dropout(CrossAttn(q, memory)), and the LSTM's input a + q (the
+cross-attention sub-layer's output with its residual taken from the normalised input); ``output_bias=true`` adds
+Neutron's bias b (zero at the start) to the tied output, logits = h E^T + b (its ``classifier``, a linear layer with
+a bias whose weight is the embedding).
+
 Initialisation (``init``, the paper is silent; :mod:`skiplab.models.linear`): ``lipschitz`` by default, as
 Neutron initialises its models: every linear layer (attention, W_{i,f,o}, W_h, W_h1, W_h2) is
 U(-1/sqrt(fan_in), 1/sqrt(fan_in)) with zero biases, the embedding U(-b, b) with b = sqrt(2 / (V + d)), the
@@ -57,7 +64,7 @@ from .linear import stacked_linear, xavier_linear
 from .seq2seq import EncoderDecoder, Seq2SeqConfig
 
 ACTIVATIONS = {"gelu": nn.GELU, "tanh": nn.Tanh}
-MERGES, SHARES = ("add", "concat"), ("gates", "all", "none")
+MERGES, SHARES, WIRINGS = ("add", "concat"), ("gates", "all", "none"), ("paper", "neutron")
 EPS = 1e-6  # every LN of the family (Neutron's ieps_ln_default)
 
 
@@ -71,13 +78,22 @@ class DepthWiseLSTMConfig(Seq2SeqConfig):
     activation: str = field(default="gelu", metadata={"help": "act of the LSTM hidden computation: gelu or tanh"})
     init: str = field(default="lipschitz", metadata={
         "help": "initialisation: lipschitz (Neutron's, the authors') or xavier (tensor2tensor's)"})
+    wiring: str = field(default="paper", metadata={
+        "help": "decoder layer: paper (LSTM input s + a, cross-attention on LN(s + out); Section 3.3) or neutron "
+                "(the authors' code: input a + LN(s + LN(out)), cross-attention on LN(s + LN(out)))"})
+    output_bias: bool = field(default=False, metadata={
+        "help": "a bias on the tied output layer, logits = h E^T + b, as the authors' code has"})
 
     def __post_init__(self):
         super().__post_init__()
         for name, value, allowed in (("hidden_layers", self.hidden_layers, (1, 2)), ("merge", self.merge, MERGES),
-                                     ("share", self.share, SHARES), ("activation", self.activation, tuple(ACTIVATIONS))):
+                                     ("share", self.share, SHARES), ("activation", self.activation, tuple(ACTIVATIONS)),
+                                     ("wiring", self.wiring, WIRINGS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {', '.join(map(str, allowed))}, got {value!r}")
+        if self.wiring == "neutron" and self.merge != "add":
+            raise ValueError("wiring=neutron adds the cross-attention output to its normalised input (the authors' "
+                             "code); it has no concat merge: use merge=add, or wiring=paper with merge=concat")
 
 
 class GateNorm(nn.Module):
@@ -181,12 +197,15 @@ class DecoderLayer(nn.Module):
         self.cross_attn = CrossAttention(d, cfg.heads, cfg.attention_dropout)
         self.lstm = lstm
         self.drop = nn.Dropout(cfg.dropout)
-        self.merge = cfg.merge
+        self.merge, self.neutron = cfg.merge, cfg.wiring == "neutron"
 
     def forward(self, out: Tensor, cell: Tensor, cross_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
                 cache: dict[str, Tensor] | None = None) -> tuple[Tensor, Tensor]:
         h = self.self_norm(out)
         s = self.drop(self.self_attn(h, causal=True, cache=cache))
+        if self.neutron:  # q = LN_c(s + LN_s(out)); the LSTM reads a + q
+            q = self.cross_norm(s + h)
+            return self.lstm(self.drop(self.cross_attn(q, cross_kv, memory_mask)) + q, (out, cell))
         a = self.drop(self.cross_attn(self.cross_norm(s + out), cross_kv, memory_mask))
         merged = s + a if self.merge == "add" else torch.cat([s, a], dim=-1)
         return self.lstm(merged, (out, cell))
@@ -230,3 +249,8 @@ class DepthWiseLSTMTransformer(EncoderDecoder):
 
     def __init__(self, cfg: DepthWiseLSTMConfig):
         super().__init__(cfg, DepthWiseLSTMEncoder(cfg), DepthWiseLSTMDecoder(cfg))
+        self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size)) if cfg.output_bias else None
+
+    def output(self, h: Tensor) -> Tensor:
+        """Logits over the vocabulary through the tied embedding: h E^T, + b with ``output_bias``."""
+        return F.linear(h, self.embed.weight, self.output_bias)

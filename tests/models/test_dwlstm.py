@@ -132,7 +132,8 @@ def test_a_shared_gate_gets_the_gradient_of_every_layer():
 
 
 @pytest.mark.parametrize("options", [{}, {"merge": "concat", "share": "none"},
-                                     {"share": "all", "hidden_layers": 1, "activation": "tanh"}])
+                                     {"share": "all", "hidden_layers": 1, "activation": "tanh"},
+                                     {"wiring": "neutron", "output_bias": True}])
 def test_incremental_decoding_equals_full_recomputation(options):
     model = tiny(**options).eval()
     perturb(model)
@@ -178,6 +179,8 @@ def test_the_first_layer_starts_from_the_embedded_input():
     ("dwlstm-small(merge=mean)", "merge must be one of add, concat"),
     ("dwlstm-small(hidden_layers=3)", "hidden_layers must be one of 1, 2"),
     ("dwlstm-small(activation=relu)", "activation must be one of gelu, tanh"),
+    ("dwlstm-small(wiring=fairseq)", "wiring must be one of paper, neutron, got 'fairseq'"),
+    ("dwlstm-small(wiring=neutron,merge=concat)", "wiring=neutron adds the cross-attention output"),
 ])
 def test_bad_options_are_named(spec, message):
     with pytest.raises(ValueError) as err:
@@ -210,3 +213,45 @@ def test_dropout_acts_inside_the_two_layer_hidden_computation_as_in_the_authors_
     hidden.eval()
     torch.testing.assert_close(hidden(c), hidden.out(inner), rtol=0, atol=0)
     assert isinstance(LSTMHidden(2 * D, D, FFN, 1, "gelu", dropout=0.5).drop, torch.nn.Identity)
+
+
+def test_neutron_wiring_feeds_the_lstm_the_cross_attention_sublayer_output():
+    """wiring=neutron, the authors' decoder layer (Neutron transformer/RFN/Decoder.py, norm_residual): with h =
+    LN_s(out), s = SelfAttn(h), q = LN_c(s + h), a = CrossAttn(q), the LSTM reads a + q; the paper's wiring reads
+    s + a with the cross-attention on LN_c(s + out). Both by hand from the layer's own modules, dropout off."""
+    torch.manual_seed(0)
+    model = tiny(wiring="neutron").eval()
+    perturb(model)
+    paper = tiny().eval()
+    paper.load_state_dict(model.state_dict())
+    src, tgt = torch.randint(4, V, (2, 5)), torch.randint(4, V, (2, 4))
+    memory = model.encode(src)
+    x = model.embed_tokens(tgt)
+    for m, neutron in ((model, True), (paper, False)):
+        layer = m.decoder.layers[0]
+        cross = layer.cross_attn.project_kv(memory.out)
+        h = layer.self_norm(x)
+        s = layer.self_attn(h, causal=True)
+        if neutron:
+            q = layer.cross_norm(s + h)
+            lstm_in = layer.cross_attn(q, cross, memory.mask) + q
+        else:
+            lstm_in = s + layer.cross_attn(layer.cross_norm(s + x), cross, memory.mask)
+        expect = layer.lstm(lstm_in, (x, x))
+        got = layer(x, x, cross, memory.mask)
+        for e, g in zip(expect, got):
+            torch.testing.assert_close(g, e, rtol=0, atol=1e-6)
+    with torch.no_grad():  # the two wirings differ on the same weights
+        assert not torch.allclose(model(src, tgt), paper(src, tgt), atol=1e-3)
+
+
+def test_output_bias_is_added_to_the_tied_logits_and_starts_at_zero():
+    model = tiny(output_bias=True).eval()
+    plain = tiny()
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in plain.parameters()) + V
+    assert model.output_bias.shape == (V,) and not model.output_bias.any()
+    with torch.no_grad():
+        model.output_bias.copy_(torch.arange(V, dtype=torch.float32))
+    h = torch.randn(2, 3, D)
+    torch.testing.assert_close(model.output(h), h @ model.embed.weight.T + torch.arange(V, dtype=torch.float32))
+    assert plain.output_bias is None
