@@ -41,6 +41,7 @@ def lambda_and_norm(spec: str) -> tuple[str, str]:
         "Highway": ("1-T (gated)", "-"),
         "PreLN": ("1", "LN (pre)"),
         "PreRMS": ("1", "RMS (pre)"),
+        "LNS": ("1", f"{norm} (pre)"),  # pre-norm with the model's norm (LN unless the model's is RMS)
     }.get(s.name, ("-", norm))  # designs without the papers' λ (the modern ones): none to show
 
 

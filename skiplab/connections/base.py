@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import operator
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -10,13 +12,14 @@ from typing import Any, Callable, ClassVar
 from torch import Tensor, nn
 
 from . import spec as _spec
-from .norms import LAYOUTS, make_norm
+from .norms import LAYOUTS, InputScale, dyt_alpha0, make_norm, set_dyt_alpha
 from .place import Place
 
 Branch = Callable[[Tensor], Tensor]
 
 REGISTRY: dict[str, type["Connection"]] = {}
 ACROSS: dict[str, type[nn.Module]] = {}  # designs across a stack's layers, written after the connection (.across)
+MODEL_NORMS = ("LN", "RMS")  # the norm kinds a model may have (its config's ``norm``)
 
 
 class Connection(nn.Module):
@@ -27,8 +30,10 @@ class Connection(nn.Module):
     side stands for that skip path; the branch always receives the block input x (pre-norm designs
     hand it the normalised x).
 
-    Subclasses declare their spec grammar (``numbered``, ``accepts_norms``, ``options``), the ``patterns``
-    they answer, and implement ``forward`` and ``stats``. A model never branches on which one it holds.
+    Subclasses declare their spec grammar (``numbered``, ``accepts_norms``, ``default_norm``, ``options``), the
+    ``patterns`` they answer, and implement ``forward`` and ``stats``. A model never branches on which one it
+    holds. A design with a ``default_norm`` whose spec names no norm takes the model's norm instead, where it
+    accepts that kind (:meth:`with_model_norm`); ``spec.norm`` is the norm it builds.
     """
 
     name: ClassVar[str]
@@ -50,6 +55,20 @@ class Connection(nn.Module):
         self.place = Place() if place is None else place
         self.spec = _spec.format_spec(spec, type(self), ACROSS)
         self.recording: list[dict[str, Tensor]] | None = None  # a list only inside recording(); see record()
+
+    @classmethod
+    def canonical(cls, spec: _spec.Spec) -> _spec.Spec:
+        """The spec ``spec`` stands for (``LNS+RMS`` is ``PreRMS(scale=depth)``); most designs: itself."""
+        return spec
+
+    @classmethod
+    def with_model_norm(cls, spec: _spec.Spec, norm: str) -> _spec.Spec:
+        """``spec`` on a model whose norm is ``norm``: a spec that names no norm takes the model's where the
+        design takes a norm of that kind (``MixLN`` on an RMS model is ``MixLN+RMS``); a written norm, a design
+        without one (``1xSkip``) and one whose name names its norm (``PreLN``) keep theirs."""
+        if spec.norm_written or cls.default_norm is None or norm not in cls.accepts_norms:
+            return spec
+        return cls.canonical(dataclasses.replace(spec, norm=norm, norm_written=True))
 
     @classmethod
     def final_norm_kind(cls, spec: _spec.Spec, layers: int) -> str | None:
@@ -129,9 +148,16 @@ def _known() -> str:
     return ", ".join(available_connections())
 
 
-def parse_spec(text: str) -> _spec.Spec:
-    """Parse a spec string (see :mod:`skiplab.connections.spec` for the grammar)."""
-    return _spec.parse(text, REGISTRY, _known(), ACROSS)
+def parse_spec(text: str, norm: str | None = None) -> _spec.Spec:
+    """Parse a spec string (see :mod:`skiplab.connections.spec` for the grammar); with ``norm`` (a model's norm
+    kind, one of :data:`MODEL_NORMS`), the spec as a model of that norm builds it
+    (:meth:`Connection.with_model_norm`)."""
+    parsed = _spec.parse(text, REGISTRY, _known(), ACROSS)
+    if norm is None:
+        return parsed
+    if norm not in MODEL_NORMS:
+        raise ValueError(f"a model's norm must be one of {', '.join(MODEL_NORMS)}, got {norm!r}")
+    return REGISTRY[parsed.name].with_model_norm(parsed, norm)
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -145,7 +171,7 @@ def _positive_int(name: str, value: Any) -> int:
 
 
 def connection(spec: str, dim: int, layout: str = "seq", in_dim: int | None = None,
-               place: Place | None = None) -> Connection:
+               place: Place | None = None, norm: str | None = None) -> Connection:
     """Build the connection named by ``spec`` for ``dim`` features.
 
     ``layout="seq"``: features in the last dimension ``(..., dim)``; ``layout="conv"``: feature maps
@@ -153,29 +179,54 @@ def connection(spec: str, dim: int, layout: str = "seq", in_dim: int | None = No
     (a block with a projection shortcut); only designs that normalise x itself (pre-norm) use it.
     ``place``: where the block sits in its model (:class:`~skiplab.connections.place.Place`; default one
     block of a one-layer stack), for the designs whose form or initialisation depends on depth.
+    ``norm``: the model's norm kind (:data:`MODEL_NORMS`), taken by a design whose spec names none; ``conn.spec``
+    is then the spec as built (``MixLN`` with ``norm="RMS"``: ``MixLN+RMS``).
+    With ``alpha0`` (a DyT norm) every DyT layer starts at that α₀; ``alpha0=llm`` takes the site from
+    ``place.role`` ("attn", a self-attention sub-layer, is the DyT paper's "attention"; the others, "cross" and
+    "ffn" included, its "other") and the width from ``dim`` (:func:`~skiplab.connections.norms.dyt_llm_alpha0`).
     Raises ValueError for an unknown or malformed spec, listing the known names.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     dim = _positive_int("dim", dim)
     in_dim = None if in_dim is None else _positive_int("in_dim", in_dim)
-    parsed = parse_spec(spec)
-    return REGISTRY[parsed.name](parsed, dim, layout, in_dim, place)
+    parsed = parse_spec(spec, norm)
+    conn = REGISTRY[parsed.name](parsed, dim, layout, in_dim, place)
+    if "alpha0" in parsed.options:
+        set_dyt_alpha(conn, dyt_alpha0(parsed.options["alpha0"], dim, attention=conn.place.role == "attn"))
+    return conn
 
 
-def input_norm(spec: str, dim: int, layout: str = "seq") -> nn.Module:
+def input_norm(spec: str, dim: int, layout: str = "seq", norm: str | None = None,
+               embed_scale: float = 1.0) -> nn.Module:
     """The module a stack of ``spec`` blocks begins with: Peri-LN's embedding norm, hyper-connections' expansion
-    to n streams, else the identity. Models call this rather than branching on the design."""
-    parsed = parse_spec(spec)
-    return REGISTRY[parsed.name].stack_input(parsed, dim, layout)
+    to n streams, else the identity. Models call this rather than branching on the design. ``norm``: the model's
+    norm kind, as for :func:`connection`. With ``alpha0=llm`` (the DyT paper's LLM recipe) the input is first
+    multiplied by one learned scalar starting at √dim / ``embed_scale``
+    (:class:`~skiplab.connections.norms.InputScale`): ``embed_scale`` is the factor the model's embeddings
+    already carry, 1 for a model whose embeddings carry none (the GPT); the Transformer's carry a fixed √d
+    (Vaswani et al. 2017, Section 3.4), the factor the DyT paper's scalar makes learnable, which then starts at 1.
+    Its embedding DyT (``PeriLN+DyT``) starts at the recipe's "other" α₀."""
+    if not (math.isfinite(embed_scale) and embed_scale > 0):
+        raise ValueError(f"embed_scale must be a finite number > 0, got {embed_scale!r}")
+    parsed = parse_spec(spec, norm)
+    module = REGISTRY[parsed.name].stack_input(parsed, dim, layout)
+    alpha0 = parsed.options.get("alpha0")
+    if alpha0 is not None:
+        set_dyt_alpha(module, dyt_alpha0(alpha0, dim, attention=False))
+    return InputScale(math.sqrt(dim) / embed_scale, module) if alpha0 == "llm" else module
 
 
-def final_norm(spec: str, dim: int, layout: str = "seq", layers: int = 1) -> nn.Module:
+def final_norm(spec: str, dim: int, layout: str = "seq", layers: int = 1, norm: str | None = None) -> nn.Module:
     """The module a stack of ``layers`` layers of ``spec`` ends with: the pre-norm designs' own norm (after
     hyper-connections' sum of the streams), the identity for the designs whose output is normalised already.
-    Models call this rather than branching on the design."""
-    parsed = parse_spec(spec)
-    return REGISTRY[parsed.name].stack_output(parsed, dim, layout, _positive_int("layers", layers))
+    Models call this rather than branching on the design. ``norm``: the model's norm kind, as for
+    :func:`connection`; a final DyT with ``alpha0=llm`` starts at the recipe's "other" α₀."""
+    parsed = parse_spec(spec, norm)
+    module = REGISTRY[parsed.name].stack_output(parsed, dim, layout, _positive_int("layers", layers))
+    if "alpha0" in parsed.options:
+        set_dyt_alpha(module, dyt_alpha0(parsed.options["alpha0"], dim, attention=False))
+    return module
 
 
 @contextmanager

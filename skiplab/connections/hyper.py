@@ -62,6 +62,9 @@ class HC(Connection):
     Initialisation constants: Section 2.3, Eq. 14; s_α, s_β: Section 2.2, Eqs. 10-13 and Algorithm 2. The
     paper's implementation notes (Section 4) also rescale the initial std of the output projections with n;
     skiplab keeps the model's own initialisation, so that designs compare on the same weights.
+
+    ``HC+RMS`` is hyper-connections 0.4.11's ``HyperConnections`` (tests/oracles): its streams' RMSNorm has no ε
+    and the gain 1 + γ, its static form is the dynamic one with W = 0, and its branch applies the sub-layer's norm.
     """
 
     name = "HC"
@@ -197,6 +200,9 @@ def sinkhorn(logits: Tensor, iters: int = 20) -> Tensor:
     return _Sinkhorn.apply(logits, iters)
 
 
+PHI_STD = 0.02  # mHC's φ at initialisation: transformers' DeepseekV4Config.initializer_range
+
+
 @register
 class MHC(HC):
     """``mHC[+RMS](n=4, iters=20)``: manifold-constrained hyper-connections (Xie et al., DeepSeek 2025, arXiv
@@ -206,10 +212,29 @@ class MHC(HC):
         H^pre = σ(H̃^pre),  H^post = 2σ(H̃^post),  H^res = Sinkhorn–Knopp(exp(H̃^res))  (:func:`sinkhorn`)
         x ← H^res x + H^postᵀ F(LN(H^pre x))
 
-    so the stream-mixing matrix is doubly stochastic (rows and columns sum to 1) and the composite mixing of a
-    deep stack cannot blow up as HC's may (Section 4.2, Eqs. 7-9). Initialisation: α = 0.01, learned (the
-    paper's Table 5, "gating factor init α 0.01"); φ = 0, b^pre = e_{k mod n}, b^res = I, b^post = 1, which the
-    paper leaves open, as lucidrains' ``manifold_constrained_hyper_connections.py`` sets them. The stack expands and sums the streams as HC's does.
+    (Section 4.2, Eqs. 7-9), so the stream-mixing matrix is doubly stochastic (rows and columns sum to 1) and the
+    composite mixing of a deep stack cannot blow up as HC's may.
+
+    Initialisation: α^pre = α^post = α^res = 0.01, learned (the paper's Table 5, "mHC/HC gating factor init α
+    0.01"). The paper leaves b and φ open; skiplab takes them from transformers' DeepSeek-V4 port
+    (``DeepseekV4PreTrainedModel._init_weights``: ``base`` zeros, ``fn`` ~ N(0, initializer_range²) with
+    initializer_range = 0.02): b^pre = b^post = 0, b^res = 0, φ ~ N(0, 0.02²). With the φ term left out that is
+    H^pre = ½·1, H^post = 1, H^res = 11ᵀ/n, so on the n equal copies the stack starts from, every block is the
+    pre-norm block, x_i ← x_i + F(LN(n/2 · x)) = x_i + F(LN(x)) (LN is scale-invariant, up to its ε); the random
+    φ breaks the symmetry between the streams. Where the implementations differ:
+
+    * transformers' port (``DeepseekV4HyperConnection``) sets the gating factors α to 1 (skiplab: the paper's 0.01)
+      and adds ``hc_eps`` = 1e-6 to H^pre and inside Sinkhorn–Knopp. It stores H^resᵀ (``comb``, applied as
+      combᵀ x) and starts with a softmax over comb's rows: on H^res the same iteration, T_c then T_r from exp(·).
+      It ends the stack with a learned σ-gated sum of the streams (``DeepseekV4HyperHead``) where skiplab sums them.
+      DeepSeek's own inference code creates these parameters empty and loads them from the checkpoint.
+    * lucidrains' ``manifold_constrained_hyper_connections.py`` (hyper-connections 0.4.11) projects each stream on
+      its own (HC's per-stream H̄ W, not the flattened x̃ φ) and uses HC's initial values as the biases:
+      b^pre = e_{k mod n}, b^res = I, b^post = 1, which after the constraints are H^pre ≈ (0.73, 0.5, 0.5, 0.5),
+      H^post = 2σ(1) ≈ 1.46 and diag H^res = e/(e + n − 1) ≈ 0.48 (n = 4). Its Sinkhorn–Knopp normalises the same
+      way on the matrix it stores, which is H^resᵀ: on H^res it takes the rows first.
+
+    The stack expands and sums the streams as HC's does.
     """
 
     name = "mHC"
@@ -227,11 +252,12 @@ class MHC(HC):
         self.iters = spec.options["iters"]
         self.dynamic = True
         self.norm = make_norm(spec.norm, dim)
-        self.phi = nn.Parameter(torch.zeros(n * dim, 2 * n + n * n))  # φ^pre, φ^post, φ^res side by side
-        self.alpha = nn.Parameter(torch.full((3,), 0.01))  # α^pre, α^post, α^res
-        self.b_pre = nn.Parameter(F.one_hot(torch.tensor((self.place.index - 1) % n), n).float())
-        self.b_post = nn.Parameter(torch.ones(n))
-        self.b_res = nn.Parameter(torch.eye(n))
+        # φ^pre, φ^post, φ^res side by side; b and φ as transformers' DeepSeek-V4 port draws them (class docstring)
+        self.phi = nn.Parameter(torch.empty(n * dim, 2 * n + n * n).normal_(0.0, PHI_STD))
+        self.alpha = nn.Parameter(torch.full((3,), 0.01))  # α^pre, α^post, α^res: the paper's Table 5
+        self.b_pre = nn.Parameter(torch.zeros(n))
+        self.b_post = nn.Parameter(torch.zeros(n))
+        self.b_res = nn.Parameter(torch.zeros(n, n))
 
     def weights(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """H^pre (..., n), H^res (..., n, n), H^post (..., n) for streams ``h`` (..., n, C)."""

@@ -35,16 +35,16 @@ class MixLN(Connection):
     "100%"). The stack ends with a final norm when it has pre-norm layers (α < 1); the authors' code
     (pixeli99/MixLN, ``modeling_llama.py``) keeps its final RMSNorm at every α, so its α = 1 is Post-LN plus
     one more norm (so were the paper's own 100% runs); skiplab chooses α = 1 to be exactly ``PostLN``, the
-    design the paper names. Their LLaMA uses RMSNorm:
-    ``MixLN+RMS``.
+    design the paper names. Their LLaMA uses RMSNorm: a spec that names no norm takes the model's, so ``MixLN`` on
+    the LLaMA presets (norm RMS) is ``MixLN+RMS``, on the GPT presets ``MixLN+LN``; a written norm stays.
     """
 
     name = "MixLN"
     accepts_norms = ("LN", "RMS", "DyT")
     default_norm = "LN"
     options = {"alpha": Option(0.25, _fraction, "share of the first layers that are post-norm")}
-    patterns = {"MixLN[+RMS](alpha=α)": "y = LN(x + F(x)) for layers l ≤ ⌊αL⌋, y = x + F(LN(x)) after  "
-                                        "(Li et al. 2025, Mix-LN)"}
+    patterns = {"MixLN[+RMS](alpha=α)": "y = G(x + F(x)) for layers l ≤ ⌊αL⌋, y = x + F(G(x)) after, "
+                                        "G the model's norm unless named  (Li et al. 2025, Mix-LN)"}
 
     def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
                  place: Place | None = None):

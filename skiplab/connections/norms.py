@@ -19,6 +19,8 @@ Every affine norm starts at gain 1, bias 0 (PyTorch's defaults).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -67,9 +69,10 @@ class ChannelRMSNorm(nn.Module):
 
 class DyT(nn.Module):
     """Dynamic Tanh, DyT(x) = γ ⊙ tanh(α·x) + β: α one learned scalar (α₀ = 0.5), γ and β per feature
-    (channel) at 1 and 0 (Zhu et al., CVPR 2025, "Transformers without Normalization", Section 4, Eq. 2 and
-    Algorithm 1; α₀ = 0.5 is the paper's default except for LLMs, Section 7). One α per DyT module, i.e. per
-    norm it replaces. No statistic of x: an element-wise stand-in for LN."""
+    (channel) at 1 and 0 (Zhu et al., CVPR 2025, "Transformers without Normalization", arXiv 2503.10622, Section 4,
+    Eq. 2 and Algorithm 1; α₀ = 0.5 is the paper's default for every non-LLM model, Section 7). One α per DyT
+    module, i.e. per norm it replaces. No statistic of x: an element-wise stand-in for LN. The spec option
+    ``alpha0`` sets α₀ otherwise, ``alpha0=llm`` by the paper's LLM recipe (:func:`dyt_llm_alpha0`)."""
 
     def __init__(self, dim: int, layout: str = "seq", alpha: float = 0.5):
         super().__init__()
@@ -86,6 +89,57 @@ class DyT(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, layout={self.layout!r}"
+
+
+# The DyT paper's optimal α₀ for LLaMA models, width -> (attention, other): Section 7, "Initialization of α for
+# LLMs", its table of optimal α₀ by width and depth (widths 1024, 2048, 4096, 8192; the same at every depth from
+# 8 to 64: Table 12 of arXiv v1, Table 11 of the later version) and the LLaMA 13B row (width 5120) of its table by
+# model (Table 11 of v1, Table 10 later). That table's 7B and 34B/70B rows (widths 4096 and "8196", i.e. 8192)
+# agree with the width table; the authors' code (jiachenzhu/DyT, other_tasks/LLaMA/README.md) trains 7B, 13B,
+# 34B and 70B with these attention / FFN / final α₀.
+DYT_LLM_ALPHA0: dict[int, tuple[float, float]] = {
+    1024: (1.0, 1.0), 2048: (1.0, 0.5), 4096: (0.8, 0.2), 5120: (0.6, 0.15), 8192: (0.2, 0.05)}
+
+
+def dyt_llm_alpha0(width: int, attention: bool) -> float:
+    """α₀ of a DyT layer by the DyT paper's LLM recipe (Section 7, :data:`DYT_LLM_ALPHA0`): the DyT layers of
+    the attention blocks ("attention") start higher than those of the FFN blocks and the final DyT ("other"), and
+    wider models start lower; depth does not matter. A width the paper does not list takes the values of the
+    nearest listed width on a log scale (the listed widths double): every width up to 1448 takes 1024's 1.0/1.0
+    (the presets of d 128 to 1024 do; llama-1b and olmo-1b, d 2048, are listed), 3000 takes 4096's 0.8/0.2, and widths beyond 8192 take 8192's."""
+    if width < 1:
+        raise ValueError(f"width must be a positive integer, got {width}")
+    nearest = min(DYT_LLM_ALPHA0, key=lambda w: abs(math.log(width / w)))
+    return DYT_LLM_ALPHA0[nearest][0 if attention else 1]
+
+
+def dyt_alpha0(alpha0: float | str, width: int, attention: bool) -> float:
+    """The α₀ a spec's ``alpha0`` option gives a DyT layer of ``width`` features: the number itself, or for
+    ``llm`` :func:`dyt_llm_alpha0` (``attention``: the layer sits at a self-attention sub-layer)."""
+    return dyt_llm_alpha0(width, attention) if alpha0 == "llm" else float(alpha0)
+
+
+@torch.no_grad()
+def set_dyt_alpha(module: nn.Module, alpha: float) -> None:
+    """Start every DyT layer inside ``module`` at α = ``alpha``."""
+    for m in module.modules():
+        if isinstance(m, DyT):
+            m.alpha.fill_(alpha)
+
+
+class InputScale(nn.Module):
+    """y = inner(s·x): s one learned scalar, starting at ``init``, on a stack's input before ``inner`` (its input
+    module). The DyT paper's LLaMA has it "immediately after the embedding layer, before any Transformer blocks",
+    initialised to √d (Zhu et al. 2025, Appendix A, "Large Language Models"; jiachenzhu/DyT
+    ``other_tasks/LLaMA/fms_fsdp/models/llama.py``: ``shared_scale`` filled with ``math.sqrt(emb_dim)``)."""
+
+    def __init__(self, init: float, inner: nn.Module | None = None):
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(float(init)))
+        self.inner = nn.Identity() if inner is None else inner
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.inner(self.scale * x)
 
 
 def make_norm(kind: str, dim: int, layout: str = "seq") -> nn.Module:

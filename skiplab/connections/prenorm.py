@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from torch import Tensor
 
 from .base import Branch, Connection, register
 from .norms import make_norm
 from .place import Place
-from .spec import Option, Spec, choice
+from .spec import Option, Spec, choice, options_of
 
 
 class _PreNorm(Connection):
@@ -24,17 +25,23 @@ class _PreNorm(Connection):
     ``peft_pretraining/modeling_llama.py``, ``scale_factor = 1 / math.sqrt(self.layer_index + 1)`` with a 0-based
     index, before attention and before the MLP;
     OLMo-core's ``LayerNormScaledTransformerBlock``). No new parameters; at l = 1 it is the plain pre-norm block.
+
+    G is ``spec.norm``: the one the name names (``PreLN``, ``PreRMS``, ``PreDyT``), or for ``LNS`` the model's.
     """
 
-    kind: str
     options = {"scale": Option("none", choice("none", "depth"), "none, or depth: G(x) scaled by 1/sqrt(layer)")}
+    depth_scaled: ClassVar[bool] = False  # scale=depth without the option (LNS)
 
     def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
                  place: Place | None = None):
         super().__init__(spec, dim, layout, in_dim, place)
-        self.norm = make_norm(self.kind, self.in_dim, layout)  # G normalises x, the block input
-        self.scaled = spec.options["scale"] == "depth"
+        self.norm = make_norm(spec.norm, self.in_dim, layout)  # G normalises x, the block input
+        self.scaled = self.depth_scaled or spec.options.get("scale") == "depth"
         self.factor = 1.0 / math.sqrt(self.place.layer) if self.scaled else 1.0
+
+    @classmethod
+    def final_norm_kind(cls, spec: Spec, layers: int) -> str | None:
+        return spec.norm
 
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
@@ -49,7 +56,7 @@ class _PreNorm(Connection):
 class PreLN(_PreNorm):
     """``PreLN``: y = x + F(LN(x)) (pre-norm Transformer block, GPT-2 / LLaMA style)."""
 
-    name, kind, final_norm = "PreLN", "LN", "LN"
+    name, default_norm = "PreLN", "LN"
     patterns = {"PreLN": "y = x + F(LN(x))  (pre-norm, the tutorial)",
                 "PreLN(scale=depth)": "y = x + F(LN(x)/√l), l the layer's index  (LayerNorm scaling, Sun et al. 2025)"}
 
@@ -58,7 +65,7 @@ class PreLN(_PreNorm):
 class PreRMS(_PreNorm):
     """``PreRMS``: y = x + F(RMSNorm(x)), RMSNorm(x) = w ⊙ x / sqrt(mean(x²) + ε) (LLaMA style)."""
 
-    name, kind, final_norm = "PreRMS", "RMS", "RMS"
+    name, default_norm = "PreRMS", "RMS"
     patterns = {"PreRMS": "y = x + F(RMSNorm(x))  (pre-norm with RMSNorm, the tutorial)"}
 
 
@@ -67,5 +74,34 @@ class PreDyT(_PreNorm):
     """``PreDyT``: y = x + F(DyT(x)), DyT(x) = γ ⊙ tanh(αx) + β in place of every LN of the pre-norm block, the
     final norm a DyT too (Zhu et al. 2025, "Transformers without Normalization": DyT replaces each norm layer)."""
 
-    name, kind, final_norm = "PreDyT", "DyT", "DyT"
-    patterns = {"PreDyT": "y = x + F(DyT(x)), DyT(x) = γ ⊙ tanh(αx) + β, α₀ = 0.5  (Zhu et al. 2025)"}
+    name, default_norm = "PreDyT", "DyT"
+    patterns = {"PreDyT(alpha0=0.5|llm)": "y = x + F(DyT(x)), DyT(x) = γ ⊙ tanh(αx) + β, α₀ = 0.5, or by "
+                                          "the LLM recipe's site and width  (Zhu et al. 2025)"}
+
+
+# The pre-norm design whose name names each norm.
+PRE_NORM = {"LN": PreLN, "RMS": PreRMS, "DyT": PreDyT}
+
+
+@register
+class LNS(_PreNorm):
+    """``LNS[+LN|+RMS|+DyT]``: LayerNorm scaling, y = x + F(G(x)/√l) (Sun et al. 2025, Section 4, Eq. 12), G the
+    model's norm when the spec names none: the curse-of-depth paper's LLaMA models use RMSNorm, so on the LLaMA
+    presets (norm RMS) ``LNS`` is ``PreRMS(scale=depth)``, on the GPT ones (LN) ``PreLN(scale=depth)``; built
+    without a model it is LN. With a written norm it is that pre-norm design: ``LNS+RMS`` is
+    ``PreRMS(scale=depth)`` (the canonical form)."""
+
+    name, default_norm, accepts_norms = "LNS", "LN", ("LN", "RMS", "DyT")
+    options = {}
+    depth_scaled = True
+    patterns = {"LNS[+RMS]": "y = x + F(G(x)/√l), G the model's norm unless named; LNS+RMS = PreRMS(scale=depth)  "
+                             "(LayerNorm scaling, Sun et al. 2025)"}
+
+    @classmethod
+    def canonical(cls, spec: Spec) -> Spec:
+        if not spec.norm_written:
+            return spec
+        target = PRE_NORM[spec.norm]
+        options = {k: o.default for k, o in options_of(target, dyt=spec.norm == "DyT").items()}
+        options.update({k: v for k, v in spec.options.items() if k in options}, scale="depth")
+        return Spec(name=target.name, norm=target.default_norm, options=options, stack=spec.stack)

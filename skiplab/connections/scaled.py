@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from .base import Branch, Connection, register
 from .norms import feature_axis, make_norm
 from .place import Place
-from .spec import Option, Spec, finite_float
+from .spec import Option, Spec, choice, finite_float
 
 
 class _ScalarGate(Connection):
@@ -37,18 +37,30 @@ class _ScalarGate(Connection):
 
 @register
 class ReZero(_ScalarGate):
-    """``ReZero(init=0)``: y = x + α·F(x), no normalisation, α a learned scalar starting at 0 (Bachlechner et
-    al. 2021, "ReZero is All You Need", Eq. 1: x_{i+1} = x_i + α_i F(x_i), "a single additional learned
-    parameter per layer"). At initialisation every block is the identity.
+    """``ReZero(init=0, share=layer|sublayer)``: y = x + α·F(x), no normalisation, α a learned scalar starting at 0
+    (Bachlechner et al. 2021, "ReZero is All You Need", Eq. 1: x_{i+1} = x_i + α_i F(x_i), "a single additional
+    learned parameter per layer"). At initialisation every block is the identity.
 
-    Here each residual branch (each sub-layer of a Transformer layer) has its own α, as Eq. 1 reads; the
-    authors' code (majumderb/rezero, ``rezero/transformer/rztx.py``, one ``resweight`` per layer) shares one
-    α between the attention and feed-forward sub-layers of a layer.
+    ``share=layer`` (the default): the sub-layers of a layer (attention and feed-forward; a decoder's
+    self-attention, cross-attention and feed-forward) share one α, as the authors' code does
+    (majumderb/rezero, ``rezero/transformer/rztx.py``: one ``resweight`` per encoder or decoder layer, used by
+    each of its residual branches). Each connection is built with its own α; the model then makes its layers'
+    later connections hold the first one's (:func:`~skiplab.connections.tie.tie_within_layers`, from the
+    names in ``layer_shared``), so that the optimiser and the parameter count see one α per layer.
+    ``share=sublayer``: each residual branch has its own α (Eq. 1 read per branch). Where a layer holds one
+    connection (the PreAct-ResNet's blocks) the two are the same.
     """
 
     name = "ReZero"
-    patterns = {"ReZero(init=a0)": "y = x + α·F(x), α learned scalar, α = 0 at start, no norm  "
-                                   "(Bachlechner et al. 2021, Eq. 1)"}
+    options = {**_ScalarGate.options,
+               "share": Option("layer", choice("layer", "sublayer"), "one α per layer (the authors' code) or per sub-layer")}
+    patterns = {"ReZero(init=a0,share=layer|sublayer)": "y = x + α·F(x), α learned scalar, α = 0 at start, no norm; one α "
+                                                        "per layer or per sub-layer  (Bachlechner et al. 2021, Eq. 1)"}
+
+    def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
+                 place: Place | None = None):
+        super().__init__(spec, dim, layout, in_dim, place)
+        self.layer_shared = ("alpha",) if spec.options["share"] == "layer" else ()
 
 
 @register

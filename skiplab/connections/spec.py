@@ -5,23 +5,33 @@ Grammar (case-sensitive)::
     spec    := design ("+" across ["(" option ("," option)* ")"])*
     design  := [number] name ["+" norm] ["(" option ("," option)* ")"]
     number  := a real such as 2, 0.5, 1e-1       -- λ of xSkip, the order k of rSkip
-    name    := xSkip | rSkip | wSkip | SAS | Highway | PreLN | PreRMS | NoSkip | ReZero | SkipInit | LayerScale
-             | MixLN
+    name    := xSkip | rSkip | wSkip | SAS | Highway | PreLN | PreRMS | PreDyT | NoSkip | ReZero | SkipInit
+             | LayerScale | MixLN | LNS | ...   -- the registry's names
     norm    := LN | BN | RMS | DyT
     option  := key "=" value                     -- e.g. f=2, init=1, gate=single, gamma=free
     across  := ValueRes | UNet                    -- designs across the layers of a stack (connections.across)
 
-Aliases: ``Residual`` = ``1xSkip``, ``PostLN`` = ``1xSkip+LN``, ``LNS`` = ``PreLN(scale=depth)``.
+Aliases: ``Residual`` = ``1xSkip``, ``PostLN`` = ``1xSkip+LN``.
+
+A norm written in the spec is the design's on every model (``MixLN+LN``); a design that takes a norm but whose
+spec names none (``MixLN``, ``LNS``, ``SAS``, ``DeepNorm``, ...) takes the model's (the LLaMA presets' RMSNorm),
+else its default, LN. :class:`Spec` remembers which (``norm_written``), and the canonical form keeps a written
+norm, so ``MixLN+LN`` and ``MixLN`` stay two specs. ``LNS+RMS`` is ``PreRMS(scale=depth)`` (``LNS+LN``,
+``LNS+DyT`` likewise).
+
+A design whose norm is DyT (``PreDyT``, ``+DyT``) also takes ``alpha0``, DyT's initial α (:data:`DYT_OPTIONS`):
+a number (0.5 unless given), or ``llm``, the DyT paper's LLM recipe by site and width
+(:func:`~skiplab.connections.norms.dyt_llm_alpha0`): ``PreDyT(alpha0=llm)``, ``MixLN+DyT(alpha0=llm)``.
 
 Examples: ``1xSkip``, ``2xSkip``, ``0.5xSkip+LN(f=2)``, ``2rSkip+LN``, ``3rSkip+BN``, ``wSkip+LN(init=2)``,
 ``SAS``, ``SAS(gate=single)``, ``SAS(gamma=free)``, ``SAS+BN``, ``Highway``, ``PreLN``, ``PreRMS``,
-``ReZero``, ``LayerScale(init=1e-5)``, ``PreLN(scale=depth)``, ``MixLN+RMS(alpha=0.25)``, ``PreLN+ValueRes``,
-``HC(n=4)+ValueRes(learn=yes)+UNet``.
+``ReZero``, ``LayerScale(init=1e-5)``, ``PreLN(scale=depth)``, ``LNS``, ``MixLN+RMS(alpha=0.25)``,
+``PreDyT(alpha0=llm)``, ``PreLN+ValueRes``, ``HC(n=4)+ValueRes(learn=yes)+UNet``.
 
 Which numbers, norms and options a name accepts is declared by its class (``numbered``, ``accepts_norms``,
-``options``); :func:`parse` checks a spec against that declaration and the registry turns it into a
-module. :func:`format_spec` writes the canonical form: options at their defaults are left out, so
-``wSkip+LN(init=1)`` is written ``wSkip+LN``; aliases are resolved.
+``default_norm``, ``options``); :func:`parse` checks a spec against that declaration and the registry turns it
+into a module. :func:`format_spec` writes the canonical form: options at their defaults are left out, so
+``wSkip+LN(init=1)`` is written ``wSkip+LN``; aliases are resolved; a written norm stays written.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-ALIASES = {"Residual": "1xSkip", "PostLN": "1xSkip+LN", "LNS": "PreLN(scale=depth)"}
+ALIASES = {"Residual": "1xSkip", "PostLN": "1xSkip+LN"}
 
 _ACROSS_RE = re.compile(r"^(?P<rest>.+)\+(?P<name>[A-Za-z]+)(?P<options>\([^()]*\))?$")
 _SPEC_RE = re.compile(
@@ -54,14 +64,17 @@ class Option:
 
 @dataclass(frozen=True)
 class Spec:
-    """A parsed spec: ``number``, ``name``, ``norm``, every option (defaults filled in) and the designs across
-    the layers of the stack (``stack``: their specs, in the order written)."""
+    """A parsed spec: ``number``, ``name``, ``norm`` (the one the design builds: written, else its default),
+    ``norm_written`` (whether the spec names it; a model's norm replaces only an unwritten one), every option
+    (defaults filled in) and the designs across the layers of the stack (``stack``: their specs, in the order
+    written)."""
 
     name: str
     number: float | None = None
     norm: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     stack: tuple["Spec", ...] = ()
+    norm_written: bool = False
 
 
 class SpecError(ValueError):
@@ -96,18 +109,38 @@ def choice(*values: str) -> Callable[[str], str]:
     return parse
 
 
-def _options(cls: type, name: str, text: str | None, fail: Callable[[str], SpecError]) -> dict[str, Any]:
-    """``cls``'s options, defaults filled in, with those of ``text`` (``key=value,...``) parsed."""
-    options = {key: opt.default for key, opt in cls.options.items()}
+def alpha0(text: str) -> float | str:
+    """DyT's initial α: ``llm`` (the LLM recipe) or a finite number > 0."""
+    return text if text == "llm" else positive_float(text)
+
+
+# The options a DyT norm brings to every design that may build one (see the module docstring).
+DYT_OPTIONS = {"alpha0": Option(0.5, alpha0, "DyT's initial α: a number > 0, or llm (the DyT paper's LLM recipe, "
+                                             "by site and width)")}
+
+
+def options_of(cls: type, dyt: bool) -> dict[str, Option]:
+    """The options a spec of ``cls`` takes: the class's own, and DyT's where its norm is DyT (``dyt``)."""
+    return {**cls.options, **DYT_OPTIONS} if dyt else cls.options
+
+
+def _options(cls: type, name: str, text: str | None, fail: Callable[[str], SpecError],
+             dyt: bool = False) -> dict[str, Any]:
+    """``cls``'s options, defaults filled in, with those of ``text`` (``key=value,...``) parsed; DyT's options
+    (:data:`DYT_OPTIONS`) where the design's norm is DyT (``dyt``)."""
+    declared = options_of(cls, dyt)
+    options = {key: opt.default for key, opt in declared.items()}
     for item in filter(None, (text or "").split(",")):
         key, eq, value = item.partition("=")
         if not eq or not key or not value:
             raise fail(f"option {item!r} is not key=value")
-        if key not in cls.options:
-            allowed = ", ".join(cls.options) or "none"
+        if key in DYT_OPTIONS and key not in declared:
+            raise fail(f"{key} sets DyT's initial α and {name} builds no DyT here: write +DyT")
+        if key not in declared:
+            allowed = ", ".join(declared) or "none"
             raise fail(f"{name} has no option {key!r} (options: {allowed})")
         try:
-            options[key] = cls.options[key].parse(value)
+            options[key] = declared[key].parse(value)
         except ValueError as err:
             raise fail(f"option {key}: {err}") from None
     return options
@@ -157,18 +190,20 @@ def parse(text: str, registry: dict[str, type], known: str, across: dict[str, ty
         raise fail(f"{name} takes no normalisation +{norm} (allowed: {allowed})")
     if norm is None and cls.norm_required:
         raise fail(f"{name} needs a normalisation: " + " or ".join(f"+{n}" for n in cls.accepts_norms))
+    written = norm is not None
     if norm is None:
         norm = cls.default_norm
 
-    return Spec(name=name, number=number, norm=norm, options=_options(cls, name, m["options"], fail),
-                stack=tuple(stack))
+    options = _options(cls, name, m["options"], fail, dyt=norm == "DyT")
+    parsed = Spec(name=name, number=number, norm=norm, options=options, stack=tuple(stack), norm_written=written)
+    return cls.canonical(parsed)
 
 
 def format_spec(spec: Spec, cls: type, across: dict[str, type] | None = None) -> str:
     """The canonical text of ``spec``: ``parse(format_spec(s)) == s``; default options left out; the designs
     across the stack (classes in ``across``) after it."""
     text = (format_number(spec.number) if spec.number is not None else "") + spec.name
-    if spec.norm is not None and spec.norm != cls.default_norm:
+    if spec.norm is not None and spec.norm_written:
         text += f"+{spec.norm}"
     text += _format_options(spec, cls)
     return text + "".join(f"+{s.name}{_format_options(s, (across or {})[s.name])}" for s in spec.stack)
@@ -178,6 +213,6 @@ def _format_options(spec: Spec, cls: type) -> str:
     opts = [
         f"{k}={format_number(v) if isinstance(v, float) else v}"
         for k, v in spec.options.items()
-        if v != cls.options[k].default
+        if v != options_of(cls, dyt=spec.norm == "DyT")[k].default
     ]
     return f"({','.join(opts)})" if opts else ""

@@ -120,7 +120,7 @@ def config_to_hf(cfg: GPTConfig, **extra: Any) -> Any:
             **ids), **extra}, architectures=[CLASSES[kind]])
     back = config_from_hf(config)
     changed = [f.name for f in dataclasses.fields(cfg)
-               if f.name != "init" and getattr(back, f.name) != getattr(cfg, f.name)]
+               if f.name not in ("init", "norm") and getattr(back, f.name) != getattr(cfg, f.name)]
     if changed:
         raise ValueError(f"config_to_hf: {', '.join(sorted(extra))} would change the model's {', '.join(changed)}")
     return config
@@ -187,7 +187,7 @@ def _llama_config(c: Any) -> GPTConfig:
                      layers=c.num_hidden_layers, ffn_dim=c.intermediate_size, mlp="swiglu", positions="rope",
                      context=c.max_position_embeddings, dropout=float(c.attention_dropout or 0.0),
                      bias=bool(c.attention_bias), tie=bool(c.tie_word_embeddings), init="default",
-                     rope_base=float(rope["rope_theta"]), connection="PreRMS")
+                     rope_base=float(rope["rope_theta"]), connection="PreRMS", norm="RMS")
 
 
 def _text(value: Any) -> str:

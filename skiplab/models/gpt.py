@@ -20,6 +20,10 @@ std 0.02/sqrt(2 * n_layer)). The connections keep their own initialisation (e.g.
 
 ``tie`` shares the embedding with the output projection (GPT-2); the LLaMA shapes of the Mix-LN and
 curse-of-depth papers have a separate output layer (``tie=false``).
+
+``norm`` is the model's norm kind: LN (GPT-2) or RMS (LLaMA, and the LLaMA presets). A connection whose spec names
+no norm takes it, in its blocks and in the norms the stack begins and ends with (``MixLN`` and ``LNS`` on a LLaMA
+preset build RMSNorm, as their papers' LLaMA models do); a spec that names one keeps it (``PreLN``, ``MixLN+LN``).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..connections import Across, Place, connection, final_norm, input_norm, iter_connections, parse_spec
+from ..connections import MODEL_NORMS, Across, Place, connection, final_norm, input_norm, iter_connections, parse_spec
+from ..connections.tie import tie_within_layers
 from .attention import Rotary, SelfAttention
 from .linear import stacked_linear, xavier_linear
 
@@ -60,10 +65,14 @@ class GPTConfig:
         "help": "default: N(0, 0.02^2); gpt2: also each sub-layer's output projection scaled by 1/sqrt(2L)"})
     rope_base: float = field(default=10000.0, metadata={"help": "rotary base (theta_i = base^(-2i/d_head))"})
     connection: str = field(default="PreLN", metadata={"help": "connection spec on every sub-layer"})
+    # older_runs: the value every run had before the field existed; a run's key leaves the field out at it
+    norm: str = field(default="LN", metadata={
+        "help": "the model's norm kind, LN or RMS: a connection whose spec names no norm takes it",
+        "older_runs": "LN"})
 
     def __post_init__(self):
         for name, value, known in (("mlp", self.mlp, MLPS), ("positions", self.positions, POSITIONS),
-                                   ("init", self.init, GPT_INITS)):
+                                   ("init", self.init, GPT_INITS), ("norm", self.norm, MODEL_NORMS)):
             if value not in known:
                 raise ValueError(f"{name} must be one of {', '.join(known)}, got {value!r}")
         if min(self.vocab_size, self.d_model, self.heads, self.layers, self.ffn_dim, self.context) < 1:
@@ -104,8 +113,10 @@ class Layer(nn.Module):
         d = cfg.d_model
         self.attn = SelfAttention(d, cfg.heads, cfg.dropout, cfg.bias, rope)
         self.mlp = MLP(cfg)
-        self.conn_attn = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 1, 2, "attn"))
-        self.conn_mlp = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 2, 2, "ffn"))
+        self.conn_attn = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 1, 2, "attn"),
+                                    norm=cfg.norm)
+        self.conn_mlp = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 2, 2, "ffn"),
+                                   norm=cfg.norm)
         self.drop = nn.Dropout(cfg.dropout)
 
     def init_branches(self) -> None:
@@ -130,12 +141,13 @@ class GPT(nn.Module):
         self.pos_embed = nn.Embedding(cfg.context, d) if cfg.positions == "learned" else None
         rope = Rotary(d // cfg.heads, cfg.context, cfg.rope_base) if cfg.positions == "rope" else None
         self.drop = nn.Dropout(cfg.dropout)
-        self.embed_norm = input_norm(cfg.connection, d)  # the identity but for designs that normalise the input
+        self.embed_norm = input_norm(cfg.connection, d, norm=cfg.norm)  # the identity but for designs that need one
         self.layers = nn.ModuleList(Layer(cfg, rope, i + 1) for i in range(cfg.layers))
         self.across = Across(cfg.connection, cfg.layers)  # designs across the layers (+ValueRes, +UNet), if any
-        self.norm = final_norm(cfg.connection, d, layers=cfg.layers)
+        self.norm = final_norm(cfg.connection, d, layers=cfg.layers, norm=cfg.norm)
         self.head = None if cfg.tie else nn.Linear(d, cfg.vocab_size, bias=False)
         self._init_weights()
+        tie_within_layers(self)  # parameters a design shares across a layer's sub-layers (ReZero's α)
 
     @torch.no_grad()
     def _init_weights(self) -> None:

@@ -58,24 +58,28 @@ PRESETS: dict[str, tuple[type, dict[str, Any]]] = {
     # LLaMA-71M and LLaMA-130M as the Mix-LN (Li et al., ICLR 2025) and curse-of-depth (Sun et al. 2025)
     # papers train them: their configs/llama_71m.json and llama_130m.json (from GaLore): hidden 512 / 768,
     # intermediate 1368 / 2048, 8 / 12 heads, 12 layers, RMSNorm, rotary positions, SwiGLU, no biases, an
-    # untied output layer, vocabulary 32000 (the T5 tokenizer); trained on sequences of 256 tokens
+    # untied output layer, vocabulary 32000 (the T5 tokenizer); trained on sequences of 256 tokens. norm=RMS: a
+    # connection whose spec names no norm (MixLN, LNS, DeepNorm, ...) builds RMSNorm, as in the papers' code
     "llama-71m": (GPTConfig, dict(vocab_size=32000, d_model=512, heads=8, layers=12, ffn_dim=1368, mlp="swiglu",
-                                  positions="rope", context=256, bias=False, tie=False, connection="PreRMS")),
+                                  positions="rope", context=256, bias=False, tie=False, connection="PreRMS",
+                                  norm="RMS")),
     "llama-130m": (GPTConfig, dict(vocab_size=32000, d_model=768, heads=12, layers=12, ffn_dim=2048, mlp="swiglu",
-                                   positions="rope", context=256, bias=False, tie=False, connection="PreRMS")),
+                                   positions="rope", context=256, bias=False, tie=False, connection="PreRMS",
+                                   norm="RMS")),
     # the larger ones of the same papers, from the same code's configs/llama_250m.json, llama_350m.json and
     # llama_1b.json: hidden 768 / 1024 / 2048, intermediate 2560 / 2736 / 5461, 16 / 16 / 32 heads, 24 layers.
     # (Mix-LN's Table 7 prints hidden 1024 for 250M; its code's 768 is the shape with 250M parameters.)
     **{name: (GPTConfig, dict(vocab_size=32000, d_model=d, heads=h, layers=24, ffn_dim=ffn, mlp="swiglu",
-                              positions="rope", context=256, bias=False, tie=False, connection="PreRMS"))
+                              positions="rope", context=256, bias=False, tie=False, connection="PreRMS", norm="RMS"))
        for name, d, ffn, h in (("llama-250m", 768, 2560, 16), ("llama-350m", 1024, 2736, 16),
                                ("llama-1b", 2048, 5461, 32))},
     # OLMo-1B (Groeneveld et al. 2024), the hyper-connections paper's dense baseline (Zhu et al., ICLR 2025,
     # Section 4): OLMo's configs/official/OLMo-1B.yaml, d_model 2048, 16 heads, 16 layers, mlp_ratio 8 (SwiGLU:
     # 16,384 outputs, two halves of 8,192), rope, no biases, weight tying, sequences of 2,048, embedding_size
-    # 50,304 (the GPT-NeoX tokenizer's 50,280 ids padded); its LayerNorm has no gain or bias (skiplab's PreLN has)
+    # 50,304 (the GPT-NeoX tokenizer's 50,280 ids padded); its LayerNorm has no gain or bias (skiplab's PreLN has);
+    # norm=LN, so the hyper-connections paper's designs (HC, mHC) build LayerNorm on it
     "olmo-1b": (GPTConfig, dict(vocab_size=50304, d_model=2048, heads=16, layers=16, ffn_dim=8192, mlp="swiglu",
-                                positions="rope", context=2048, bias=False, tie=True, connection="PreLN")),
+                                positions="rope", context=2048, bias=False, tie=True, connection="PreLN", norm="LN")),
 }
 
 
@@ -165,7 +169,11 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: Any) -> nn.Module:
     """The model a checkpoint holds (its spec and resolved config), weights loaded; a checkpoint whose
     weights do not fit the model it names is a one-line :class:`~skiplab.run_dir.RunDirError`."""
     try:
-        model = build_model(model_config(ckpt["config"]["model"], **ckpt["model_config"]))
+        stored = dict(ckpt["model_config"])
+        for f in dataclasses.fields(family_of(ckpt["config"]["model"])):  # a field added after it was written:
+            if "older_runs" in f.metadata:  # the value every model had before (GPT's norm: LN)
+                stored.setdefault(f.name, f.metadata["older_runs"])
+        model = build_model(model_config(ckpt["config"]["model"], **stored))
         model.load_state_dict(ckpt["model"])
     except (TypeError, KeyError, RuntimeError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__

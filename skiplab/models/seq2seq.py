@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..connections import iter_connections
+from ..connections.tie import tie_within_layers
 from .attention import padding_mask
 from .linear import lipschitz_init_
 
@@ -130,6 +131,7 @@ class EncoderDecoder(nn.Module):
             else:
                 self.embed.weight.normal_(0.0, d**-0.5)  # so that E·sqrt(d) has unit scale
             self.embed.weight[cfg.pad_id].zero_()
+        tie_within_layers(self)  # parameters a design shares across a layer's sub-layers (ReZero's α)
 
     def embed_tokens(self, tokens: Tensor, offset: int = 0) -> Tensor:  # (B, T) -> (B, T, D)
         t = tokens.shape[1]

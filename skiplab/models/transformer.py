@@ -6,8 +6,9 @@
 FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2). Dropout on attention weights and on every sub-layer's output
 before the connection adds it (Section 5.4). With ``PostLN`` (= ``1xSkip+LN``) each sub-layer is
 LN(x + Dropout(F(x))), the papers' "Baseline"; pre-norm designs (``PreLN``, ``PreRMS``) leave each stack
-un-normalised, so the stack ends with one norm of the kind the connection names. The embedding,
-positions, tied output and incremental decoding are the shell's (:mod:`skiplab.models.seq2seq`).
+un-normalised, so the stack ends with one norm of the kind the connection names. ``norm`` is the model's norm
+kind (LN, the papers'; or RMS), taken by a connection whose spec names none. The embedding, positions, tied
+output and incremental decoding are the shell's (:mod:`skiplab.models.seq2seq`).
 
 Initialisation (tensor2tensor's, on which the rSkip+LN and SAS papers build): every linear layer of the
 attention and the FFN is Xavier-uniform, W ~ U(-b, b) with b = sqrt(6 / (fan_in + fan_out)) (Glorot and
@@ -17,11 +18,12 @@ the embedding is N(0, d^-1/2); the connections keep their own initialisation (e.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from ..connections import Across, Place, connection, final_norm, input_norm, parse_spec
+from ..connections import MODEL_NORMS, Across, Place, connection, final_norm, input_norm, parse_spec
 from .attention import CrossAttention, SelfAttention
 from .linear import xavier_linear
 from .seq2seq import EncoderDecoder, Seq2SeqConfig
@@ -32,9 +34,15 @@ class TransformerConfig(Seq2SeqConfig):
     """The residual Transformer: the shared fields and the connection on every sub-layer."""
 
     connection: str = field(default="PostLN", metadata={"help": "connection spec on every sub-layer"})
+    # older_runs: the value every run had before the field existed; a run's key leaves the field out at it
+    norm: str = field(default="LN", metadata={
+        "help": "the model's norm kind, LN or RMS: a connection whose spec names no norm takes it",
+        "older_runs": "LN"})
 
     def __post_init__(self):
         super().__post_init__()
+        if self.norm not in MODEL_NORMS:
+            raise ValueError(f"norm must be one of {', '.join(MODEL_NORMS)}, got {self.norm!r}")
         parse_spec(self.connection)
 
 
@@ -57,8 +65,8 @@ class EncoderLayer(nn.Module):
         d = cfg.d_model
         self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
         self.ffn = FeedForward(d, cfg.ffn_dim)
-        self.conn_attn = connection(cfg.connection, d, place=place(cfg, "encoder", layer, 1, "attn"))
-        self.conn_ffn = connection(cfg.connection, d, place=place(cfg, "encoder", layer, 2, "ffn"))
+        self.conn_attn = connection(cfg.connection, d, place=place(cfg, "encoder", layer, 1, "attn"), norm=cfg.norm)
+        self.conn_ffn = connection(cfg.connection, d, place=place(cfg, "encoder", layer, 2, "ffn"), norm=cfg.norm)
         self.drop = nn.Dropout(cfg.dropout)
 
     def init_branches(self) -> None:
@@ -77,9 +85,9 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
         self.cross_attn = CrossAttention(d, cfg.heads, cfg.attention_dropout)
         self.ffn = FeedForward(d, cfg.ffn_dim)
-        self.conn_self = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 1, "attn"))
-        self.conn_cross = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 2, "cross"))
-        self.conn_ffn = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 3, "ffn"))
+        self.conn_self = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 1, "attn"), norm=cfg.norm)
+        self.conn_cross = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 2, "cross"), norm=cfg.norm)
+        self.conn_ffn = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 3, "ffn"), norm=cfg.norm)
         self.drop = nn.Dropout(cfg.dropout)
 
     def init_branches(self) -> None:
@@ -96,13 +104,18 @@ class DecoderLayer(nn.Module):
         return self.conn_ffn(x, lambda h: self.drop(self.ffn(h)))
 
 
+def stack_input(cfg: TransformerConfig) -> nn.Module:
+    """The module each stack begins with, asked of the design; the shell's embeddings already carry √d."""
+    return input_norm(cfg.connection, cfg.d_model, norm=cfg.norm, embed_scale=math.sqrt(cfg.d_model))
+
+
 class ResidualEncoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg, i + 1) for i in range(cfg.encoder_layers))
         self.across = Across(cfg.connection, cfg.encoder_layers)  # designs across the layers (+ValueRes, +UNet)
-        self.input_norm = input_norm(cfg.connection, cfg.d_model)
-        self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.encoder_layers)
+        self.input_norm = stack_input(cfg)
+        self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.encoder_layers, norm=cfg.norm)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         x, run = self.input_norm(x), self.across.start()
@@ -117,8 +130,8 @@ class ResidualDecoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg, i + 1) for i in range(cfg.decoder_layers))
         self.across = Across(cfg.connection, cfg.decoder_layers)
-        self.input_norm = input_norm(cfg.connection, cfg.d_model)
-        self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.decoder_layers)
+        self.input_norm = stack_input(cfg)
+        self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.decoder_layers, norm=cfg.norm)
 
     def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         return [layer.cross_attn.project_kv(memory) for layer in self.layers]

@@ -191,6 +191,10 @@ _NO_BIG = "no Big model at cpu scale (the small preset stands in for Base only)"
 # runs (median of 3 after a warm-up): the 12-layer model 0.76x and the 24-layer one 1.71x a gpt-small update,
 # scaled by gpt-small's recorded 1.37 s per update two side by side (docs/language-models.md); 600 updates plus
 # six validations on 100k bytes and the test split: ~690 x 1.04 s and ~690 x 2.35 s.
+# Its norm is llama-71m's, RMS: the Mix-LN and curse-of-depth rows build RMSNorm, as the papers' LLaMA models do,
+# whether they name it (MixLN+RMS, PreRMS(scale=depth): papers_lm) or not (MixLN, LNS take the model's norm).
+# The preset's norm enters the run key, so its runs are keyed anew: runs of this miniature recorded before the
+# LLaMA presets had a norm are not found again.
 _CPU_LM = _lm(model="llama-71m(d_model=128,heads=4,ffn_dim=344)", corpus="pydocs", tokenizer="bytes",
               batch_size=16, max_steps=600, warmup=60, lr=1e-3, min_lr=1e-4, adam_betas=(0.9, 0.999),
               weight_decay=0.0, clip_norm=0.0, eval_every=100, valid_tokens=100_000, keep_checkpoints=1)

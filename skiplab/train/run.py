@@ -13,7 +13,8 @@ A task's ``train`` makes a :class:`Run` once its data are read, and then only sa
 What a run directory holds when a task goes through a Run (the files themselves: ``skiplab.run_dir``):
 
     config.json             written once, by a fresh run: the config, the model's class and config, its
-                            parameter count, what the task adds (data, schedule, ...), device, amp, and the
+                            parameter count, its connections' specs as built (``connections``: the model's
+                            norm resolved, ``MixLN+RMS``), Admin's ω as built (``admin``), what the task adds (data, schedule, ...), device, amp, and the
                             environment (versions, processor, git commit, world size and backend)
     metrics.jsonl           one record a save, in the order of the run's ``key`` (epoch or step)
     last.pt                 the checkpoint of the latest save; best.pt that of the best one so far
@@ -50,7 +51,7 @@ from torch import nn
 
 from .. import distributed, run_dir
 from ..compiled import CompileStats, compile_model
-from ..connections import admin
+from ..connections import admin, iter_connections
 
 
 class Run:
@@ -123,8 +124,9 @@ class Run:
                 self.say(line)
 
     def profile(self, model: nn.Module, forward: Callable[[], Any]) -> None:
-        """A fresh run's designs that initialise from data (``Admin(init=profile)``) see one batch, ``forward``
-        (the model in evaluation mode: dropout off), before the first update; the same batch on every rank."""
+        """A fresh run's designs that initialise from data (``Admin``: ``init=profile``, and ``init=auto``, which
+        the batch decides) see one batch, ``forward`` (the model in evaluation mode: dropout off), before the first
+        update; the same batch on every rank. config.json records what they were built as (``admin``)."""
         omegas = admin.profile(model, forward)
         if omegas:
             self.say(f"Admin: ω profiled on one batch, {min(omegas.values()):.3f} to {max(omegas.values()):.3f} "
@@ -133,9 +135,12 @@ class Run:
     def write_config(self, extra: dict[str, Any]) -> None:
         """config.json of a fresh run; ``extra`` (the task's data, schedule, ...) goes after the parameters."""
         model = self.model
+        built = admin.summary(model)  # Admin's ω per stack: closed form or profiled
+        specs = sorted({c.spec for _, c in iter_connections(model)})  # as built, the model's norm resolved (MixLN+RMS)
         self.group.on_main(lambda: run_dir.write_json(self.out / "config.json", {
             "config": self.config, "model": {"class": type(model).__name__, **dataclasses.asdict(self.model_config)},
-            "parameters": sum(p.numel() for p in model.parameters()), **extra,
+            "parameters": sum(p.numel() for p in model.parameters()), **({"connections": specs} if specs else {}),
+            **({"admin": built} if built else {}), **extra,
             "device": str(self.device), "amp": self.amp,
             "environment": {**run_dir.environment(), **self.group.describe()}}))
 

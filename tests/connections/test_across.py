@@ -26,7 +26,8 @@ def tokens(b=2, t=9):
 
 @pytest.mark.parametrize("text, canonical, names", [
     ("PreLN+ValueRes", "PreLN+ValueRes", ["ValueRes"]),
-    ("LNS+ValueRes(lambda=0.25,learn=yes)", "PreLN(scale=depth)+ValueRes(lambda=0.25,learn=yes)", ["ValueRes"]),
+    ("LNS+ValueRes(lambda=0.25,learn=yes)", "LNS+ValueRes(lambda=0.25,learn=yes)", ["ValueRes"]),
+    ("LNS+RMS+ValueRes(lambda=0.25)", "PreRMS(scale=depth)+ValueRes(lambda=0.25)", ["ValueRes"]),
     ("MixLN+RMS(alpha=0.5)+UNet(init=1)+ValueRes(lambda=0.5)", "MixLN+RMS(alpha=0.5)+UNet+ValueRes", ["UNet", "ValueRes"]),
     ("2rSkip+LN+UNet(init=0.5)", "2rSkip+LN+UNet(init=0.5)", ["UNet"]),
     ("PostLN", "1xSkip+LN", []),

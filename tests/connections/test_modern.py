@@ -66,7 +66,7 @@ def test_lns_scales_the_normalised_input_by_one_over_root_layer(layer, layout):
     plain = skiplab.connection("PreLN", DIM, layout)
     randomise_affine(lns)
     plain.load_state_dict(lns.state_dict())
-    assert lns.spec == "PreLN(scale=depth)" and lns.stats() == {"scale": 1 / math.sqrt(layer)}
+    assert lns.spec == "LNS" and lns.stats() == {"scale": 1 / math.sqrt(layer)}  # built without a model: LN
     h = lns.norm(x)
     torch.testing.assert_close(lns(x, branch), x + branch(h / math.sqrt(layer)))
     if layer == 1:  # LNS at l = 1 is PreLN exactly
@@ -302,7 +302,7 @@ def test_admin_profiling_follows_the_variance_chain():
         assert after == pytest.approx(math.sqrt((omega * s).var(unbiased=False).item() + f.var(unbiased=False).item()),
                                       rel=1e-5)
     assert profile(GPT(GPTConfig(vocab_size=30, d_model=16, heads=2, layers=1, ffn_dim=32, context=8,
-                                 connection="Admin")), lambda: None) == {}  # the closed form needs no data
+                                 connection="Admin(init=closed)")), lambda: None) == {}  # the closed form needs no data
 
 
 # ---------------------------------------------------------------- hyper-connections
@@ -415,15 +415,17 @@ def test_mhc_matches_its_equations():
     torch.manual_seed(0)
     n, x, branch = 4, torch.randn(2, 3, 4, DIM), make_branch("seq")
     conn = skiplab.connection("mHC", DIM, place=Place(2, "encoder", 4))
+    b_pre, b_post, b_res = torch.randn(4), torch.randn(4), torch.randn(4, 4)  # away from their start (all 0)
     with torch.no_grad():
         conn.phi.normal_(0, 0.5)
         conn.alpha.copy_(torch.tensor([0.3, -0.2, 0.7]))
+        conn.b_pre.copy_(b_pre), conn.b_post.copy_(b_post), conn.b_res.copy_(b_res)
     flat = x.flatten(-2)
     xt = flat / torch.sqrt(flat.pow(2).mean(-1, keepdim=True) + torch.finfo(x.dtype).eps)
     proj = xt @ conn.phi
-    pre = torch.sigmoid(0.3 * proj[..., :4] + torch.tensor([0.0, 1.0, 0.0, 0.0]))  # k = 1: e_1
-    post = 2 * torch.sigmoid(-0.2 * proj[..., 4:8] + 1.0)
-    res = sinkhorn(0.7 * proj[..., 8:].reshape(2, 3, 4, 4) + torch.eye(4))
+    pre = torch.sigmoid(0.3 * proj[..., :4] + b_pre)
+    post = 2 * torch.sigmoid(-0.2 * proj[..., 4:8] + b_post)
+    res = sinkhorn(0.7 * proj[..., 8:].reshape(2, 3, 4, 4) + b_res)
     h0 = torch.einsum("btn,btnd->btd", pre, x)
     f = branch(ln(h0, conn.norm.weight, conn.norm.bias))
     expect = torch.einsum("btij,btjd->btid", res, x) + post[..., None] * f[..., None, :]

@@ -13,9 +13,10 @@ EXAMPLES = [
     "2xSkip+RMS", "0.5xSkip+LN(f=2)", "1xSkip(f=2)", "1rSkip+LN", "2rSkip+LN", "3rSkip+LN", "2rSkip+BN",
     "2rSkip+RMS", "wSkip+LN", "wSkip+LN(init=2)", "wSkip", "wSkip+BN", "SAS", "SAS(gate=single)",
     "SAS(gamma=free)", "SAS+BN", "SAS+RMS", "Highway", "Highway(bias=-1)", "PreLN", "PreRMS",
-    "ReZero", "ReZero(init=0.5)", "SkipInit", "LayerScale", "LayerScale+RMS(init=0.1)", "PreLN(scale=depth)", "LNS",
+    "ReZero", "ReZero(init=0.5)", "ReZero(share=sublayer)", "SkipInit", "LayerScale", "LayerScale+RMS(init=0.1)", "PreLN(scale=depth)", "LNS",
     "PreRMS(scale=depth)", "MixLN", "MixLN+RMS(alpha=0.5)", "DeepNorm", "DeepNorm+RMS",
     "PeriLN", "PeriLN+RMS(embed=no)", "SandwichLN", "PreDyT", "1xSkip+DyT", "SAS+DyT", "MixLN+DyT", "DeepNorm+DyT",
+    "PreDyT(alpha0=llm)", "MixLN+DyT(alpha0=1)", "LNS+RMS",
     "Admin", "Admin+RMS(init=profile)", "HC", "HC(n=2,kind=static)", "HC(n=2,tanh=no)", "HC+RMS(n=1)", "mHC", "mHC(n=2,iters=5)",
 ]
 

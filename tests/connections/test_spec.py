@@ -19,7 +19,15 @@ from skiplab.connections import SpecError, parse_spec
         ("2rSkip+LN", "2rSkip+LN"),
         ("wSkip+LN(init=1)", "wSkip+LN"),
         ("wSkip+LN(init=2)", "wSkip+LN(init=2)"),
-        ("SAS+LN", "SAS"),
+        ("SAS+LN", "SAS+LN"),  # a written norm stays written: on an RMS model SAS takes RMS, SAS+LN keeps LN
+        ("SAS", "SAS"),
+        ("MixLN+LN(alpha=0.25)", "MixLN+LN"),
+        ("LNS", "LNS"),
+        ("LNS+RMS", "PreRMS(scale=depth)"),
+        ("LNS+LN+ValueRes", "PreLN(scale=depth)+ValueRes"),
+        ("PreDyT(alpha0=0.5)", "PreDyT"),
+        ("PreDyT(alpha0=1.0)", "PreDyT(alpha0=1)"),
+        ("MixLN+DyT(alpha0=llm)", "MixLN+DyT(alpha0=llm)"),
         ("SAS( gate = single , gamma=free )", "SAS(gate=single,gamma=free)"),
         ("SAS+BN", "SAS+BN"),
         ("Highway(bias=-2)", "Highway"),
@@ -36,6 +44,17 @@ def test_parsed_fields():
     spec = parse_spec("0.5xSkip+BN(f=2)")
     assert (spec.name, spec.number, spec.norm, spec.options) == ("xSkip", 0.5, "BN", {"f": 2.0})
     assert parse_spec("SAS").options["gate"] == "full" and parse_spec("SAS").norm == "LN"
+    assert parse_spec("PreDyT(alpha0=llm)").options == {"scale": "none", "alpha0": "llm"}
+
+
+@pytest.mark.parametrize("text, norm, written", [
+    ("MixLN", "LN", False), ("MixLN+LN", "LN", True), ("MixLN+RMS", "RMS", True), ("SAS", "LN", False),
+    ("PostLN", "LN", True), ("1xSkip", None, False), ("PreLN", "LN", False), ("PreRMS", "RMS", False),
+    ("LNS", "LN", False), ("LNS+RMS", "RMS", False),  # LNS+RMS is PreRMS(scale=depth): its name names RMS
+])
+def test_the_spec_remembers_whether_its_norm_was_written(text, norm, written):
+    spec = parse_spec(text)
+    assert (spec.norm, spec.norm_written) == (norm, written)
 
 
 @pytest.mark.parametrize(
@@ -54,6 +73,10 @@ def test_parsed_fields():
         ("PreLN+LN", "PreLN takes no normalisation +LN"),
         ("1xSkip+GN", "takes no normalisation +GN"),
         ("SAS(bogus=1)", "SAS has no option 'bogus'"),
+        ("MixLN(alpha0=llm)", "alpha0 sets DyT's initial α and MixLN builds no DyT here: write +DyT"),
+        ("PreDyT(alpha0=0)", "option alpha0: must be a finite number > 0, got 0"),
+        ("LNS+BN", "LNS takes no normalisation +BN (allowed: +LN, +RMS, +DyT)"),
+        ("LNS(scale=depth)", "LNS has no option 'scale'"),
         ("1xSkip(f)", "option 'f' is not key=value"),
         ("1xSkip(f=-2)", "option f: must be a finite number > 0"),
         ("1xSkip(f=abc)", "option f:"),

@@ -29,9 +29,9 @@ VOCAB, T = 61, 16
 SHAPES = {
     "gpt2": dict(mlp="gelu", positions="learned", bias=True, tie=True, connection="PreLN", ffn_dim=48),
     "gpt2-untied": dict(mlp="gelu", positions="learned", bias=True, tie=False, connection="PreLN", ffn_dim=48),
-    "llama": dict(mlp="swiglu", positions="rope", bias=False, tie=False, connection="PreRMS", ffn_dim=40),
+    "llama": dict(mlp="swiglu", positions="rope", bias=False, tie=False, connection="PreRMS", ffn_dim=40, norm="RMS"),
     "llama-tied-bias": dict(mlp="swiglu", positions="rope", bias=True, tie=True, connection="PreRMS", ffn_dim=40,
-                            rope_base=500000.0),
+                            rope_base=500000.0, norm="RMS"),
 }
 
 

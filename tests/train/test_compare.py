@@ -55,7 +55,8 @@ def test_table_statistics():
 
 @pytest.mark.parametrize("spec,expect", [("2xSkip+LN", ("2", "LN")), ("3rSkip+BN", ("3", "BN")), ("1xSkip", ("1", "-")),
                                          ("0.5xSkip+LN(f=2)", ("0.5 (f=2)", "LN")), ("SAS", ("α (learned)", "LN")),
-                                         ("DeepNorm", ("-", "LN")), ("PreLN+UNet", ("1", "LN (pre)"))])
+                                         ("DeepNorm", ("-", "LN")), ("PreLN+UNet", ("1", "LN (pre)")),
+                                         ("LNS", ("1", "LN (pre)")), ("LNS+RMS", ("1", "RMS (pre)"))])
 def test_lambda_and_norm_columns(spec, expect):
     assert lambda_and_norm(spec) == expect
 

@@ -216,5 +216,23 @@ def test_admin_profile_sees_one_batch_before_the_first_update(text, tmp_path, ca
         assert run(args(text, out, "--connection", "Admin(init=profile)", "--max-steps", "1", "--eval-every", "1")) == 0
     assert "Admin: ω profiled on one batch" in capsys.readouterr().out
     with one_thread():
-        assert run(args(text, tmp_path / "closed", "--connection", "Admin", "--max-steps", "1", "--eval-every", "1")) == 0
+        assert run(args(text, tmp_path / "closed", "--connection", "Admin(init=closed)", "--max-steps", "1",
+                        "--eval-every", "1")) == 0
     assert "profiled" not in capsys.readouterr().out  # the closed form needs no data
+    assert json.loads((tmp_path / "closed" / "config.json").read_text())["admin"]["decoder"]["built"] == "closed"
+    with one_thread():  # the default: the GPT's N(0, 0.02²) branches are not the closed form's, so it profiles
+        assert run(args(text, tmp_path / "auto", "--connection", "Admin", "--max-steps", "1", "--eval-every", "1")) == 0
+    assert "Admin: ω profiled on one batch" in capsys.readouterr().out
+    built = json.loads((tmp_path / "auto" / "config.json").read_text())["admin"]["decoder"]
+    assert (built["init"], built["built"], built["connections"]) == ("auto", "profile", 4)
+    assert built["summed_share"]["profiled"] > 4 * built["summed_share"]["closed"]
+
+
+def test_config_records_the_connections_as_built(text, tmp_path):
+    """A spec that names no norm takes the model's: config.json says what was built (MixLN on an RMS model)."""
+    with one_thread():
+        assert run(args(text, tmp_path / "mix", "--connection", "MixLN", "--norm", "RMS", "--max-steps", "1",
+                        "--eval-every", "1")) == 0
+    config = json.loads((tmp_path / "mix" / "config.json").read_text())
+    assert (config["model"]["connection"], config["model"]["norm"]) == ("MixLN", "RMS")
+    assert config["connections"] == ["MixLN+RMS"]

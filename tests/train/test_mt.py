@@ -383,3 +383,10 @@ def test_multi_process_and_compile_options_come_from_the_config():
 def test_admin_profile_in_translation(corpus, tmp_path, capsys):
     assert main(tiny_args(corpus, tmp_path / "run", "--connection", "Admin(init=profile)", "--max-steps", "1")) == 0
     assert "Admin: ω profiled on one batch" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["admin"]["encoder"]["built"] == "profile"
+    # the default on the Xavier-initialised Transformer: the batch confirms the closed form, which is kept
+    assert main(tiny_args(corpus, tmp_path / "auto", "--connection", "Admin", "--max-steps", "1")) == 0
+    assert "profiled" not in capsys.readouterr().out
+    built = json.loads((tmp_path / "auto" / "config.json").read_text())["admin"]
+    assert {stack: (b["init"], b["built"]) for stack, b in built.items()} == {"encoder": ("auto", "closed"),
+                                                                             "decoder": ("auto", "closed")}
