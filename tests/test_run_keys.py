@@ -36,3 +36,15 @@ def test_the_models_norm_enters_the_key_only_where_it_differs_from_the_older_run
     assert runs.keyed_model(model_config("llama-71m"))["norm"] == "RMS"  # the LLaMA presets' runs are new runs
     assert runs.keyed_model(model_config("gpt-mini(norm=RMS)"))["norm"] == "RMS"
     assert runs.keyed_model(model_config("gpt-mini"))["connection"] == "PreLN"  # the other fields stay
+
+
+@pytest.mark.parametrize("table", ["003-table1"])
+def test_the_recorded_translation_tables_still_find_their_runs(table):
+    """Fields added to the translation families since (the Transformer's ``norm``, the depth-wise LSTM's ``wiring``
+    and ``output_bias``) leave the keys of the recorded cpu-scale runs as they were."""
+    from skiplab.reproduce import command, scales
+    from skiplab.reproduce.papers import TABLES
+
+    recorded = Path(__file__).resolve().parents[1] / "docs" / "results" / "repro" / "cpu" / "runs"
+    _, jobs = command.plan(TABLES[table], scales.BY_NAME["cpu"], 2, Path("runs/repro/cpu"))
+    assert jobs and all((recorded / Path(cfg.out).parent.name).is_dir() for _, cfg in jobs)

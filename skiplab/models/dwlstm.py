@@ -80,9 +80,11 @@ class DepthWiseLSTMConfig(Seq2SeqConfig):
         "help": "initialisation: lipschitz (Neutron's, the authors') or xavier (tensor2tensor's)"})
     wiring: str = field(default="paper", metadata={
         "help": "decoder layer: paper (LSTM input s + a, cross-attention on LN(s + out); Section 3.3) or neutron "
-                "(the authors' code: input a + LN(s + LN(out)), cross-attention on LN(s + LN(out)))"})
+                "(the authors' code: input a + LN(s + LN(out)), cross-attention on LN(s + LN(out)))",
+        "older_runs": "paper"})  # the value of every run before the field existed: run keys leave it out there
     output_bias: bool = field(default=False, metadata={
-        "help": "a bias on the tied output layer, logits = h E^T + b, as the authors' code has"})
+        "help": "a bias on the tied output layer, logits = h E^T + b, as the authors' code has",
+        "older_runs": False})
 
     def __post_init__(self):
         super().__post_init__()
