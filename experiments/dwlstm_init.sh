@@ -7,7 +7,8 @@
 #   vaswani    dwlstm-small (the authors' initialisation) with --schedule vaswani: lr = d^-0.5 min(s^-0.5, s w^-1.5),
 #              the schedule of the authors' toolkit (and of Vaswani et al.), peak 2.2e-3 at d 256, w 800
 #   xvaswani   transformer-small(connection=PreLN) (Xavier) with --schedule vaswani: the baseline under that schedule
-# Then each run's test2016 score: the average of its last 5 checkpoints, beam 4 (reproduce's 003 Table 1 scoring).
+# Then each run's test2016 score: the average of its last 5 checkpoints, beam 4 (reproduce's 003 Table 1 scoring), and
+# OUT/table.md beside the recorded 003 Table 1 runs (experiments/dwlstm_init_table.py; paired bootstrap against PreLN).
 # Usage: experiments/dwlstm_init.sh [OUT] [GROUPS]   (default runs/dwlstm-init, "vaswani control xvaswani")
 set -euo pipefail
 out=${1:-runs/dwlstm-init}
@@ -44,3 +45,4 @@ for seed in 1 2; do
     done
 done
 wait
+"${PYTHON:-python}" "$(dirname "$0")/dwlstm_init_table.py" "$out"
