@@ -471,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():  # restores the default display when done
             warnings.showwarning = _one_line_warning
             args.func(args)
-    except (ValueError, OSError) as err:  # bad input, absent data, no network: one clear line, no traceback
+    except (ValueError, OSError, ImportError) as err:  # bad input, absent data, no network, an optional package
+        # not installed (its error names the extra to install): one clear line, no traceback
         if not getattr(err, "raised_on_main", False):  # under torchrun, rank 0's error is printed by rank 0
             print(f"skiplab: error: {err}", file=sys.stderr)
         return 2

@@ -29,3 +29,24 @@ def test_demo_gradient_flow_from_the_console_script(tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "| PostLN" in res.stdout and (tmp_path / "gradient_flow.png").exists()
+
+
+def test_a_missing_optional_package_is_one_line(capsys, tmp_path, monkeypatch):
+    """A pretrained tokenizer whose library is not installed: the error names the extra, no traceback."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_tiktoken(name, *args, **kwargs):
+        if name == "tiktoken" or name.startswith("tiktoken."):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return real_import(name, *args, **kwargs)
+
+    import base64
+
+    ranks = tmp_path / "tiny.tiktoken"  # tiktoken's ranks format: base64 of a token's bytes, its rank
+    ranks.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
+    monkeypatch.setattr(builtins, "__import__", no_tiktoken)
+    code = main(["train", "lm", "--tokenizer", f"tiktoken:gpt2:{ranks}", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("skiplab: error:") and "pip install" in err, err

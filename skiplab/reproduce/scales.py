@@ -150,8 +150,8 @@ LM_PAPER = {
     "c4-llama350m": ("llama-350m", 60_000, 5e-4, 24),
     "c4-llama1b": ("llama-1b", 100_000, 5e-4, 24),
 }
-NO_T5 = ("the papers' perplexity is per token of the T5 tokenizer (SentencePiece, 32,000 ids), which skiplab's "
-         "LM tokenizers (bytes; bpe or unigram trained on the training split) cannot load")
+NO_T5 = ("the papers' perplexity is per token of the T5 tokenizer (SentencePiece, 32,000 ids); `skiplab train lm` "
+         "reads it (--tokenizer sentencepiece:spiece.model), but reproduce has no way yet to be given that file")
 
 
 def _paper_lm(preset: str, steps: int, lr: float) -> str:
@@ -165,7 +165,8 @@ def _paper_lm(preset: str, steps: int, lr: float) -> str:
 # over its V2 and V3 validation sets. Per setting: the preset, the paper's layer count.
 OLMO_PAPER = {"dolma-olmo1b": ("olmo-1b", 16)}
 NO_OLMO = ("the paper's loss is per token of OLMo's tokenizer (GPT-NeoX's BPE, 50,280 ids), averaged over OLMo's V2 "
-           "and V3 validation sets; skiplab has neither that tokenizer nor a Dolma or OLMo-evaluation loader")
+           "and V3 validation sets; `skiplab train lm` reads that tokenizer (--tokenizer hf:tokenizer.json), but "
+           "reproduce has no way yet to be given it, and skiplab has no Dolma or OLMo-evaluation loader")
 _PAPER_OLMO = {k: f"dolma v1.5 sample, {preset}, 500B tokens in OLMo-1B's recipe: not run, {NO_OLMO}"
                for k, (preset, _) in OLMO_PAPER.items()}
 

@@ -1,14 +1,22 @@
-"""Tokenizers of the language models: UTF-8 bytes, or sentencepiece subwords trained on the training split.
+"""Tokenizers of the language models: UTF-8 bytes, sentencepiece subwords trained on the training split, or a
+pretrained tokenizer read from its file.
 
-Both are lossless: decoding the encoding of any text gives it back exactly (bytes trivially; the subword
-model keeps every space and newline and falls back to bytes for characters it has not seen, see
-:meth:`skiplab.text.Tokenizer.train`'s ``lossless``), so that the loss of a model is the loss of the text
-itself and bits per byte compare across tokenizers. Documents are joined with an end-of-text token, ``eot``.
+Bytes and the trained subwords are lossless: decoding the encoding of any text gives it back exactly (bytes
+trivially; the subword model keeps every space and newline and falls back to bytes for characters it has not
+seen, see :meth:`skiplab.text.Tokenizer.train`'s ``lossless``), so that the loss of a model is the loss of the
+text itself and bits per byte compare across tokenizers. A pretrained tokenizer is lossless where its format is
+(byte-level BPE is; T5's sentencepiece model normalises). Documents are joined with an end-of-text token, ``eot``.
 
-    bytes      ids 0-255 the bytes, 256 end of text: 257 ids
-    bpe        sentencepiece BPE (unigram: ``unigram``); end of text is its EOS id (3)
+    bytes                  ids 0-255 the bytes, 256 end of text: 257 ids
+    bpe                    sentencepiece BPE (unigram: ``unigram``); end of text is its EOS id (3)
+    sentencepiece:FILE     a sentencepiece .model of any id layout; end of text is the model's EOS id
+    hf:FILE                a Hugging Face tokenizer.json; end of text its <|endoftext|>, <|end_of_text|>, </s>, ...
+    tiktoken:NAME:FILE     tiktoken's encoding NAME (gpt2, cl100k_base, ...) from its local ranks file
+    KIND(eot=TOKEN):...    a pretrained kind with its end-of-text token named
 
-A tokenizer is stored in its run and every checkpoint as bytes (:meth:`to_bytes`, :func:`load_lm_tokenizer`).
+(the pretrained forms: :mod:`skiplab.text.pretrained`). A tokenizer is stored in its run and every checkpoint as
+bytes (:meth:`to_bytes`, :func:`load_lm_tokenizer`): the sentencepiece model trained, or a pretrained tokenizer's
+file with a one-line header, so that eval, generate and resume need nothing else.
 """
 
 from __future__ import annotations
@@ -18,9 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .pretrained import FORMS, PretrainedTokenizer, is_pretrained, load_pretrained, parse_pretrained
 from .tokenizer import MODEL_TYPES, Tokenizer
 
-LM_TOKENIZERS = ("bytes", *MODEL_TYPES)
+LM_TOKENIZERS = ("bytes", *MODEL_TYPES)  # the kinds made here; the pretrained ones are read from a file
 _BYTES_MARK = b"skiplab:bytes"
 
 
@@ -70,7 +79,14 @@ class SubwordTokenizer:
         return self.tok.to_bytes()
 
 
-LMTokenizer = ByteTokenizer | SubwordTokenizer
+LMTokenizer = ByteTokenizer | SubwordTokenizer | PretrainedTokenizer
+
+
+def check_lm_tokenizer(spec: str) -> None:
+    """A one-line ValueError unless ``spec`` is a tokenizer of the grammar above (a pretrained one's file is not
+    read: a stored config must load where the file is not)."""
+    if spec not in LM_TOKENIZERS and parse_pretrained(spec) is None:
+        raise ValueError(f"unknown tokenizer {spec!r}; known: {', '.join(LM_TOKENIZERS + FORMS)}")
 
 
 def train_lm_tokenizer(kind: str, documents: list[str], prefix: str | Path, vocab_size: int) -> LMTokenizer:
@@ -87,4 +103,6 @@ def load_lm_tokenizer(data: bytes) -> LMTokenizer:
     """The tokenizer :meth:`to_bytes` gave."""
     if data == _BYTES_MARK:
         return ByteTokenizer()
+    if is_pretrained(data):
+        return load_pretrained(data)
     return SubwordTokenizer(Tokenizer.from_bytes(data))

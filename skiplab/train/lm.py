@@ -36,7 +36,9 @@ from ..config import check_bounds
 from ..device import pick_device
 from ..models import GPTConfig, PRESETS, build_model, family_of, model_config, model_from_checkpoint
 from ..text.documents import Documents, load_documents, read_documents
-from ..text.lm_tokenizer import LM_TOKENIZERS, ByteTokenizer, LMTokenizer, load_lm_tokenizer, train_lm_tokenizer
+from ..text.lm_tokenizer import (LM_TOKENIZERS, ByteTokenizer, LMTokenizer, check_lm_tokenizer, load_lm_tokenizer,
+                                  train_lm_tokenizer)
+from ..text.pretrained import read_pretrained
 from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, eval_windows, read_bin, token_stream, unigram_nats,
                             window_starts, windows_at)
 from .run import Run
@@ -59,7 +61,10 @@ class LMTrainConfig:
     test_file: str = field(default="", metadata={"help": "with --corpus '': the test split, likewise"})
     bin_dtype: str = field(default="uint16", metadata={"help": "token type of .bin files: uint16 or uint32"})
     tokenizer: str = field(default="bytes", metadata={
-        "help": "bytes (UTF-8 bytes, 257 ids with end of text), bpe or unigram (sentencepiece, trained on train)"})
+        "help": "bytes (UTF-8 bytes, 257 ids with end of text), bpe or unigram (sentencepiece, trained on train), "
+                "or a pretrained one from its file: sentencepiece:FILE.model, hf:FILE (a tokenizer.json), "
+                "tiktoken:NAME:FILE (NAME gpt2, cl100k_base, ...; FILE its .tiktoken ranks); "
+                "KIND(eot=TOKEN):... names the end-of-text token"})
     vocab_size: int = field(default=4096, metadata={
         "min": 2, "help": "subword vocabulary (bpe, unigram); of .bin files, the ids they use"})
     batch_size: int = field(default=32, metadata={"min": 1, "help": "windows per micro-batch"})
@@ -89,8 +94,7 @@ class LMTrainConfig:
             raise ValueError(f"need 0 <= --min-lr <= --lr and --lr > 0, got {self.min_lr} and {self.lr}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
-        if self.tokenizer not in LM_TOKENIZERS:
-            raise ValueError(f"unknown tokenizer {self.tokenizer!r}; known: {', '.join(LM_TOKENIZERS)}")
+        check_lm_tokenizer(self.tokenizer)
         if self.bin_dtype not in BIN_DTYPES:
             raise ValueError(f"unknown --bin-dtype {self.bin_dtype!r}; known: {', '.join(BIN_DTYPES)}")
         if len(self.adam_betas) != 2:
@@ -198,6 +202,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     if cfg.grad_accum % group.world_size:
         raise ValueError(f"--grad-accum {cfg.grad_accum} must be a multiple of the {group.world_size} processes "
                          "(each takes whole micro-batches)")
+    pretrained = b""  # a pretrained tokenizer's file is read before anything is written: a bad one fails here
+    if cfg.tokenizer not in LM_TOKENIZERS and not (resume or cfg.binary):
+        pretrained = group.on_main(lambda: read_pretrained(cfg.tokenizer).to_bytes())
     run = Run(cfg, "lm", group, device, resume=resume, overwrite=overwrite)
     ckpt = run.resume(extendable=BUDGET + (("max_steps",) if cfg.schedule == "constant" else ()))
     if ckpt:
@@ -209,6 +216,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         tok = None
     elif cfg.tokenizer == "bytes":  # nothing to learn
         tok = ByteTokenizer()
+    elif pretrained:  # a copy of its file beside the run, as a trained one's spm.model
+        tok = load_lm_tokenizer(pretrained)
+        group.on_main(lambda: tok.write(run.out))
     else:  # rank 0 reads (downloads what is missing) and trains the tokenizer; every rank gets it
         data = group.on_main(lambda: train_lm_tokenizer(cfg.tokenizer, documents(cfg, "train").texts, run.out / "spm",
                                                         cfg.vocab_size).to_bytes())
@@ -242,7 +252,8 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         run.write_config({"data": {"train": train_data.name, "train_tokens": len(train_data),
                                    "train_bytes": train_data.n_bytes, "valid": valid_data.name,
                                    "valid_tokens": len(valid_data), "valid_bytes": valid_data.n_bytes,
-                                   "vocab_size": vocab, "tokenizer": cfg.tokenizer},
+                                   "vocab_size": vocab, "tokenizer": cfg.tokenizer,
+                                   "eot": tok.eot if tok else None},
                           "tokens_per_update": cfg.batch_size * cfg.grad_accum * mcfg.context})
 
     n, per_update = mcfg.context, cfg.grad_accum

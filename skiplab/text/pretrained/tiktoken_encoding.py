@@ -1,0 +1,190 @@
+"""tiktoken's OpenAI encodings (``gpt2``, ``r50k_base``, ``p50k_base``, ``cl100k_base``, ``o200k_base``), built
+from a local file: nothing is downloaded.
+
+tiktoken's ``get_encoding(name)`` fetches the encoding's BPE ranks from openaipublic.blob.core.windows.net; here
+the user gives that file, and the encoding is built as ``tiktoken_ext/openai_public.py`` (tiktoken 0.14.0)
+builds it: ``tiktoken.Encoding(name, pat_str, mergeable_ranks, special_tokens)`` with the pattern and special
+tokens that file publishes for the name (:data:`ENCODINGS`). The ranks are read from
+
+    NAME.tiktoken                one line a token, ``BASE64(token bytes) RANK`` (``load_tiktoken_bpe``'s format;
+                                 the files ``r50k_base``/``p50k_base``/``cl100k_base``/``o200k_base.tiktoken``;
+                                 ``r50k_base.tiktoken`` holds GPT-2's ranks)
+    DIR/ with encoder.json       GPT-2's own release (``gpt-2/encodings/main/``, as tiktoken reads it for ``gpt2``:
+    and vocab.bpe                ``data_gym_to_mergeable_bpe_ranks``): encoder.json maps each token, its bytes
+                                 written as GPT-2's printable stand-ins (``encoder.py``'s ``bytes_to_unicode``),
+                                 to its rank; vocab.bpe lists the merges in rank order after a ``#version`` line,
+                                 merge i making token 256 + i (checked)
+
+and kept in the ``.tiktoken`` form. End of text is the encoding's ``<|endoftext|>`` (or the special token named
+by ``eot=``); the vocabulary is one past the largest id, special tokens included (``n_vocab``). Text is encoded
+with ``encode_ordinary``: a special token's text inside a document is text, so every text round-trips exactly.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from pathlib import Path
+from typing import Any
+
+from .base import PretrainedTokenizer, one_line, read_file, require
+
+ENDOFTEXT, ENDOFPROMPT = "<|endoftext|>", "<|endofprompt|>"
+FIM = {"<|fim_prefix|>": 100258, "<|fim_middle|>": 100259, "<|fim_suffix|>": 100260}
+# The split patterns of openai_public.py (tiktoken 0.14.0): GPT-2's (r50k) in its faster, equivalent form, cl100k's,
+# and o200k's seven alternatives.
+R50K = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s"""
+CL100K = (r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+|\s++$|"""
+          r"""\s*[\r\n]|\s+(?!\S)|\s""")
+O200K = "|".join((
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+    r"""\p{N}{1,3}""",
+    r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""",
+    r"""\s*[\r\n]+""",
+    r"""\s+(?!\S)""",
+    r"""\s+""",
+))
+ENCODINGS: dict[str, tuple[str, dict[str, int]]] = {  # name -> (pattern, special tokens)
+    "gpt2": (R50K, {ENDOFTEXT: 50256}),
+    "r50k_base": (R50K, {ENDOFTEXT: 50256}),
+    "p50k_base": (R50K, {ENDOFTEXT: 50256}),
+    "cl100k_base": (CL100K, {ENDOFTEXT: 100257, **FIM, ENDOFPROMPT: 100276}),
+    "o200k_base": (O200K, {ENDOFTEXT: 199999, ENDOFPROMPT: 200018}),
+}
+INSTALL = "'tiktoken>=0.7'"
+
+
+class TiktokenEncoding(PretrainedTokenizer):
+    kind = "tiktoken"
+
+    def __init__(self, payload: bytes, header: dict[str, Any], where: str) -> None:
+        super().__init__(payload, header, where)
+        name = header.get("encoding", "")
+        if name not in ENCODINGS:
+            raise ValueError(f"unknown tiktoken encoding {name!r}; known: {', '.join(ENCODINGS)}")
+        pattern, specials = ENCODINGS[name]
+        ranks = parse_ranks(payload, where)
+        check_ranks(ranks, specials, name, where)
+        tiktoken = require("tiktoken", INSTALL, "tiktoken")
+        self._enc = tiktoken.Encoding(name, pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+        self.name, self.vocab_size = name, self._enc.n_vocab
+        if self.eot not in specials.values():
+            raise ValueError(f"{where}: end-of-text id {self.eot} is not a special token of {name}")
+
+    @property
+    def file_name(self) -> str:
+        return f"{self.name}.tiktoken"
+
+    @classmethod
+    def read(cls, name: str, path: str, eot: str, spec: str) -> TiktokenEncoding:
+        """Encoding ``name`` with the ranks in ``path`` (a .tiktoken file, or GPT-2's folder); end of text its
+        ``<|endoftext|>``, or the special token ``eot`` where given."""
+        if name not in ENCODINGS:
+            raise ValueError(f"unknown tiktoken encoding {name!r} in --tokenizer {spec}; known: {', '.join(ENCODINGS)}")
+        specials = ENCODINGS[name][1]
+        if eot and eot not in specials:
+            raise ValueError(f"{eot!r} is not a special token of {name} (eot= in --tokenizer {spec}); "
+                             f"known: {', '.join(specials)}")
+        folder = Path(path).expanduser()
+        payload = dump_ranks(gpt2_ranks(folder, spec)) if folder.is_dir() else read_file(folder, f"{name} ranks file",
+                                                                                             spec)
+        token = eot or ENDOFTEXT
+        return cls(payload, {"encoding": name, "eot": specials[token], "eot_token": token}, str(folder))
+
+    def _encode(self, text: str) -> list[int]:
+        return self._enc.encode_ordinary(text)
+
+    def _decode(self, ids: list[int]) -> str:
+        try:
+            data = self._enc.decode_bytes(ids)
+        except KeyError:  # an id of no token (a gap below the special tokens) reads as U+FFFD
+            data = b"".join(self._token_bytes(i) for i in ids)
+        return data.decode("utf-8", "replace")
+
+    def _token_bytes(self, i: int) -> bytes:
+        try:
+            return self._enc.decode_single_token_bytes(i)
+        except KeyError:
+            return "\ufffd".encode()
+
+
+def parse_ranks(data: bytes, where: str) -> dict[bytes, int]:
+    """The ranks of a ``.tiktoken`` file: ``BASE64 RANK`` a line, blank lines ignored."""
+    ranks: dict[bytes, int] = {}
+    for n, line in enumerate(data.splitlines(), 1):
+        parts = line.split()
+        if not parts:
+            continue
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            token, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
+        except (ValueError, binascii.Error):
+            raise ValueError(f"{where}, line {n}: not a tiktoken ranks line (base64 token, space, rank)") from None
+        if token in ranks:
+            raise ValueError(f"{where}, line {n}: token {token!r} listed twice")
+        ranks[token] = rank
+    return ranks
+
+
+def check_ranks(ranks: dict[bytes, int], specials: dict[str, int], name: str, where: str) -> None:
+    """Every byte a token, no rank twice, no rank an id of the encoding's special tokens."""
+    if not ranks:
+        raise ValueError(f"{where}: no ranks in the file")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise ValueError(f"{where}: byte 0x{missing[0]:02x} has no rank ({len(missing)} bytes missing): not a "
+                         "byte-level BPE ranks file")
+    if len(set(ranks.values())) != len(ranks) or min(ranks.values()) < 0:
+        raise ValueError(f"{where}: ranks repeat or are negative")
+    taken = sorted(set(ranks.values()) & set(specials.values()))
+    if taken:
+        raise ValueError(f"{where}: rank {taken[0]} is the id of a special token of {name}; is this {name}'s file?")
+
+
+def dump_ranks(ranks: dict[bytes, int]) -> bytes:
+    """The ``.tiktoken`` form of ``ranks``, in rank order."""
+    return b"".join(base64.b64encode(t) + b" %d\n" % r for t, r in sorted(ranks.items(), key=lambda kv: kv[1]))
+
+
+def gpt2_stand_ins() -> dict[str, int]:
+    """GPT-2's printable stand-in of each byte (``bytes_to_unicode`` of its ``encoder.py``) -> the byte: a byte
+    that is a printable character other than space stands for itself; the others, in byte order, are
+    written chr(256), chr(257), ..."""
+    shown = [b for b in range(256) if chr(b).isprintable() and b != 0x20]
+    hidden = [b for b in range(256) if b not in shown]
+    return {**{chr(b): b for b in shown}, **{chr(256 + n): b for n, b in enumerate(hidden)}}
+
+
+def gpt2_ranks(folder: Path, spec: str) -> dict[bytes, int]:
+    """The ranks of GPT-2's ``encoder.json`` in ``folder``, checked against the merges of its ``vocab.bpe``."""
+    encoder_file, merges_file = folder / "encoder.json", folder / "vocab.bpe"
+    encoder_text = read_file(encoder_file, "GPT-2 encoder.json", spec)
+    merges_text = read_file(merges_file, "GPT-2 vocab.bpe", spec)
+    byte_of = gpt2_stand_ins()
+
+    def to_bytes(token: str, where: Path) -> bytes:
+        try:
+            return bytes(byte_of[c] for c in token)
+        except KeyError as exc:
+            raise ValueError(f"{where}: {token!r} holds {exc.args[0]!r}, no byte's stand-in") from None
+
+    try:
+        encoder = json.loads(encoder_text)
+        if not isinstance(encoder, dict) or not all(isinstance(v, int) for v in encoder.values()):
+            raise ValueError("not an object of token -> id")
+    except ValueError as exc:
+        raise ValueError(f"{encoder_file}: not GPT-2's encoder.json ({one_line(exc)})") from None
+    ranks = {to_bytes(t, encoder_file): i for t, i in encoder.items() if t not in (ENDOFTEXT, "<|startoftext|>")}
+    lines = merges_text.decode("utf-8", "replace").split("\n")
+    for n, line in enumerate(lines[1:], 2):  # line 1 is "#version: ..."
+        if not line:
+            continue
+        pair = line.split()
+        merged = to_bytes("".join(pair), merges_file) if len(pair) == 2 else None
+        if merged is None or ranks.get(merged) != 256 + n - 2:
+            raise ValueError(f"{merges_file}, line {n}: merge {line!r} is not token {256 + n - 2} of "
+                             f"{encoder_file.name}")
+    return ranks
