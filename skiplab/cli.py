@@ -11,9 +11,12 @@
     skiplab bootstrap REF A B            paired bootstrap resampling between two systems' outputs
     skiplab compare mt [...]             models x connections x seeds, then a BLEU table
     skiplab train lm [...]               train a decoder-only language model (any connection)
-    skiplab eval lm --checkpoint RUN     loss and bits per byte of a split
+    skiplab eval lm --checkpoint RUN     bits per byte, token and word perplexity of a split
     skiplab generate --checkpoint RUN    continue a prompt (key/value cache, temperature, top-k, top-p)
     skiplab compare lm [...]             models x connections x seeds, then a bits-per-byte table
+    skiplab prepare lm --out DIR [...]   tokenise an LM corpus once into shards (train lm --data-dir DIR)
+    skiplab import hf DIR --out RUN      a Hugging Face GPT-2 or LLaMA folder as a language-model run
+    skiplab export hf RUN --out DIR      a PreLN or PreRMS language-model run as a Hugging Face folder
     skiplab curves RUN [RUN ...]         learning curves of runs in one figure
     skiplab analyze NAME RUN [...]       gradients, gates, ratios, activations of trained runs
     skiplab bench [--quick]              what the designs and the engine cost here, as side-by-side ratios
@@ -46,6 +49,7 @@ from .analysis.curves import plot_runs
 from .connections import available_connections, connection, parse_spec
 from .models import family_of, options_of, with_options
 from .reproduce.sweep import sweep
+from .tasks import hf_run
 from .tasks.compare import compare
 from .tasks.lm import sample_text
 from .tasks.mt import add_decoding_arguments
@@ -167,6 +171,16 @@ def cmd_average(args: argparse.Namespace) -> None:
         raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
     run_dir.save_checkpoint(out, state)
     print(f"averaged {', '.join(f.name for f in files)} into {out}")
+
+
+def cmd_import_hf(args: argparse.Namespace) -> None:
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(tasks.get("lm").config)
+               if f.name not in hf_run.FROM_FOLDER}
+    print(f"wrote {hf_run.import_hf(args.source, args.out, args.overwrite, **options)}")
+
+
+def cmd_export_hf(args: argparse.Namespace) -> None:
+    print(f"wrote {hf_run.export_hf(args.run, args.out, args.average, args.overwrite)}")
 
 
 def cmd_bootstrap(args: argparse.Namespace) -> None:
@@ -301,6 +315,16 @@ def build_parser() -> argparse.ArgumentParser:
         task.add_eval_arguments(p)
         p.set_defaults(func=cmd_eval)
 
+    from .text.prepare import PrepareConfig, prepare  # `skiplab prepare lm`: tokenise once into shards
+    prep = sub.add_parser("prepare", help="tokenise a corpus once into shards").add_subparsers(
+        dest="task", required=True, metavar="TASK")
+    p = prep.add_parser("lm", help="a language-model corpus into token shards per split and a sidecar",
+                        description="a language-model corpus into token shards per split and a sidecar")
+    config.add_arguments(p, PrepareConfig)
+    p.set_defaults(func=lambda a: print(f"{a.out}: " + ", ".join(
+        f"{s} {v['tokens']:,} tokens in {len(v['shards'])} shard(s)"
+        for s, v in prepare(config.from_arguments(PrepareConfig, a)).get("splits", {}).items())))
+
     p = sub.add_parser("translate", help="translate stdin to stdout with a trained run")
     add_decoding_arguments(p)
     p.add_argument("--max-tokens", type=config.count(1), default=4096, help="source tokens per batch (default: 4096)")
@@ -324,6 +348,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="the averaged checkpoint file to write")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=cmd_average)
+
+    imp = sub.add_parser("import", help="bring an outside model in as a run directory")
+    p = imp.add_subparsers(dest="format", required=True, metavar="FORMAT").add_parser(
+        "hf", help="a GPT2LMHeadModel or LlamaForCausalLM folder (save_pretrained's) as a language-model run",
+        description="a GPT2LMHeadModel or LlamaForCausalLM folder (save_pretrained's) as a language-model run")
+    p.add_argument("source", metavar="DIR", help="the Hugging Face folder: config.json, model.safetensors (or shards)")
+    p.add_argument("--out", required=True, help="the run directory to write")
+    p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+    config.add_arguments(p, tasks.get("lm").config, skip=hf_run.FROM_FOLDER)
+    p.set_defaults(func=cmd_import_hf)
+
+    exp = sub.add_parser("export", help="write a run in an outside format")
+    p = exp.add_subparsers(dest="format", required=True, metavar="FORMAT").add_parser(
+        "hf", help="a PreLN or PreRMS language-model run as a GPT2LMHeadModel or LlamaForCausalLM folder",
+        description="a PreLN or PreRMS language-model run as a GPT2LMHeadModel or LlamaForCausalLM folder")
+    p.add_argument("run", metavar="RUN", help="a run directory (its last.pt) or a .pt file")
+    p.add_argument("--out", required=True, help="the folder to write (from_pretrained loads it)")
+    p.add_argument("--average", type=config.count(0), default=0,
+                   help="average the run's last N step checkpoints (default: 0, off)")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it holds a run or a model folder")
+    p.set_defaults(func=cmd_export_hf)
 
     p = sub.add_parser("bootstrap", help="paired bootstrap resampling (Koehn 2004) of two systems' outputs")
     p.add_argument("ref", help="reference translations, one a line")

@@ -46,6 +46,8 @@ def test_a_missing_optional_package_is_one_line(capsys, tmp_path, monkeypatch):
 
     ranks = tmp_path / "tiny.tiktoken"  # tiktoken's ranks format: base64 of a token's bytes, its rank
     ranks.write_text("".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256)))
+    for name in [n for n in sys.modules if n == "tiktoken" or n.startswith("tiktoken.")]:
+        monkeypatch.delitem(sys.modules, name)  # imported by an earlier test: make the import run again
     monkeypatch.setattr(builtins, "__import__", no_tiktoken)
     code = main(["train", "lm", "--tokenizer", f"tiktoken:gpt2:{ranks}", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err

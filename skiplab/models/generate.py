@@ -7,11 +7,13 @@ position's computation rather than the whole prefix's. The next token is drawn f
     p = softmax(logits / T), restricted to the ``top_k`` most likely tokens and to the smallest set whose
     probabilities reach ``top_p`` (nucleus sampling, Holtzman et al. 2020), renormalised;
 
-``temperature`` 0 takes the most likely token (greedy). Generation stops at ``max_new`` tokens or at the
-end-of-text token.
+``temperature`` 0 takes the most likely token (greedy). Generation stops at ``max_new`` tokens, at the
+end-of-text token, or where ``stop`` (a function of the tokens so far, e.g. a stop string in their text) says.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -34,7 +36,7 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 @torch.no_grad()
 def generate(model: nn.Module, prompt: list[int], max_new: int, eot: int | None = None, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
-             cache: bool = True) -> list[int]:
+             cache: bool = True, stop: Callable[[list[int]], bool] | None = None) -> list[int]:
     """The tokens sampled after ``prompt`` (at most ``max_new``; ``eot`` ends early and is not returned).
     ``cache`` false recomputes the whole prefix at every step (the reference the cache is measured against)."""
     if not prompt:
@@ -63,7 +65,7 @@ def generate(model: nn.Module, prompt: list[int], max_new: int, eot: int | None 
         if token == eot:
             break
         out.append(token)
-        if len(out) == max_new:
+        if len(out) == max_new or (stop is not None and stop(out)):
             break
         if cache:
             log_probs = model.step(torch.tensor([token], device=device), state)[0]

@@ -98,7 +98,7 @@ class LMTask(Task):
     def score(self, cfg: Any, summary: dict[str, Any], progress: bool) -> dict[str, Any]:
         """Test loss and bits per byte of the final model, into the summary."""
         result = lm.evaluate_checkpoint(cfg.out, "test", data_dir=cfg.data_dir, device=cfg.device, progress=progress)
-        summary = dict(summary, test_loss=result["loss"], test_bpb=result["bpb"], test_ppl=result["ppl"])
+        summary = dict(summary, test_loss=result["loss"], test_bpb=result["bpb"], test_ppl=result["token_ppl"])
         run_dir.write_json(Path(cfg.out) / "summary.json", summary)
         return summary
 
@@ -158,7 +158,7 @@ class LMTask(Task):
         p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
 
     def evaluate(self, args: argparse.Namespace) -> dict[str, Any]:
-        """Loss per token, bits per byte and perplexity of a language-model run on a split."""
+        """Bits per byte, per-token and word perplexity of a language-model run on a split, with their counts."""
         return lm.evaluate_checkpoint(args.checkpoint, args.split, args.average, args.stride, args.data_dir,
                                       args.device)
 

@@ -1,9 +1,11 @@
-"""Token streams of a language model's splits, and the windows it trains and is evaluated on.
+r"""Token streams of a language model's splits, and the windows it trains and is evaluated on.
 
 A split's stream is its documents' tokens, each document followed by the end-of-text token, in one flat
 array (uint16 where the vocabulary fits, else uint32). Pre-tokenised ``.bin`` files (nanoGPT's layout: the
-flat array of one split, no header) are read through ``np.memmap`` without loading them; a sidecar
-``FILE.bin.json`` may give ``{"bytes": N}``, the UTF-8 bytes of the text they hold, for bits per byte.
+flat array of one split, no header; or llm.c / modded-nanogpt shards, a header then the tokens; a glob of
+either) and the shards of a prepared folder (:mod:`skiplab.text.shards`) are read through ``np.memmap``
+without loading them; a sidecar ``FILE.bin.json`` may give ``{"bytes": N}``, the UTF-8 bytes of the text they
+hold, for bits per byte.
 
 Training samples ``batch`` windows of ``n + 1`` tokens at uniformly random offsets (inputs the first n,
 targets the last n), from a ``torch.Generator`` whose state a checkpoint keeps, so a resumed run draws the
@@ -12,15 +14,21 @@ each window after the first starts s tokens after the previous one and scores on
 (each target once, with at least n − s tokens of context); without, windows do not overlap.
 
     bits per byte = Σ NLL (nats) / (ln 2 · UTF-8 bytes of the text)
+    token perplexity = exp(Σ NLL / scored tokens)            (of the run's tokenizer)
+    word perplexity = exp(Σ NLL / words),   words = Σ_doc len(re.split(r"\s+", doc))
 
 the tokenizer-independent measure (every token's loss counts, end-of-text tokens included; the bytes are
-the documents', separators aside).
+the documents', separators aside). The three share one Σ NLL. Words are counted as lm-evaluation-harness
+counts them for its ``word_perplexity`` (``Task.count_words``, ``lm_eval/api/task.py``; the wikitext task
+counts its original documents the same way): the pieces of each document split on runs of whitespace, so a
+document's leading or trailing whitespace adds one (empty) piece.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,51 +37,47 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .shards import ShardedTokens, expand, read_token_files
+
 BIN_DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 
 
 @dataclass
 class Stream:
-    """A split's tokens (an array or a memmap) and the UTF-8 bytes of its text (0 where unknown)."""
+    """A split's tokens (an array or a memmap), the UTF-8 bytes and the words (:func:`count_words`) of its text
+    (0 where unknown)."""
 
-    tokens: np.ndarray
+    tokens: np.ndarray | ShardedTokens  # ShardedTokens: several shards' memmaps as one
     n_bytes: int
     name: str
+    n_words: int = 0
 
     def __len__(self) -> int:
         return len(self.tokens)
 
 
 def token_stream(encoded: Iterable[Sequence[int] | np.ndarray], eot: int, vocab_size: int, n_bytes: int,
-                 name: str) -> Stream:
+                 name: str, n_words: int = 0) -> Stream:
     """Documents' tokens joined, each followed by ``eot``; ``encoded`` may be a generator, so that only one
     document's token list exists at a time."""
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.uint32
     parts = [np.append(np.asarray(e, dtype=dtype), np.array([eot], dtype=dtype)) for e in encoded]
     tokens = np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
-    return Stream(tokens, n_bytes, name)
+    return Stream(tokens, n_bytes, name, n_words)
 
 
 def read_bin(path: str | Path, dtype: str, vocab_size: int) -> Stream:
-    """A pre-tokenised split: ``path`` memory-mapped as ``dtype`` tokens, each checked below ``vocab_size``."""
-    path = Path(path)
+    """A pre-tokenised split: a ``.bin`` file or a glob of them, memory-mapped: llm.c / modded-nanogpt shards
+    (told by their header, :mod:`skiplab.text.shards`) or headerless ``dtype`` tokens, each file scanned once
+    for an id at or past ``vocab_size``. Where every file has a sidecar ``FILE.bin.json`` giving ``{"bytes": N}``,
+    their sum is the text's bytes."""
     if dtype not in BIN_DTYPES:
         raise ValueError(f"unknown token dtype {dtype!r}; known: {', '.join(BIN_DTYPES)}")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    width = np.dtype(BIN_DTYPES[dtype]).itemsize
-    size = path.stat().st_size
-    if size % width:
-        raise ValueError(f"{path}: {size} bytes is not a whole number of {dtype} tokens ({width} bytes each)")
-    if not size:
-        raise ValueError(f"{path}: empty token file")
-    tokens = np.memmap(path, dtype=BIN_DTYPES[dtype], mode="r")
-    top = int(tokens.max())
-    if top >= vocab_size:
-        raise ValueError(f"{path}: token id {top} is not below the vocabulary size {vocab_size}")
-    meta = path.with_name(path.name + ".json")
-    n_bytes = int(json.loads(meta.read_text()).get("bytes", 0)) if meta.is_file() else 0
-    return Stream(tokens, n_bytes, path.name)
+    files = expand(path)
+    tokens, _ = read_token_files(path, dtype, vocab_size)
+    metas = [f.with_name(f.name + ".json") for f in files]
+    n_bytes = sum(int(json.loads(m.read_text()).get("bytes", 0)) for m in metas) if all(m.is_file() for m in metas) else 0
+    return Stream(tokens, n_bytes, files[0].name if len(files) == 1 else Path(path).name)
 
 
 def window_starts(stream: Stream, n: int, batch: int, gen: torch.Generator) -> list[int]:
@@ -137,6 +141,21 @@ def eval_windows(stream: Stream, n: int, stride: int = 0, batch: int = 16) -> It
 def bits_per_byte(nats: float, n_bytes: int) -> float | None:
     """Σ NLL / (ln 2 · bytes); None where the bytes are unknown."""
     return nats / (math.log(2) * n_bytes) if n_bytes else None
+
+
+def count_words(texts: Iterable[str]) -> int:
+    """Words of documents as lm-evaluation-harness counts them: Σ len(re.split(r"\\s+", doc))."""
+    return sum(len(re.split(r"\s+", t)) for t in texts)
+
+
+def perplexity(nats: float, count: int) -> float | None:
+    """exp(Σ NLL / count), inf past a float's range; None where the count is unknown."""
+    if not count:
+        return None
+    try:
+        return math.exp(nats / count)
+    except OverflowError:
+        return math.inf
 
 
 def unigram_nats(train: Stream, scored: Stream, vocab_size: int) -> float:

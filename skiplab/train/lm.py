@@ -36,11 +36,12 @@ from ..config import check_bounds
 from ..device import pick_device
 from ..models import GPTConfig, PRESETS, build_model, family_of, model_config, model_from_checkpoint
 from ..text.documents import Documents, load_documents, read_documents
-from ..text.lm_tokenizer import (LM_TOKENIZERS, ByteTokenizer, LMTokenizer, check_lm_tokenizer, load_lm_tokenizer,
-                                  train_lm_tokenizer)
+from ..text.lm_tokenizer import (LM_TOKENIZERS, ByteTokenizer, LMTokenizer, SubwordTokenizer, check_lm_tokenizer,
+                                  load_lm_tokenizer, train_lm_tokenizer)
 from ..text.pretrained import read_pretrained
-from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, eval_windows, read_bin, token_stream, unigram_nats,
-                            window_starts, windows_at)
+from ..text.shards import Prepared, check_prepared, is_prepared, read_prepared
+from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, count_words, eval_windows, perplexity, read_bin,
+                            token_stream, unigram_nats, window_starts, windows_at)
 from .run import Run
 
 SCHEDULES = ("cosine", "constant")
@@ -55,8 +56,10 @@ class LMTrainConfig:
                 "options below add to it"})
     corpus: str = field(default="pydocs", metadata={
         "help": "pydocs, enwik8, text8, wikitext-103-raw, tinystories or c4-en; '' = the --train-file etc. given"})
-    data_dir: str = field(default="", metadata={"help": "where the corpus is ('' = its default place)"})
-    train_file: str = field(default="", metadata={"help": "with --corpus '': a .jsonl[.gz], .txt[.gz], folder or .bin"})
+    data_dir: str = field(default="", metadata={
+        "help": "where the corpus is ('' = its default place), or a folder of skiplab prepare lm"})
+    train_file: str = field(default="", metadata={
+        "help": "with --corpus '': a .jsonl[.gz], .txt[.gz], folder, .bin or glob of .bin shards"})
     valid_file: str = field(default="", metadata={"help": "with --corpus '': the validation split, likewise"})
     test_file: str = field(default="", metadata={"help": "with --corpus '': the test split, likewise"})
     bin_dtype: str = field(default="uint16", metadata={"help": "token type of .bin files: uint16 or uint32"})
@@ -99,8 +102,8 @@ class LMTrainConfig:
             raise ValueError(f"unknown --bin-dtype {self.bin_dtype!r}; known: {', '.join(BIN_DTYPES)}")
         if len(self.adam_betas) != 2:
             raise ValueError(f"adam_betas takes two values, got {self.adam_betas}")
-        if not self.corpus and not (self.train_file and self.valid_file):
-            raise ValueError("with --corpus '' give --train-file and --valid-file")
+        if not self.corpus and not (self.train_file and self.valid_file) and not self.data_dir:
+            raise ValueError("with --corpus '' give --train-file and --valid-file (or --data-dir a prepared folder)")
         if family_of(self.model) is not GPTConfig:
             raise ValueError(f"{self.model} is not a language model; known: "
                              f"{', '.join(n for n, (c, _) in PRESETS.items() if c is GPTConfig)}")
@@ -142,16 +145,52 @@ def documents(cfg: LMTrainConfig | dict[str, Any], split: str) -> Documents:
     return read_documents(path)
 
 
-def stream(cfg: LMTrainConfig | dict[str, Any], split: str, tok: LMTokenizer, tokens: int = 0) -> Stream:
-    """A split's tokens: its documents encoded and joined (the first holding ``tokens``, where given), or a .bin
-    file as it is."""
+def prepared(cfg: LMTrainConfig | dict[str, Any]) -> Prepared | None:
+    """The prepared folder ``--data-dir`` names (checked against the config's corpus and tokenizer), or None."""
     where = cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg)
+    if not is_prepared(where["data_dir"]):
+        return None
+    prep = read_prepared(where["data_dir"])
+    check_prepared(prep, where["corpus"], where["tokenizer"], where["vocab_size"])
+    return prep
+
+
+def prepared_stream(prep: Prepared, split: str, tok: LMTokenizer | None, tokens: int = 0) -> Stream:
+    """A split of a prepared folder, memory-mapped (the first documents holding ``tokens``, where given); ``tok``,
+    where given, must be the folder's tokenizer."""
+    if tok is not None and not same_tokenizer(tok, load_lm_tokenizer(prep.tokenizer_bytes())):
+        raise ValueError(f"{prep.sidecar}: prepared with another tokenizer than the run's ({prep.tokenizer_spec})")
+    info = prep.split(split)
+    data = prep.tokens(split)
+    if tokens:
+        end, n_bytes, n_words = prep.first_documents(split, tokens)
+        return Stream(data[:end], n_bytes, info["name"], n_words)
+    return Stream(data, int(info["bytes"]), info["name"], int(info["words"]))
+
+
+def same_tokenizer(a: LMTokenizer, b: LMTokenizer) -> bool:
+    """Whether two tokenizers are one: the same stored form, or sentencepiece models with the same pieces in the
+    same order (a trained model's bytes also hold the path it was trained at)."""
+    if a.to_bytes() == b.to_bytes():
+        return True
+    return (isinstance(a, SubwordTokenizer) and isinstance(b, SubwordTokenizer) and a.vocab_size == b.vocab_size
+            and all(a.tok.piece(i) == b.tok.piece(i) for i in range(a.vocab_size)))
+
+
+def stream(cfg: LMTrainConfig | dict[str, Any], split: str, tok: LMTokenizer, tokens: int = 0) -> Stream:
+    """A split's tokens: its documents encoded and joined (the first holding ``tokens``, where given), a prepared
+    folder's shards, or .bin files as they are."""
+    where = cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg)
+    prep = prepared(where)
+    if prep is not None:
+        return prepared_stream(prep, split, tok, tokens)
     path = where.get(f"{split}_file", "")
     if not where["corpus"] and path.endswith(".bin"):
         return read_bin(path, where["bin_dtype"], where["vocab_size"])
     docs = documents(where, split)
     if not tokens:  # one document's tokens at a time
-        return token_stream((tok.encode_array(t) for t in docs.texts), tok.eot, tok.vocab_size, docs.n_bytes, docs.name)
+        return token_stream((tok.encode_array(t) for t in docs.texts), tok.eot, tok.vocab_size, docs.n_bytes, docs.name,
+                            count_words(docs.texts))
     encoded, total = [], 0  # the first documents holding ``tokens``
     for text in docs.texts:
         encoded.append(tok.encode_array(text))
@@ -159,7 +198,7 @@ def stream(cfg: LMTrainConfig | dict[str, Any], split: str, tok: LMTokenizer, to
         if total >= tokens:
             break
     kept = Documents(docs.texts[: len(encoded)], docs.name)
-    return token_stream(encoded, tok.eot, tok.vocab_size, kept.n_bytes, kept.name)
+    return token_stream(encoded, tok.eot, tok.vocab_size, kept.n_bytes, kept.name, count_words(kept.texts))
 
 
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -173,9 +212,13 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[s
 @torch.no_grad()
 def evaluate(model, data: Stream, context: int, device, amp: bool, stride: int = 0, batch: int = 16,
              group: distributed.Group = distributed.Group(), progress: bool = False) -> dict[str, Any]:
-    """Loss per token (nats), bits per byte and perplexity of ``data``, every target once (see
-    skiplab.text.windows). Under torchrun rank r scores batches r, r + N, ...; the sums are added in batch
-    order, as one process adds them."""
+    """Σ NLL of ``data`` (``nll``, nats), every target once (see skiplab.text.windows), and the three units
+    it makes: bits per byte, per-token perplexity (of the model's tokens) and word perplexity:
+
+        loss = nll / tokens,   bpb = nll / (ln 2 · bytes),   token_ppl = exp(loss),   word_ppl = exp(nll / words)
+
+    (bpb and word_ppl None where the stream does not know its bytes or words). Under torchrun rank r scores
+    batches r, r + N, ...; the sums are added in batch order, as one process adds them."""
     was_training = model.training
     model.eval()
     scores = []
@@ -192,8 +235,9 @@ def evaluate(model, data: Stream, context: int, device, amp: bool, stride: int =
         nats, tokens = nats + n, tokens + t
     model.train(was_training)
     loss = nats / tokens
-    return {"loss": loss, "bpb": bits_per_byte(nats, data.n_bytes), "ppl": math.exp(min(loss, 50)),
-            "tokens": int(tokens), "bytes": data.n_bytes}
+    return {"loss": loss, "bpb": bits_per_byte(nats, data.n_bytes), "token_ppl": perplexity(nats, int(tokens)),
+            "word_ppl": perplexity(nats, data.n_words), "nll": nats, "tokens": int(tokens), "bytes": data.n_bytes,
+            "words": data.n_words or None}
 
 
 def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
@@ -202,8 +246,11 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     if cfg.grad_accum % group.world_size:
         raise ValueError(f"--grad-accum {cfg.grad_accum} must be a multiple of the {group.world_size} processes "
                          "(each takes whole micro-batches)")
+    prep = prepared(cfg)  # a prepared folder: its tokenizer and shards, nothing tokenised
+    if prep is not None:  # its shards' headers and its tokenizer checked before anything is written
+        prep.tokenizer_bytes(), prep.tokens("train"), prep.tokens("valid")
     pretrained = b""  # a pretrained tokenizer's file is read before anything is written: a bad one fails here
-    if cfg.tokenizer not in LM_TOKENIZERS and not (resume or cfg.binary):
+    if cfg.tokenizer not in LM_TOKENIZERS and not (resume or cfg.binary or prep):
         pretrained = group.on_main(lambda: read_pretrained(cfg.tokenizer).to_bytes())
     run = Run(cfg, "lm", group, device, resume=resume, overwrite=overwrite)
     ckpt = run.resume(extendable=BUDGET + (("max_steps",) if cfg.schedule == "constant" else ()))
@@ -214,6 +261,12 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         tok = checkpoint_tokenizer(ckpt)
     elif cfg.binary:
         tok = None
+    elif prep is not None:  # the folder's; its model file beside the run, as a text run leaves one
+        tok = load_lm_tokenizer(prep.tokenizer_bytes())
+        if isinstance(tok, SubwordTokenizer):
+            group.on_main(lambda: (run.out / "spm.model").write_bytes(tok.to_bytes()))
+        elif not isinstance(tok, ByteTokenizer):
+            group.on_main(lambda: tok.write(run.out))
     elif cfg.tokenizer == "bytes":  # nothing to learn
         tok = ByteTokenizer()
     elif pretrained:  # a copy of its file beside the run, as a trained one's spm.model
@@ -294,7 +347,7 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
             valid = evaluate(net, valid_data, n, device, run.amp, group=group)
             tokens = window["updates"] * cfg.batch_size * per_update * n
             record = {"step": step, "lr": lr, "train_loss": window["loss"] / window["updates"],
-                      "valid_loss": valid["loss"], "valid_bpb": valid["bpb"], "valid_ppl": valid["ppl"],
+                      "valid_loss": valid["loss"], "valid_bpb": valid["bpb"], "valid_ppl": valid["token_ppl"],
                       "tokens_per_s": tokens / max(elapsed, 1e-9), "time": elapsed}
             improved = record["valid_loss"] < best
             best = min(best, record["valid_loss"])
@@ -318,14 +371,17 @@ def checkpoint_tokenizer(ckpt: dict[str, Any]) -> LMTokenizer | None:
 def load_run(path: str | Path, average: int = 0) -> tuple[dict[str, Any], torch.nn.Module, LMTokenizer | None]:
     """(checkpoint, model in evaluation mode on the CPU, tokenizer) of a run directory or checkpoint file;
     with ``average`` > 1, the average of the run's last ``average`` step checkpoints."""
-    ckpt = run_dir.average_checkpoints(path, average)[0] if average > 1 else run_dir.load_checkpoint(path, kind="lm")
+    ckpt = run_dir.average_checkpoints(path, average, kind="lm")[0] if average > 1 \
+        else run_dir.load_checkpoint(path, kind="lm")
     model = model_from_checkpoint(ckpt, path)
     return ckpt, model.eval(), checkpoint_tokenizer(ckpt)
 
 
 def evaluate_checkpoint(path: str | Path, split: str = "test", average: int = 0, stride: int = 0, data_dir: str = "",
                         device: str = "auto", progress: bool = True) -> dict[str, Any]:
-    """Loss, bits per byte and perplexity of a trained run on a split of its corpus."""
+    """A trained run on a split of its corpus, in the field's units (:func:`evaluate`): bits per byte, per-token
+    perplexity of the run's tokenizer, word perplexity (lm-evaluation-harness's ``word_perplexity``), each with
+    its count, and ``covers``, what text the counts are of."""
     ckpt, model, tok = load_run(path, average)
     where = {**ckpt["config"], **({"data_dir": data_dir} if data_dir else {})}
     dev = pick_device(device)
@@ -333,7 +389,20 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", average: int = 0,
     result = evaluate(model.to(dev), data, model.cfg.context, dev, where["amp"] and dev.type == "cuda", stride,
                       progress=progress)
     return {"checkpoint": str(path), "step": ckpt.get("step"), "averaged": max(1, average), "model": where["model"],
-            "split": data.name, "stride": stride or model.cfg.context, **result}
+            "tokenizer": where["tokenizer"], "split": data.name, "stride": stride or model.cfg.context, **result,
+            "covers": coverage(data, model.cfg.context, stride)}
+
+
+def coverage(data: Stream, context: int, stride: int = 0) -> str:
+    """What the counts of :func:`evaluate` are of, in words."""
+    windows = (f"sliding windows of {context} tokens, each scoring its last {stride}" if stride and stride < context
+               else f"windows of {context} tokens that do not overlap")
+    text = ("bytes and words: the documents' text, separators aside" if data.n_words else
+            "bytes: as the token files' sidecars or the prepared folder record them; words unknown "
+            "(no word perplexity)")
+    return (f"{data.name}: its documents, each followed by the end-of-text token, in one stream of {len(data)} tokens; "
+            f"NLL over every token but the stream's first ({len(data) - 1} targets, end-of-text tokens included), "
+            f"each once, in {windows}; {text}")
 
 
 def unigram_baseline(cfg: LMTrainConfig, split: str = "test") -> dict[str, Any] | None:
@@ -341,8 +410,11 @@ def unigram_baseline(cfg: LMTrainConfig, split: str = "test") -> dict[str, Any] 
     tokens of ``cfg``'s finished run (:func:`skiplab.text.windows.unigram_nats`): the level of a model that
     ignores context, against which a run that trained can be told from one that stalled. Bytes and .bin files
     need no checkpoint; a subword tokenizer is read from the run's (None where it has none)."""
+    prep = prepared(cfg)
     if cfg.binary:
         tok = None
+    elif prep is not None:
+        tok = load_lm_tokenizer(prep.tokenizer_bytes())
     elif cfg.tokenizer == "bytes":
         tok = ByteTokenizer()
     elif (Path(cfg.out) / "last.pt").is_file():

@@ -113,6 +113,12 @@ def test_eval_generate_and_analyze_a_run(text, tmp_path, capsys):
         result = json.loads(capsys.readouterr().out)
         assert result["stride"] == 16 and result["bytes"] == len(STORY.encode()) * (1 + 2 + 3 + 1)
         assert result["bpb"] == pytest.approx(result["loss"] * result["tokens"] / (math.log(2) * result["bytes"]))
+        words = sum(len((STORY * k).split()) + 1 for k in (1, 2, 3, 1))  # + 1: the trailing space's empty piece
+        assert result["words"] == words and result["tokenizer"] == "bytes" and "test.jsonl" in result["covers"]
+        assert result["word_ppl"] == pytest.approx(math.exp(result["nll"] / words))
+        assert result["token_ppl"] == pytest.approx(math.exp(result["loss"]))
+        assert run(["eval", "lm", "--checkpoint", out, "--average", "2"]) == 0
+        assert json.loads(capsys.readouterr().out)["averaged"] == 2
         assert run(["generate", "--checkpoint", out, "--prompt", "the cat", "--max-new-tokens", "10",
                     "--temperature", "0"]) == 0
         first = capsys.readouterr().out

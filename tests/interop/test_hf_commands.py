@@ -1,0 +1,258 @@
+"""``skiplab import hf`` and ``skiplab export hf`` through the command line: tiny random GPT-2 and LLaMA folders
+written by ``save_pretrained`` (nothing from the hub) imported as runs that eval lm, generate and analyze take,
+with Hugging Face's logits; runs trained here exported to folders ``from_pretrained`` loads with the same logits;
+a round trip giving the tensors back; and every bad input one line, nothing written."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from skiplab.cli import main
+from skiplab.train.lm import load_run
+from tests.text.test_pretrained_tokenizers import write_hf
+from tests.train.test_distributed import one_thread
+
+transformers = pytest.importorskip("transformers", minversion="5.0")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+VOCAB, T = 304, 32  # the tokenizer's 300 ids, padded, as hub models pad theirs
+TOL = {"gpt2": 1e-5, "llama": 1e-4}  # tests/interop/test_hf.py measures the float32 differences
+STORY = "the cat sat on the mat. the dog sat on the log. they were happy. "
+
+
+def run(argv) -> int:
+    return main([str(a) for a in argv])
+
+
+def hf_config(kind: str, tie: bool = True, vocab: int = VOCAB):
+    if kind == "gpt2":
+        return transformers.GPT2Config(vocab_size=vocab, n_positions=T, n_embd=32, n_layer=2, n_head=4, n_inner=48,
+                                       tie_word_embeddings=tie, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                                       bos_token_id=None, eos_token_id=None)
+    return transformers.LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                                    num_attention_heads=4, max_position_embeddings=T, rms_norm_eps=1e-5,
+                                    tie_word_embeddings=tie, bos_token_id=None, eos_token_id=None)
+
+
+def hf_folder(folder: Path, kind: str, tie: bool = True, seed: int = 0, vocab: int = VOCAB, **save) -> Path:
+    """A random tiny causal LM of ``kind`` saved by save_pretrained, with a byte-level BPE tokenizer.json."""
+    torch.manual_seed(seed)
+    cls = getattr(transformers, {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[kind])
+    model = cls(hf_config(kind, tie, vocab))
+    with torch.no_grad():  # LLaMA's norms start at one: random gains check that they map
+        for name, p in model.named_parameters():
+            if "norm" in name or "ln_" in name:
+                p.normal_(1.0, 0.2)
+    model.save_pretrained(folder, **save)
+    write_hf(folder / "tokenizer.json", ["<|endoftext|>"])
+    return folder
+
+
+def hf_logits(folder: Path, ids: torch.Tensor) -> torch.Tensor:
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+@pytest.fixture(scope="module")
+def text(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hftext")
+    for split, n in (("train", 20), ("valid", 3), ("test", 3)):
+        (root / f"{split}.jsonl").write_text("".join(json.dumps({"text": STORY * (1 + i % 3)}) + "\n"
+                                                     for i in range(n)))
+    return root
+
+
+def data(text: Path) -> list:
+    return ["--corpus", "", "--train-file", text / "train.jsonl", "--valid-file", text / "valid.jsonl",
+            "--test-file", text / "test.jsonl"]
+
+
+def ids() -> torch.Tensor:
+    return torch.randint(0, VOCAB, (2, T), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_an_imported_folder_has_hf_logits_and_evaluates_generates_and_is_analysed(kind, text, tmp_path, capsys):
+    folder, out = hf_folder(tmp_path / "hf", kind, tie=kind == "gpt2"), tmp_path / "run"
+    with one_thread():
+        assert run(["import", "hf", folder, "--out", out, *data(text)]) == 0
+        ckpt, model, tok = load_run(out)
+        with torch.no_grad():
+            assert torch.allclose(model(ids()), hf_logits(folder, ids()), atol=TOL[kind], rtol=0)
+        assert tok.eot == tok._tok.token_to_id("<|endoftext|>") and tok.encode(STORY)  # the folder's tokenizer
+        assert (out / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+        config = json.loads((out / "config.json").read_text())
+        assert config["config"]["model"].startswith({"gpt2": "gpt2-small(", "llama": "llama-71m("}[kind])
+        assert config["imported"]["class"] == {"gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM"}[kind]
+        capsys.readouterr()
+        assert run(["eval", "lm", "--checkpoint", out, "--device", "cpu"]) == 0
+        result = json.loads(capsys.readouterr().out)
+        assert result["split"] and result["tokens"] > 0 and result["bpb"] > 0
+        assert run(["generate", "--checkpoint", out, "--prompt", "the cat", "--max-new-tokens", "5"]) == 0
+        assert capsys.readouterr().out.startswith("the cat")
+        if kind == "llama":
+            assert run(["analyze", "redundancy", out, "--examples", "4"]) == 0
+            assert any((out / "analysis").iterdir())
+
+
+def test_a_sharded_folder_imports(text, tmp_path):
+    folder = hf_folder(tmp_path / "hf", "llama", tie=False, max_shard_size="20KB")
+    assert (folder / "model.safetensors.index.json").is_file() and not (folder / "model.safetensors").exists()
+    with one_thread():
+        assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 0
+        _, model, _ = load_run(tmp_path / "run")
+        with torch.no_grad():
+            assert torch.allclose(model(ids()), hf_logits(folder, ids()), atol=TOL["llama"], rtol=0)
+
+
+@pytest.mark.parametrize("kind,tie", [("gpt2", True), ("gpt2", False), ("llama", False), ("llama", True)])
+def test_import_then_export_gives_the_tensors_back(kind, tie, text, tmp_path):
+    folder = hf_folder(tmp_path / "hf", kind, tie=tie)
+    with one_thread():
+        assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 0
+        assert run(["export", "hf", tmp_path / "run", "--out", tmp_path / "back"]) == 0
+    before = safetensors_torch.load_file(folder / "model.safetensors")
+    after = safetensors_torch.load_file(tmp_path / "back" / "model.safetensors")
+    assert sorted(before) == sorted(after)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert (tmp_path / "back" / "tokenizer.json").read_bytes() == (folder / "tokenizer.json").read_bytes()
+
+
+@pytest.mark.parametrize("model", ["gpt2-small(d_model=32,heads=4,layers=2,ffn_dim=64,context=32)",
+                                   "llama-71m(d_model=32,heads=4,layers=2,ffn_dim=48,context=32)"])
+def test_a_trained_run_exports_to_a_folder_from_pretrained_loads(model, text, tmp_path):
+    tokenizer = write_hf(tmp_path / "tok" / "tokenizer.json", ["<|endoftext|>"])
+    out, folder = tmp_path / "run", tmp_path / "hf"
+    with one_thread():
+        assert run(["train", "lm", *data(text), "--tokenizer", f"hf:{tokenizer}", "--model", model, "--batch-size",
+                    "4", "--max-steps", "4", "--eval-every", "2", "--warmup", "1", "--device", "cpu",
+                    "--out", out]) == 0
+        for average in (0, 2):
+            assert run(["export", "hf", out, "--out", folder, "--average", average, "--overwrite"]) == 0
+            _, ours, tok = load_run(out, average)
+            x = torch.randint(0, ours.cfg.vocab_size, (2, T), generator=torch.Generator().manual_seed(1))
+            with torch.no_grad():
+                assert torch.allclose(ours(x), hf_logits(folder, x), atol=1e-4, rtol=0)
+    assert json.loads((folder / "config.json").read_text())["eos_token_id"] == tok.eot
+    assert (folder / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
+
+
+def one_line_error(capsys, pattern: str) -> None:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("skiplab: error:") and "\n" not in err, err
+    assert __import__("re").search(pattern, err), err
+
+
+def test_bad_folders_are_one_line_and_write_nothing(text, tmp_path, capsys):
+    neox = tmp_path / "neox"
+    transformers.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64).save_pretrained(neox)
+    missing = hf_folder(tmp_path / "missing", "llama")
+    state = safetensors_torch.load_file(missing / "model.safetensors")
+    del state["model.layers.1.mlp.up_proj.weight"]
+    safetensors_torch.save_file(state, missing / "model.safetensors", metadata={"format": "pt"})
+    corrupt = hf_folder(tmp_path / "corrupt", "gpt2")
+    data_bytes = (corrupt / "model.safetensors").read_bytes()
+    (corrupt / "model.safetensors").write_bytes(data_bytes[: len(data_bytes) // 2])
+    eps = hf_folder(tmp_path / "eps", "llama")
+    config = json.loads((eps / "config.json").read_text())
+    (eps / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-6}))
+    small = hf_folder(tmp_path / "small", "llama", vocab=200)  # fewer ids than its tokenizer's 300
+    head = hf_folder(tmp_path / "head", "gpt2")
+    config = json.loads((head / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps({**config, "architectures": ["GPT2ForSequenceClassification"]}))
+    untokenized = hf_folder(tmp_path / "untokenized", "gpt2")
+    (untokenized / "tokenizer.json").unlink()
+    cases = {untokenized: r"untokenized: no tokenizer .* give --corpus '' --train-file X\.bin",
+             small: r"small: the tokenizer has 300 ids, the model 200",
+             head: r"architectures \['GPT2ForSequenceClassification'\]; skiplab imports GPT2LMHeadModel",
+             neox: r"unsupported architecture 'gpt_neox'", missing: r"missing model\.layers\.1\.mlp\.up_proj\.weight",
+             corrupt: r"corrupt/model\.safetensors: not a readable safetensors file",
+             eps: r"rms_norm_eps=1e-06", tmp_path / "absent": r"absent: no such folder"}
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    for folder, pattern in cases.items():
+        assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 2
+        one_line_error(capsys, pattern)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before  # no run, no temporary folder left
+
+
+def test_an_existing_out_is_refused_unless_overwrite(text, tmp_path, capsys):
+    folder = hf_folder(tmp_path / "hf", "gpt2")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    capsys.readouterr()
+    assert run(["import", "hf", folder, "--out", other, *data(text)]) == 2
+    one_line_error(capsys, r"other already exists; use --overwrite")
+    assert run(["import", "hf", folder, "--out", other, "--overwrite", *data(text)]) == 2
+    one_line_error(capsys, r"holds no config\.json .* refusing to overwrite")
+    assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    with one_thread():
+        assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 0
+        assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 2
+        one_line_error(capsys, r"run already exists")
+        assert run(["import", "hf", folder, "--out", tmp_path / "run", "--overwrite", *data(text)]) == 0
+        assert run(["export", "hf", tmp_path / "run", "--out", other]) == 2
+        one_line_error(capsys, r"other already exists")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "other", "run"]
+
+
+def test_a_design_hf_cannot_hold_is_one_line_and_writes_nothing(text, tmp_path, capsys):
+    out = tmp_path / "run"
+    with one_thread():
+        assert run(["train", "lm", *data(text), "--model",
+                    "gpt-mini(d_model=32,heads=2,layers=2,ffn_dim=64,context=32)", "--connection", "PostLN",
+                    "--batch-size", "4", "--max-steps", "1", "--eval-every", "1", "--device", "cpu", "--out", out]) == 0
+        capsys.readouterr()
+        assert run(["export", "hf", out, "--out", tmp_path / "hf"]) == 2
+    one_line_error(capsys, r"connection 'PostLN' has no Hugging Face counterpart")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_an_imported_run_fine_tunes_with_resume(text, tmp_path):
+    # train lm builds its model at the tokenizer's vocabulary: a padded one (VOCAB) does not resume
+    folder, out = hf_folder(tmp_path / "hf", "llama", vocab=300), tmp_path / "run"
+    with one_thread():
+        recipe = ["--max-steps", "2", "--eval-every", "2", "--batch-size", "4", "--warmup", "1", "--device", "cpu"]
+        assert run(["import", "hf", folder, "--out", out, *data(text), *recipe]) == 0
+        assert run(["train", "lm", "--resume", "--out", out]) == 0
+        ckpt, model, _ = load_run(out)
+    assert ckpt["step"] == 2 and json.loads((out / "summary.json").read_text())["status"] == "finished"
+    with torch.no_grad():
+        x = ids() % 300
+        assert not torch.allclose(model(x), hf_logits(folder, x), atol=1e-3)  # it trained
+
+
+def test_gpt2s_vocab_and_merges_are_its_tokenizer(text, tmp_path):
+    folder = hf_folder(tmp_path / "hf", "gpt2")
+    tokenizers = pytest.importorskip("tokenizers")
+    reference = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    reference.model.save(str(folder))  # vocab.json and merges.txt, as GPT-2's hub folder holds them
+    (folder / "tokenizer.json").unlink()
+    with one_thread():
+        assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 0
+    _, _, tok = load_run(tmp_path / "run")
+    for line in (STORY, "naïve café, 中文 and emoji 🙂 <|endoftext|> end"):
+        assert tok.encode(line) == reference.encode(line, add_special_tokens=False).ids
+        assert tok.decode(tok.encode(line)) == line.replace("<|endoftext|>", "")
+    assert tok.eot == reference.token_to_id("<|endoftext|>")
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["config"]["tokenizer"] == f"hf:{(tmp_path / 'run' / 'tokenizer.json').resolve()}"
+
+
+def test_a_tokenizer_without_end_of_text_takes_the_configs_eos(text, tmp_path, capsys):
+    folder = hf_folder(tmp_path / "hf", "llama")
+    write_hf(folder / "tokenizer.json", ["<pad>"])  # no end-of-text token of its own
+    capsys.readouterr()
+    assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 2
+    one_line_error(capsys, r"no end-of-text token .*eos_token_id \(None\) names no token of it: set eos_token_id")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": 0}))
+    with one_thread():
+        assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 0
+    _, _, tok = load_run(tmp_path / "run")
+    assert tok.eot == 0 and tok.header["eot_token"] == "<pad>"
