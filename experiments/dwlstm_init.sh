@@ -8,6 +8,7 @@
 #              the schedule of the authors' toolkit (and of Vaswani et al.), peak 2.2e-3 at d 256, w 800
 #   xvaswani   transformer-small(connection=PreLN) (Xavier) with --schedule vaswani: the baseline under that schedule
 # Then each run's test2016 score: the average of its last 5 checkpoints, beam 4 (reproduce's 003 Table 1 scoring), and
+# its last checkpoint alone (score.test.beam4.last.json), and
 # OUT/table.md beside the recorded 003 Table 1 runs (experiments/dwlstm_init_table.py; paired bootstrap against PreLN).
 # Usage: experiments/dwlstm_init.sh [OUT] [GROUPS]   (default runs/dwlstm-init, "vaswani control xvaswani")
 set -euo pipefail
@@ -36,6 +37,10 @@ train() {  # GROUP SEED
     if [ ! -f "$dir/score.test.beam4.avg5.json" ]; then
         OMP_NUM_THREADS=1 "$skiplab" eval mt --checkpoint "$dir" --average 5 --beam 4 --device cpu > "$dir/score.tmp"
         mv "$dir/score.tmp" "$dir/score.test.beam4.avg5.json"
+    fi
+    if [ ! -f "$dir/score.test.beam4.last.json" ]; then  # the last checkpoint alone, beside the average
+        OMP_NUM_THREADS=1 "$skiplab" eval mt --checkpoint "$dir" --beam 4 --device cpu > "$dir/score.tmp"
+        mv "$dir/score.tmp" "$dir/score.test.beam4.last.json"
     fi
 }
 for seed in 1 2; do

@@ -1,8 +1,10 @@
 """The table of experiments/dwlstm_init.sh: its runs beside the recorded 003 Table 1 runs at cpu scale.
 
 Each row: tokenised BLEU of test2016 (the average of the last 5 checkpoints, beam 4) mean ± std over the seeds found,
-per seed, detokenised BLEU and chrF, the validation loss at the last update, and the paired bootstrap p (1,000
-resamples, tokenised BLEU) of each seed against the same seed of the pre-norm Transformer of 003 Table 1.
+per seed, detokenised BLEU and chrF, the validation loss at the last update, the paired bootstrap p (1,000
+resamples, tokenised BLEU) of each seed against the same seed of the pre-norm Transformer of 003 Table 1, and the
+tokenised BLEU of the last checkpoint alone where it was scored (score.test.beam4.last.json; the recorded runs of
+003 Table 1 kept no checkpoints, so theirs is not known).
 Usage: python experiments/dwlstm_init_table.py OUT [RECORDED]   (RECORDED: docs/results/repro/cpu/runs)
 Writes OUT/table.md and OUT/table.json.
 """
@@ -18,6 +20,7 @@ from skiplab.translate.metrics import paired_bootstrap
 from skiplab.translate.translator import split_forms
 
 SCORE = "score.test.beam4.avg5.json"
+LAST = "score.test.beam4.last.json"
 # the recorded runs of 003 Table 1 at cpu scale (docs/reproducing.md), by their run directories
 RECORDED_ROWS = [
     ("transformer-small(connection=PreLN), xavier, inverse_sqrt 5e-4 (003 Table 1)",
@@ -62,14 +65,16 @@ def main(out: Path, recorded: Path) -> None:
                 base_forms = split_forms(json.loads((base / "config.json").read_text())["config"], "test",
                                          hyps(base, base_score))
                 p = paired_bootstrap(forms.tok_refs, base_forms.tok_hyps, forms.tok_hyps, metric="bleu_tok")["p_value"]
+            last_score = json.loads((d / LAST).read_text()) if (d / LAST).is_file() else None
             per_seed.append({"seed": seed, "bleu_tok": score["bleu_tok"], "bleu": score["bleu"], "chrf": score["chrf"],
+                             "last_bleu_tok": last_score["bleu_tok"] if last_score else None,
                              "valid_loss": last["valid_loss"], "step": last["step"], "p_vs_preln": p,
                              "schedule": config.get("schedule"), "init": config["model"].get("init")})
         values = [s["bleu_tok"] for s in per_seed]
         rows.append({"row": label, "run": str(run), "mean": statistics.mean(values),
                      "std": statistics.stdev(values) if len(values) > 1 else None, "seeds": per_seed})
-    lines = ["| run | tokenised BLEU, mean ± std (seeds) | per seed | detok. BLEU | chrF | valid loss | p vs PreLN |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| run | tokenised BLEU, mean ± std (seeds) | per seed | detok. BLEU | chrF | valid loss | p vs PreLN "
+             "| last checkpoint alone |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s = r["seeds"]
         std = f" ± {r['std']:.2f}" if r["std"] is not None else ""
@@ -77,7 +82,8 @@ def main(out: Path, recorded: Path) -> None:
         ps = " / ".join("-" if x["p_vs_preln"] is None else ("<0.001" if x["p_vs_preln"] < 0.001
                                                                else f"{x['p_vs_preln']:.3f}") for x in s)
         lines.append(f"| {r['row']} | {r['mean']:.2f}{std} ({len(s)}) | {join('bleu_tok', '{:.2f}')} | "
-                     f"{join('bleu', '{:.2f}')} | {join('chrf', '{:.1f}')} | {join('valid_loss', '{:.2f}')} | {ps} |")
+                     f"{join('bleu', '{:.2f}')} | {join('chrf', '{:.1f}')} | {join('valid_loss', '{:.2f}')} | {ps} | "
+                     + (" / ".join("-" if x["last_bleu_tok"] is None else f"{x['last_bleu_tok']:.2f}" for x in s)) + " |")
     (out / "table.md").write_text("\n".join(lines) + "\n")
     (out / "table.json").write_text(json.dumps(rows, indent=2) + "\n")
     print("\n".join(lines))
