@@ -10,6 +10,7 @@ from .base import (ACROSS, MODEL_NORMS, REGISTRY, Connection, available_connecti
                    iter_connections, parse_spec, recording)
 from .place import Place
 from .tie import tie_within_layers  # noqa: F401  (models call it once, at the end of their constructor)
+from .norms import EPS, set_norm_eps  # noqa: F401  (a model's own norm eps)
 from .spec import ALIASES, Spec, SpecError
 
 __all__ = [

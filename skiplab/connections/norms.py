@@ -157,6 +157,20 @@ def make_norm(kind: str, dim: int, layout: str = "seq") -> nn.Module:
     raise ValueError(f"unknown normalisation {kind!r}; use one of {', '.join(ALL_NORMS)}")
 
 
+@torch.no_grad()
+def set_norm_eps(module: nn.Module, eps: float) -> int:
+    """Every normalisation layer inside ``module`` (LayerNorm, RMSNorm, GroupNorm, BatchNorm, in either layout)
+    divides by sqrt(statistic + ``eps``) from now on; the count of layers set. A model built with another eps
+    than :data:`EPS` (GPT-2 and LLaMA checkpoints say theirs: ``layer_norm_epsilon``, ``rms_norm_eps``)."""
+    kinds = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._NormBase, ChannelRMSNorm)
+    count = 0
+    for m in module.modules():
+        if isinstance(m, kinds):
+            m.eps = float(eps)
+            count += 1
+    return count
+
+
 def feature_axis(layout: str) -> int:
     """The axis that holds the C features: the last for ``seq``, 1 for ``conv``."""
     return -1 if layout == "seq" else 1

@@ -13,15 +13,13 @@ Hugging Face's two classes are pre-norm stacks with one norm each, so the connec
     tie                    tie_word_embeddings                      tie_word_embeddings
     rope_base              (none)                                   rope_parameters["rope_theta"]
     dropout                resid_pdrop = embd_pdrop = attn_pdrop    attention_dropout (LLaMA has no other dropout)
-    norm eps 1e-5          layer_norm_epsilon = 1e-5                rms_norm_eps = 1e-5 (LlamaConfig's default 1e-6
-                                                                     does not load: skiplab's norms use EPS = 1e-5,
-                                                                     ``skiplab.connections.norms``)
+    norm_eps               layer_norm_epsilon                       rms_norm_eps
 
 GELU: skiplab's ``F.gelu(approximate="tanh")`` and GPT-2's ``gelu_new``, 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))
 (transformers ``activations.py``, ``NewGELUActivation``), are one function; ``gelu_pytorch_tanh`` loads too, and
 so does GPT-2's ``reorder_and_upcast_attn`` (the same attention, its scores computed in float32).
 Anything else (another connection or its options, designs across the layers, grouped-query attention, rope
-scaling, a head width other than d/heads, scaled or cross attention, other activations or eps) is a one-line
+scaling, a head width other than d/heads, scaled or cross attention, other activations) is a one-line
 :class:`ValueError` naming it; ``init`` is not a property of weights (GPT-2 loads as ``init=gpt2``).
 
 Weights (:func:`weight_map`; ``modeling_gpt2.py`` and ``modeling_llama.py`` of transformers 5.24.0):
@@ -60,7 +58,6 @@ import torch
 from torch import Tensor, nn
 
 from ..connections import parse_spec
-from ..connections.norms import EPS
 from ..models.gpt import GPT, STD, GPTConfig
 from ..models.presets import format_model_spec, model_config
 
@@ -108,14 +105,15 @@ def config_to_hf(cfg: GPTConfig, **extra: Any) -> Any:
         config = t.GPT2Config(**{**dict(
             vocab_size=cfg.vocab_size, n_positions=cfg.context, n_embd=cfg.d_model, n_layer=cfg.layers,
             n_head=cfg.heads, n_inner=cfg.ffn_dim, activation_function="gelu_new", resid_pdrop=cfg.dropout,
-            embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, layer_norm_epsilon=EPS, initializer_range=STD,
+            embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout, layer_norm_epsilon=cfg.norm_eps,
+            initializer_range=STD,
             tie_word_embeddings=cfg.tie, **ids), **extra}, architectures=[CLASSES[kind]])
     else:
         config = t.LlamaConfig(**{**dict(
             vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, intermediate_size=cfg.ffn_dim,
             num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads,
             head_dim=cfg.d_model // cfg.heads, hidden_act="silu", max_position_embeddings=cfg.context,
-            rms_norm_eps=EPS, initializer_range=STD, tie_word_embeddings=cfg.tie,
+            rms_norm_eps=cfg.norm_eps, initializer_range=STD, tie_word_embeddings=cfg.tie,
             rope_theta=cfg.rope_base, attention_bias=cfg.bias, mlp_bias=cfg.bias, attention_dropout=cfg.dropout,
             **ids), **extra}, architectures=[CLASSES[kind]])
     back = config_from_hf(config)
@@ -144,8 +142,6 @@ def _gpt2_config(c: Any) -> GPTConfig:
     _require(c.activation_function in GELU_TANH,
              f"activation_function={c.activation_function!r}: skiplab's gelu is the tanh approximation "
              f"({' or '.join(GELU_TANH)})")
-    _require(c.layer_norm_epsilon == EPS, f"layer_norm_epsilon={c.layer_norm_epsilon:g}: skiplab's norms use eps "
-             f"{EPS:g} (skiplab.connections.norms.EPS) and the two must match")
     _require(c.scale_attn_weights and not c.scale_attn_by_inverse_layer_idx,
              "GPT-2 attention must be scaled by 1/sqrt(head width) alone (scale_attn_weights=True, "
              "scale_attn_by_inverse_layer_idx=False)")
@@ -155,7 +151,7 @@ def _gpt2_config(c: Any) -> GPTConfig:
     return GPTConfig(vocab_size=c.vocab_size, d_model=c.n_embd, heads=c.n_head, layers=c.n_layer,
                      ffn_dim=c.n_inner or 4 * c.n_embd, mlp="gelu", positions="learned", context=c.n_positions,
                      dropout=float(drops[0]), bias=True, tie=bool(c.tie_word_embeddings), init="gpt2",
-                     connection="PreLN")
+                     connection="PreLN", norm_eps=float(c.layer_norm_epsilon))
 
 
 def _rope(c: Any) -> dict[str, Any]:
@@ -170,8 +166,6 @@ def _rope(c: Any) -> dict[str, Any]:
 
 def _llama_config(c: Any) -> GPTConfig:
     _require(c.hidden_act == "silu", f"hidden_act={c.hidden_act!r}: skiplab's swiglu gates with silu")
-    _require(c.rms_norm_eps == EPS, f"rms_norm_eps={c.rms_norm_eps:g}: skiplab's norms use eps {EPS:g} "
-             "(skiplab.connections.norms.EPS) and the two must match")
     _require(c.num_key_value_heads == c.num_attention_heads,
              f"grouped-query attention (num_key_value_heads={c.num_key_value_heads}, num_attention_heads="
              f"{c.num_attention_heads}): skiplab's attention has a key and value head per query head")
@@ -187,7 +181,8 @@ def _llama_config(c: Any) -> GPTConfig:
                      layers=c.num_hidden_layers, ffn_dim=c.intermediate_size, mlp="swiglu", positions="rope",
                      context=c.max_position_embeddings, dropout=float(c.attention_dropout or 0.0),
                      bias=bool(c.attention_bias), tie=bool(c.tie_word_embeddings), init="default",
-                     rope_base=float(rope["rope_theta"]), connection="PreRMS", norm="RMS")
+                     rope_base=float(rope["rope_theta"]), connection="PreRMS", norm="RMS",
+                     norm_eps=float(c.rms_norm_eps))
 
 
 def _text(value: Any) -> str:

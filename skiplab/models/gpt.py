@@ -24,6 +24,8 @@ curse-of-depth papers have a separate output layer (``tie=false``).
 ``norm`` is the model's norm kind: LN (GPT-2) or RMS (LLaMA, and the LLaMA presets). A connection whose spec names
 no norm takes it, in its blocks and in the norms the stack begins and ends with (``MixLN`` and ``LNS`` on a LLaMA
 preset build RMSNorm, as their papers' LLaMA models do); a spec that names one keeps it (``PreLN``, ``MixLN+LN``).
+``norm_eps`` is every norm layer's eps (default 1e-5, ``skiplab.connections.norms.EPS``, as GPT-2's
+``layer_norm_epsilon``; an imported checkpoint brings its own, e.g. ``rms_norm_eps`` 1e-6).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..connections import MODEL_NORMS, Across, Place, connection, final_norm, input_norm, iter_connections, parse_spec
+from ..connections import (EPS, MODEL_NORMS, Across, Place, connection, final_norm, input_norm, iter_connections,
+                           parse_spec, set_norm_eps)
 from ..connections.tie import tie_within_layers
 from .attention import Rotary, SelfAttention
 from .linear import stacked_linear, xavier_linear
@@ -69,6 +72,9 @@ class GPTConfig:
     norm: str = field(default="LN", metadata={
         "help": "the model's norm kind, LN or RMS: a connection whose spec names no norm takes it",
         "older_runs": "LN"})
+    norm_eps: float = field(default=EPS, metadata={
+        "help": "eps of every norm layer, which divides by sqrt(statistic + eps) (a checkpoint's layer_norm_epsilon "
+                "or rms_norm_eps)", "older_runs": EPS})
 
     def __post_init__(self):
         for name, value, known in (("mlp", self.mlp, MLPS), ("positions", self.positions, POSITIONS),
@@ -79,6 +85,8 @@ class GPTConfig:
             raise ValueError("vocab_size, d_model, heads, layers, ffn_dim and context must be positive")
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
+        if not 0 < self.norm_eps < 1:
+            raise ValueError(f"norm_eps must be in (0, 1), got {self.norm_eps:g}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         parse_spec(self.connection)
@@ -148,6 +156,8 @@ class GPT(nn.Module):
         self.head = None if cfg.tie else nn.Linear(d, cfg.vocab_size, bias=False)
         self._init_weights()
         tie_within_layers(self)  # parameters a design shares across a layer's sub-layers (ReZero's α)
+        if cfg.norm_eps != EPS:
+            set_norm_eps(self, cfg.norm_eps)
 
     @torch.no_grad()
     def _init_weights(self) -> None:

@@ -195,8 +195,6 @@ BAD_CONFIGS = {
     "gqa": (lambda: llama(num_key_value_heads=2), "grouped-query attention"),
     "rope scaling": (lambda: llama(rope_parameters={"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0}),
                      "rope_parameters"),
-    "llama eps": (lambda: llama(rms_norm_eps=1e-6), "rms_norm_eps=1e-06"),
-    "gpt2 eps": (lambda: gpt2(layer_norm_epsilon=1e-6), "layer_norm_epsilon"),
     "activation": (lambda: gpt2(activation_function="relu"), "activation_function='relu'"),
     "hidden_act": (lambda: llama(hidden_act="gelu"), "hidden_act='gelu'"),
     "half a bias": (lambda: llama(attention_bias=True), "attention_bias=True, mlp_bias=False"),
@@ -237,6 +235,32 @@ def test_other_models_and_bad_weights_are_refused():
         hf.from_hf(gpt2(n_positions=T + 1), state)
     with pytest.raises(ValueError, match="would change the model's d_model"):
         hf.config_to_hf(tiny("gpt2"), n_embd=64)
+
+
+@pytest.mark.parametrize("shape, field", [("gpt2", "layer_norm_epsilon"), ("llama", "rms_norm_eps")])
+def test_the_checkpoints_norm_eps_is_read_and_written(shape, field):
+    """eps comes from the config (LlamaConfig's default is 1e-6, skiplab's 1e-5): a large one (0.25, so that a
+    model that ignored it would differ far beyond float noise) gives HF's logits, and goes back out as it came."""
+    make = gpt2 if shape == "gpt2" else llama
+    theirs = randomise(getattr(transformers, hf.CLASSES[shape])(make(**{field: 0.25})), seed=3)
+    model = hf.from_hf(theirs)
+    assert model.cfg.norm_eps == 0.25
+    assert {m.eps for m in model.modules() if hasattr(m, "eps")} == {0.25}
+    x = tokens()
+    with torch.no_grad():
+        ours, ref = model(x), hf_logits(theirs, x)
+        default = GPT(dataclasses.replace(model.cfg, norm_eps=1e-5))
+        default.load_state_dict(model.state_dict())
+        ignored = default.eval()(x)
+    assert (ours - ref).abs().max() < tol(shape)
+    assert (ignored - ref).abs().max() > 100 * tol(shape)  # the test sees eps
+    assert getattr(hf.config_to_hf(model.cfg), field) == 0.25
+    assert "norm_eps=0.25" in hf.model_spec(model.cfg)
+
+
+def test_norm_eps_is_checked():
+    with pytest.raises(ValueError, match="norm_eps must be in"):
+        dataclasses.replace(tiny("gpt2"), norm_eps=0.0)
 
 
 def test_token_ids_pass_through():

@@ -157,9 +157,9 @@ def test_bad_folders_are_one_line_and_write_nothing(text, tmp_path, capsys):
     corrupt = hf_folder(tmp_path / "corrupt", "gpt2")
     data_bytes = (corrupt / "model.safetensors").read_bytes()
     (corrupt / "model.safetensors").write_bytes(data_bytes[: len(data_bytes) // 2])
-    eps = hf_folder(tmp_path / "eps", "llama")
-    config = json.loads((eps / "config.json").read_text())
-    (eps / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-6}))
+    gqa = hf_folder(tmp_path / "gqa", "llama")
+    config = json.loads((gqa / "config.json").read_text())
+    (gqa / "config.json").write_text(json.dumps({**config, "num_key_value_heads": 2}))
     small = hf_folder(tmp_path / "small", "llama", vocab=200)  # fewer ids than its tokenizer's 300
     head = hf_folder(tmp_path / "head", "gpt2")
     config = json.loads((head / "config.json").read_text())
@@ -171,7 +171,7 @@ def test_bad_folders_are_one_line_and_write_nothing(text, tmp_path, capsys):
              head: r"architectures \['GPT2ForSequenceClassification'\]; skiplab imports GPT2LMHeadModel",
              neox: r"unsupported architecture 'gpt_neox'", missing: r"missing model\.layers\.1\.mlp\.up_proj\.weight",
              corrupt: r"corrupt/model\.safetensors: not a readable safetensors file",
-             eps: r"rms_norm_eps=1e-06", tmp_path / "absent": r"absent: no such folder"}
+             gqa: r"grouped-query attention", tmp_path / "absent": r"absent: no such folder"}
     before = sorted(p.name for p in tmp_path.iterdir())
     capsys.readouterr()
     for folder, pattern in cases.items():
