@@ -119,6 +119,13 @@ def test_the_reference_is_the_unigram_model_of_the_training_bytes(swept, text, t
     assert unigram_baseline(dataclasses.replace(no_run, tokenizer="bpe")) is None  # its tokenizer is in no checkpoint
 
 
+def test_the_text_is_tokenised_once_for_every_run(swept):
+    """Every run reads one prepared folder under the runs' root (made by the sweep), not the text."""
+    dirs = {load(p)["config"]["data_dir"] for p in (swept / "runs").glob("*/seed1/config.json")}
+    (folder,) = map(Path, dirs)
+    assert folder.parent == swept / "runs" / "prepared" and load(folder / "prepared.json")["tokenizer"] == "bytes"
+
+
 def test_a_second_sweep_trains_and_scores_nothing(swept, text, monkeypatch, capsys):  # noqa: F811
     def refuse(*a, **k):
         raise AssertionError("trained or scored again")

@@ -204,9 +204,11 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
     spec = get_task(task)
     if seeds < 1 or jobs < 1:
         raise ValueError(f"--seeds and --jobs must be >= 1, got {seeds} and {jobs}")
-    points, axes = plan(task, base, connections, depths, lrs)
     out = Path(base.out)
     root = Path(runs_dir) if runs_dir else out / "runs"
+    plan(task, base, connections, depths, lrs)  # every axis checked before the data are made
+    base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
+    points, axes = plan(task, base, connections, depths, lrs)
     needed = [(task, _seeded(task, p, k, root)) for p in points for k in range(1, seeds + 1)]
     t0 = time.time()
     done = {s: sum(runs.state(c) == s for _, c in needed) for s in STATUSES}

@@ -10,6 +10,7 @@ are evaluated and labelled, and what a cell of a paper's table becomes for it.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any, ClassVar
 
 from ..analysis.trained import Trained
@@ -59,6 +60,11 @@ class Task:
         run which learned nothing beyond the data's frequencies reaches (the sweep draws it); None where the task
         has none."""
         return None
+
+    def shared_data(self, base: Any, root: Path, progress: bool = True) -> Any:
+        """``base`` reading data that every run of a comparison or sweep under ``root`` shares, made once (the
+        LM task tokenises its corpus once into a prepared folder); ``base`` itself where nothing is shared."""
+        return base
 
     def check_scorable(self, cfg: Any) -> None:
         """An error where a finished run of ``cfg`` could not be scored (:meth:`score`), raised before it trains."""

@@ -39,6 +39,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
         dataclasses.replace(base, **v.changes)
     root = Path(base.out)
     root.mkdir(parents=True, exist_ok=True)
+    base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
     t0 = time.time()
     results: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     curves: dict[str, list[list[dict[str, Any]]]] = {v.label: [] for v in variants}

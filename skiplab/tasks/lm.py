@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +26,10 @@ from ..config import count
 from ..connections import connection
 from ..models import lm_families, with_options
 from ..models.generate import generate
+from ..text.lm_tokenizer import LM_TOKENIZERS
+from ..text.prepare import PrepareConfig, prepare
+from ..text.pretrained import read_pretrained
+from ..text.shards import read_prepared
 from ..text.windows import eval_windows, sample_windows
 from ..train import lm
 from .base import Task
@@ -118,6 +125,13 @@ class LMTask(Task):
         value = summary["unigram_test_bpb"]
         return None if value is None else {"label": "unigram model of the training split", "value": value}
 
+    def shared_data(self, base: Any, root: Path, progress: bool = True) -> Any:
+        """``base`` reading its text tokenised once (:func:`tokenised_once`) under ``root``; ``base`` itself where
+        its data are a prepared folder or .bin files already."""
+        if lm.prepared(base) is not None or base.binary:
+            return base
+        return dataclasses.replace(base, data_dir=str(tokenised_once(base, root, progress)))
+
     def check_scorable(self, cfg: Any) -> None:
         if not cfg.corpus and not cfg.test_file:
             raise ValueError("the final model is scored on the test split: give --test-file (with --corpus '')")
@@ -161,6 +175,34 @@ class LMTask(Task):
         """Bits per byte, per-token and word perplexity of a language-model run on a split, with their counts."""
         return lm.evaluate_checkpoint(args.checkpoint, args.split, args.average, args.stride, args.data_dir,
                                       args.device)
+
+
+def tokenised_once(cfg: lm.LMTrainConfig, root: Path, progress: bool = True) -> Path:
+    """The folder of ``skiplab prepare lm`` holding ``cfg``'s text in ``cfg``'s tokens, under ``root/prepared/``,
+    made the first time a comparison or sweep needs it and read by every run after: the text is tokenised (and a
+    bpe / unigram tokenizer trained) once, not once a run. Its name is a digest of what decides the tokens: the
+    corpus and where it is, or the files (path, size and modification time), the tokenizer spec (a pretrained
+    one's file contents too) and a trained tokenizer's vocabulary size. Its runs' windows are those of the text
+    (:func:`skiplab.text.prepare.prepare` writes :func:`skiplab.train.lm.stream`'s tokens)."""
+    files = {s: getattr(cfg, f"{s}_file") for s in ("train", "valid", "test") if getattr(cfg, f"{s}_file")}
+    stamp = {s: [str(Path(f).resolve()), *((Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
+                                           if Path(f).is_file() else ())] for s, f in files.items()}
+    tokenizer = cfg.tokenizer
+    contents = (hashlib.sha256(read_pretrained(tokenizer).to_bytes()).hexdigest()
+                if tokenizer not in LM_TOKENIZERS else "")
+    what = {"corpus": cfg.corpus, "data_dir": str(Path(cfg.data_dir).resolve()) if cfg.data_dir else "",
+            "files": {} if cfg.corpus else stamp, "tokenizer": tokenizer, "tokenizer_sha256": contents,
+            "vocab_size": cfg.vocab_size if tokenizer in ("bpe", "unigram") else None}
+    digest = hashlib.sha1(json.dumps(what, sort_keys=True).encode()).hexdigest()[:8]
+    name = "-".join(filter(None, (cfg.corpus or Path(cfg.train_file).stem, tokenizer.partition(":")[0], digest)))
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    folder = Path(root) / "prepared" / name
+    if not folder.is_dir():
+        prepare(PrepareConfig(corpus=cfg.corpus, data_dir=cfg.data_dir, out=str(folder), tokenizer=tokenizer,
+                              vocab_size=cfg.vocab_size,
+                              **({} if cfg.corpus else {f"{s}_file": f for s, f in files.items()})), progress)
+    read_prepared(folder)  # a folder left damaged is one line here, not in every run
+    return folder
 
 
 def sample_text(path: str, prompt: str, max_new: int = 200, temperature: float = 1.0, top_k: int = 0,

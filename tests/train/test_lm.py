@@ -205,6 +205,34 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
     assert "| bits per byte (mean ± std) |" in table  # the metric's name, not a variant's
 
 
+def test_compare_lm_tokenises_once_for_every_run(text, tmp_path, monkeypatch):
+    """The text is tokenised (and the bpe model trained) once, into OUT/prepared/, and no run reads the text; a
+    run of the comparison ends exactly where the same run trained from the text ends (same windows)."""
+    import skiplab.tasks.lm as task_lm
+    import skiplab.train.lm as train_lm
+
+    made = []
+    real = task_lm.prepare
+    monkeypatch.setattr(task_lm, "prepare", lambda cfg, progress=True: made.append(cfg.out) or real(cfg, False))
+    bpe = ("--tokenizer", "bpe", "--vocab-size", "300")
+    alone = tmp_path / "alone"
+    with one_thread():
+        assert run(args(text, alone, *bpe)) == 0  # from the text, before text reading is refused
+    monkeypatch.setattr(train_lm, "documents", lambda *a, **k: pytest.fail("a run read the text"))
+    out = tmp_path / "cmp"
+    argv = args(text, out, *bpe, "--connections", "PreLN,PostLN", "--seeds", "1")[2:]
+    with one_thread():
+        assert run(["compare", "lm", *argv]) == 0
+        assert run(["compare", "lm", *argv]) == 0  # again: nothing tokenised, nothing trained
+    (folder,) = map(Path, made)
+    assert folder.parent == out / "prepared" and (folder / "prepared.json").is_file()
+    for conn in ("PreLN", "PostLN"):
+        assert json.loads((out / conn / "seed1" / "config.json").read_text())["config"]["data_dir"] == str(folder)
+    ours = json.loads((out / "PreLN" / "seed1" / "summary.json").read_text())
+    theirs = json.loads((alone / "summary.json").read_text())
+    assert ours["final_valid_loss"] == theirs["final_valid_loss"] and ours["test_bpb"] > 0
+
+
 @pytest.mark.skipif(not PYDOCS.is_dir(), reason="the pydocs corpus is not beside the checkout (../shared/data/pydocs)")
 def test_the_loss_falls_on_pydocs(tmp_path):
     with one_thread():
