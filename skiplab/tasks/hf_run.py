@@ -23,7 +23,9 @@ written; the run is written into a temporary folder beside ``--out`` and renamed
 
 Export is the reverse: a run's ``last.pt`` (or the mean of its last ``--average`` step checkpoints) through
 :func:`skiplab.interop.hf.hf_model` and ``save_pretrained``, with the run's tokenizer as ``tokenizer.json``
-where it is a Hugging Face one; a design the two classes cannot express is the mapping's one-line error.
+where it is a Hugging Face one, or a tiktoken encoding's conversion, with tiktoken's ids, and a
+tokenizer_config.json (:func:`tokenizer_files`); a design the two classes cannot express is the mapping's one-line
+error.
 An existing ``--out`` is refused unless ``--overwrite``, and even then only where it holds a ``config.json``
 (a run, or a model folder): nothing else is ever replaced.
 """
@@ -50,6 +52,7 @@ from ..interop import hf
 from ..text.pretrained import read_pretrained
 from ..text.pretrained.base import require
 from ..text.pretrained.hf_tokenizer import EOT_NAMES, INSTALL, HFTokenizer
+from ..text.pretrained.tiktoken_encoding import ENCODINGS, TiktokenEncoding
 from ..train import lm
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -263,21 +266,44 @@ def import_hf(source: str | Path, out: str | Path, overwrite: bool = False, **op
 
 
 # -- export ---------------------------------------------------------------------------------------------------
+def tokenizer_files(tok: Any) -> dict[str, bytes]:
+    """The run's tokenizer as Hugging Face files (name -> bytes): a Hugging Face tokenizer's own tokenizer.json;
+    a tiktoken encoding's conversion (:meth:`TiktokenEncoding.tokenizer_json`, tiktoken's ids); each with a
+    tokenizer_config.json that has transformers take that file as it is (``PreTrainedTokenizerFast``: from a
+    GPT-2 config alone AutoTokenizer builds a ``GPT2Tokenizer``, which puts GPT-2's pattern in place of
+    cl100k's or o200k's, or a GPT-NeoX file's), end of text its ``eos_token``, and for tiktoken a special token's
+    text in a document read as text (``split_special_tokens``), as the run reads it (``encode_ordinary``); nothing
+    for the others (sentencepiece) or a run without a tokenizer."""
+    def config(eot: str, **more: Any) -> bytes:
+        fields = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eot, **more,
+                  "clean_up_tokenization_spaces": False}
+        return (json.dumps(fields, indent=2) + "\n").encode("utf-8")
+
+    if isinstance(tok, HFTokenizer):  # its file as it is; special tokens' text read as those tokens, as the run does
+        return {HFTokenizer.file_name: tok.payload, "tokenizer_config.json": config(tok.token(tok.eot))}
+    if not isinstance(tok, TiktokenEncoding):
+        return {}
+    eot = {i: t for t, i in ENCODINGS[tok.name][1].items()}[tok.eot]
+    return {HFTokenizer.file_name: tok.tokenizer_json(), "tokenizer_config.json": config(eot, split_special_tokens=True)}
+
+
 def export_hf(run: str | Path, out: str | Path, average: int = 0, overwrite: bool = False) -> Path:
     """Write the run ``run`` (its last.pt, or the mean of its last ``average`` step checkpoints) as a Hugging
-    Face folder ``out`` that ``from_pretrained`` loads, with its tokenizer.json where it has a Hugging Face one."""
+    Face folder ``out`` that ``from_pretrained`` loads, with its tokenizer as a tokenizer.json where it can be
+    one (:func:`tokenizer_files`)."""
     out = Path(out)
     check_out(out, overwrite)
     _, model, tok = lm.load_run(run, average)
     extra = {"eos_token_id": tok.eot} if tok is not None else {}
     model = hf.hf_model(model, **extra)  # a design the classes cannot express fails here, before any write
+    files = tokenizer_files(tok)  # so does a conversion (tokenizers missing)
 
     def fill(stage: Path) -> None:
         model.save_pretrained(stage)
-        if isinstance(tok, HFTokenizer):
-            tok.write(stage)
+        for name, data in files.items():
+            (stage / name).write_bytes(data)
 
     write_atomically(out, overwrite, fill)
-    if tok is not None and not isinstance(tok, HFTokenizer):
+    if tok is not None and not files:
         print(f"{out}: the run's tokenizer ({type(tok).__name__}) is not a Hugging Face tokenizer.json; none written")
     return out

@@ -138,6 +138,10 @@ def test_a_trained_run_exports_to_a_folder_from_pretrained_loads(model, text, tm
                 assert torch.allclose(ours(x), hf_logits(folder, x), atol=1e-4, rtol=0)
     assert json.loads((folder / "config.json").read_text())["eos_token_id"] == tok.eot
     assert (folder / "tokenizer.json").read_bytes() == tokenizer.read_bytes()
+    loaded = transformers.AutoTokenizer.from_pretrained(folder)  # the file as it is, whatever the config's class
+    assert type(loaded) is transformers.PreTrainedTokenizerFast and loaded.eos_token_id == tok.eot  # not GPT2Tokenizer
+    sample = "def f(x):\n    return 'é中文'<|endoftext|>  done"
+    assert loaded.encode(sample, add_special_tokens=False) == tok.encode(sample)
 
 
 def one_line_error(capsys, pattern: str) -> None:

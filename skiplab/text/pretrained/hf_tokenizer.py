@@ -60,6 +60,10 @@ class HFTokenizer(PretrainedTokenizer):
         (content, found), = named
         return cls(payload, {"eot": found, "eot_token": content}, str(file))
 
+    def token(self, i: int) -> str | None:
+        """The token with id ``i`` as the file writes it (None where it has none)."""
+        return self._tok.id_to_token(i)
+
     def _encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 

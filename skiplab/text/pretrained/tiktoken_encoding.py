@@ -18,6 +18,8 @@ tokens that file publishes for the name (:data:`ENCODINGS`). The ranks are read 
 and kept in the ``.tiktoken`` form. End of text is the encoding's ``<|endoftext|>`` (or the special token named
 by ``eot=``); the vocabulary is one past the largest id, special tokens included (``n_vocab``). Text is encoded
 with ``encode_ordinary``: a special token's text inside a document is text, so every text round-trips exactly.
+``TiktokenEncoding.tokenizer_json`` writes the encoding as a Hugging Face tokenizer.json with the same ids (what
+``skiplab export hf`` writes for a run with one).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 from .base import PretrainedTokenizer, one_line, read_file, require
+from .hf_tokenizer import INSTALL as HF_INSTALL
 
 ENDOFTEXT, ENDOFPROMPT = "<|endoftext|>", "<|endofprompt|>"
 FIM = {"<|fim_prefix|>": 100258, "<|fim_middle|>": 100259, "<|fim_suffix|>": 100260}
@@ -54,6 +58,7 @@ ENCODINGS: dict[str, tuple[str, dict[str, int]]] = {  # name -> (pattern, specia
     "o200k_base": (O200K, {ENDOFTEXT: 199999, ENDOFPROMPT: 200018}),
 }
 INSTALL = "'tiktoken>=0.7'"
+_POSSESSIVE_INTERVAL = re.compile(r"(\\[pP]\{\w+\}|\\.|\[(?:\\.|[^\]\\])*\]|[^\\()\[\]])(\{\d+(?:,\d*)?\})\+")
 
 
 class TiktokenEncoding(PretrainedTokenizer):
@@ -92,6 +97,57 @@ class TiktokenEncoding(PretrainedTokenizer):
                                                                                              spec)
         token = eot or ENDOFTEXT
         return cls(payload, {"encoding": name, "eot": specials[token], "eot_token": token}, str(folder))
+
+    def tokenizer_json(self) -> bytes:
+        """This encoding as a Hugging Face ``tokenizer.json`` that gives tiktoken's ids for every text.
+
+        The construction (transformers' ``convert_slow_tokenizer.TikTokenConverter`` takes the same road, for
+        Llama-3's and others' ``.tiktoken`` files)::
+
+            model          BPE, vocab: each token's bytes written in GPT-2's stand-ins (:func:`gpt2_stand_ins`),
+                           its rank its id; merges: :func:`bpe_merges`; ignore_merges=True
+            pre-tokenizer  Split(the encoding's pattern, "isolated"; :func:`onig_pattern`), then
+                           ByteLevel(add_prefix_space=False, use_regex=False): the pattern's pieces, each
+                           written in stand-ins
+            decoder        ByteLevel: stand-ins back to bytes, then UTF-8
+            added tokens   the encoding's special tokens, special, at their ids (in the vocab too, so that
+                           ids above a gap, cl100k's 100257 after its 100256 ranks, stay theirs)
+
+        Why the ids are tiktoken's (its ``src/lib.rs``, ``byte_pair_merge``; tokenizers' ``models/bpe/word.rs``,
+        ``merge_all``): both cut the text into the same pieces (the same regex, every character in a piece for
+        each of the patterns, and no piece is a whole special token: ``<|`` stops at the letters). A piece that
+        is a token is that token in both (ignore_merges). Otherwise both start from its bytes and merge, again
+        and again, one adjacent pair: tiktoken the pair whose join has the lowest rank, the leftmost of equals;
+        BPE the pair of the first merge in the list, the leftmost of equals. An adjacent pair is in the merges
+        exactly when its join is a token, which is when tiktoken may merge it (its parts are always tokens), and
+        the merges are ordered by the rank of the join first, so both merge the same join at every step, and at
+        the same place where one split of it is present. The one freedom left: two different splits of one
+        token present at once (``ab|a|ba`` holds ``ab+a`` and ``a+ba``), tiktoken merging the leftmost, BPE the
+        split first in :func:`bpe_merges`; transformers' converter has it too, and it never changed an id in
+        the checks (17 MB of text against GPT-2's ranks under the gpt2, cl100k and o200k patterns).
+
+        A special token's text inside a document is text to the run (``encode_ordinary``); a Hugging Face
+        tokenizer reads it as the token unless told to split special tokens (``encode_special_tokens``, in
+        transformers ``split_special_tokens=True``)."""
+        tokenizers = require("tokenizers", HF_INSTALL, "Hugging Face")
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+
+        pattern, specials = ENCODINGS[self.name]
+        ranks = parse_ranks(self.payload, self.where)
+        shown = {b: c for c, b in gpt2_stand_ins().items()}
+
+        def stand_in(token: bytes) -> str:
+            return "".join(shown[b] for b in token)
+
+        vocab = {**{stand_in(t): r for t, r in ranks.items()}, **specials}
+        merges = [(stand_in(a), stand_in(b)) for a, b in bpe_merges(ranks)]
+        tok = tokenizers.Tokenizer(models.BPE(vocab, merges, fuse_unk=False, ignore_merges=True))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(onig_pattern(pattern)), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
+        return tok.to_str().encode("utf-8")
 
     def _encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
@@ -142,6 +198,26 @@ def check_ranks(ranks: dict[bytes, int], specials: dict[str, int], name: str, wh
     taken = sorted(set(ranks.values()) & set(specials.values()))
     if taken:
         raise ValueError(f"{where}: rank {taken[0]} is the id of a special token of {name}; is this {name}'s file?")
+
+
+def onig_pattern(pattern: str) -> str:
+    r"""``pattern`` (tiktoken's, read by fancy-regex) written so that Oniguruma, the regex engine of tokenizers'
+    ``Regex``, reads it the same: Oniguruma's Ruby syntax reads ``X{n,m}+`` (cl100k's ``\p{N}{1,3}+``, possessive
+    in fancy-regex) as ``(X{n,m})+``, a run of any length; the atomic group ``(?>X{n,m})`` is what possessive
+    means (Oniguruma's ``doc/RE``: "{n,m}+, {n,}+, {n}+ are possessive operators in syntax_java and syntax_perl
+    only"). ``X++``, ``X*+`` and ``X?+`` are possessive in both. X is one atom: a character, an escape,
+    ``\p{...}`` or a ``[...]`` class. (Ruby's ``$`` is the end of a line, not of the text, but ``\s++$`` reads the
+    same: the possessive run leaves no newline after it.)"""
+    return _POSSESSIVE_INTERVAL.sub(r"(?>\1\2)", pattern)
+
+
+def bpe_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """The merges of a BPE that merges as tiktoken does with ``ranks``: for each token of two bytes or more,
+    every split ``(left, right)`` of it whose halves are both tokens, ordered by the rank of the token, then by
+    the ranks of the left and the right half (the order of transformers' ``TikTokenConverter``)."""
+    splits = [(r, ranks[t[:i]], ranks[t[i:]], t[:i], t[i:]) for t, r in ranks.items() for i in range(1, len(t))
+              if t[:i] in ranks and t[i:] in ranks]
+    return [(left, right) for *_, left, right in sorted(splits)]
 
 
 def dump_ranks(ranks: dict[bytes, int]) -> bytes:
