@@ -5,11 +5,13 @@ in another unit."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import gzip
 import io
 import json
 import random
 import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,11 @@ from skiplab.connections import parse_spec
 from skiplab.models import build_model, model_config
 from skiplab.reproduce import TABLES, report, reproduce, resolve, scale, table
 from skiplab.reproduce import runs as runs_mod
-from skiplab.reproduce.scales import LM_PAPER, OLMO_PAPER, SCALES
+from skiplab.reproduce.scales import C4_T5, DOLMA_OLMO, LM_PAPER, OLMO_PAPER, OLMO_STEPS, SCALES
 from skiplab.text.documents import load_documents
+from skiplab.text.prepare import PrepareConfig, prepare
+from skiplab.text.shards import SIDECAR
+from skiplab.train import lm
 
 pytestmark = pytest.mark.filterwarnings("error:Tight layout not applied")
 
@@ -126,9 +131,10 @@ def test_every_cell_resolves_at_every_scale_or_says_why(tid, name):
         r = resolve(t, cell, sc)
         if cell.run is None:
             assert r.config is None and r.why.startswith("paper only: ") and len(r.why) > 20
-        elif name == "paper":  # the T5 tokenizer is not one skiplab loads
-            assert r.config is None and r.why.startswith("not available at paper scale: C4 en, llama-")
-            assert "T5 tokenizer" in r.why
+        elif name == "paper":  # no --data-root: every cell says which prepared folder it needs, and how to make it
+            assert r.config is None and r.why.startswith("not available at paper scale: needs DATA_ROOT/c4-t5 ")
+            assert "T5's tokenizer (spiece.model of google-t5/t5-base" in r.why
+            assert r.why.endswith(" --tokenizer sentencepiece:t5-base/spiece.model --out DATA_ROOT/c4-t5")
         else:
             assert r.task == "lm" and r.setting.metric == "bits per byte"
             assert r.config.corpus == ("c4-en" if name == "smoke" else "pydocs") and r.config.tokenizer == "bytes"
@@ -192,7 +198,8 @@ def test_hc_tables_transcribed_and_each_row_runs_its_design_at_olmo_shape(tid):
         for cell in t.cells:
             r = resolve(t, cell, sc)
             if name == "paper":
-                assert r.config is None and "OLMo's tokenizer" in r.why and "Dolma" in r.why
+                assert r.config is None and "needs DATA_ROOT/dolma-olmo " in r.why and "OLMo's tokenizer" in r.why
+                assert "V2 and V3" in r.why
                 continue
             m = model_config(r.config.model)
             assert (m.mlp, m.positions, m.bias, m.tie, m.layers) == ("swiglu", "rope", False, True,
@@ -354,3 +361,204 @@ def test_list_names_the_lm_tables_their_unit_and_time_per_scale(capsys):
     assert re.search(r"cpu\s*: 16/16 cells, 16 runs \(2 seeds\), ~2 h 36 min here; ours in bits per byte, not the "
                      r"paper's perplexity", block)  # 8 runs of 12 and 8 of 24 layers, two at a time
     assert re.search(r"paper: 0/16 cells, 0 runs \(5 seeds\), -\n", block)
+    # what the paper scale runs given its prepared folder, and the command that makes the folder
+    given = re.search(r"\n\s+with --data-root DATA_ROOT holding c4-t5/: 16/16 cells, 80 runs \(5 seeds\), "
+                      r"~[\d,]+ GPU-hours \(estimate\); c4-t5/ is C4 en .*\n", block)
+    assert given and "spiece.model of google-t5/t5-base" in given.group(0)
+    assert given.group(0).rstrip().endswith("made once with: skiplab prepare lm --corpus c4-en --data-dir "
+                                            "DATA_ROOT/c4-en --tokenizer sentencepiece:t5-base/spiece.model "
+                                            "--out DATA_ROOT/c4-t5")
+    hc = out[out.index("hc-table1"):out.index("hc-table2")]
+    assert re.search(r"with --data-root DATA_ROOT holding dolma-olmo/: 18/18 cells, 45 runs \(5 seeds\), ~[\d,]+ "
+                     r"GPU-hours \(estimate\); ours in perplexity, not the paper's loss; dolma-olmo/ is ", hc)
+    assert "--tokenizer hf:olmo/tokenizer.json --out DATA_ROOT/dolma-olmo; skiplab has no loader for OLMo's V2" in hc
+
+
+# ---- paper scale: the runs read a prepared folder under --data-root ------------------------------------------
+def _tiny_sentencepiece(path: Path) -> Path:
+    """A tiny sentencepiece model with T5's special ids (pad 0, eos 1, unk 2, no bos)."""
+    spm = pytest.importorskip("sentencepiece")
+    rng = random.Random(0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([_doc(rng) for _ in range(200)]), model_prefix=str(path.with_suffix("")),
+        vocab_size=320, model_type="bpe", byte_fallback=True, hard_vocab_limit=False, minloglevel=2, num_threads=1,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    return path
+
+
+def _tiny_tokenizer_json(path: Path) -> Path:
+    """A tiny byte-level BPE tokenizer.json with <|endoftext|> as its one end-of-text token (OLMo's design)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    rng = random.Random(1)
+    tok.train_from_iterator([_doc(rng) for _ in range(200)], trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|padding|>", "<|endoftext|>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path))
+    return path
+
+
+def _as_needed(monkeypatch, key: str, prepared_dir: Path) -> None:
+    """The paper setting ``key`` needing the tokenizer the tiny folder was prepared with (its ids and end of text),
+    not the real 32,000 / 50,280: everything else about it as it is."""
+    meta = json.loads((prepared_dir / SIDECAR).read_text())
+    settings = scale("paper").settings
+    s = settings[key]
+    monkeypatch.setitem(settings, key, dataclasses.replace(s, prepared=dataclasses.replace(
+        s.prepared, vocab_size=meta["vocab_size"], eot=meta["eot"])))
+
+
+@pytest.fixture(scope="module")
+def c4_t5(tmp_path_factory):
+    """DATA_ROOT holding a tiny C4 en (c4-en/) and, made from it with a tiny T5-style sentencepiece model by
+    skiplab prepare lm, c4-t5/ (the file prepared from lies elsewhere, under another name)."""
+    root = tmp_path_factory.mktemp("paper-data")
+    write_c4(root)
+    model = _tiny_sentencepiece(tmp_path_factory.mktemp("t5-base") / "t5-tiny.model")
+    prepare(PrepareConfig(corpus="c4-en", data_dir=str(root / "c4-en"), tokenizer=f"sentencepiece:{model}",
+                          out=str(root / "c4-t5")), progress=False)
+    return root
+
+
+def test_paper_scale_c4_cells_train_from_the_prepared_folder_with_the_papers_recipe(c4_t5, monkeypatch):
+    _as_needed(monkeypatch, "c4-llama130m", c4_t5 / "c4-t5")
+    _as_needed(monkeypatch, "c4-llama1b", c4_t5 / "c4-t5")
+    paper, mix = scale("paper"), table("mixln-table1")
+    r = resolve(mix, mix.cell("Mix-LN", "LLaMA-130M"), paper, data_root=str(c4_t5))
+    cfg = r.config
+    assert r.task == "lm" and r.setting.prepared.folder == C4_T5.folder == "c4-t5"
+    assert (cfg.data_dir, cfg.corpus, cfg.tokenizer) == (str(c4_t5 / "c4-t5"), "c4-en", "sentencepiece:spiece.model")
+    assert (cfg.train_file, cfg.valid_file, cfg.test_file) == ("", "", "")
+    m = model_config(cfg.model)
+    assert (m.d_model, m.layers, m.ffn_dim, m.context, m.connection) == (768, 12, 2048, 256, "MixLN+RMS")
+    assert cfg.batch_size * cfg.grad_accum == 512 and (cfg.batch_size, cfg.grad_accum) == (64, 8)
+    assert (cfg.max_steps, cfg.warmup, cfg.lr, cfg.min_lr, cfg.schedule) == (20_000, 2_000, 1e-3, 1e-4, "cosine")
+    assert (cfg.adam_betas, cfg.weight_decay, cfg.clip_norm) == ((0.9, 0.999), 0.0, 0.0)
+    assert (cfg.eval_every, cfg.valid_tokens) == (1000, 10_000_000)
+    assert r.setting.metric == "" and mix.metric == "perplexity"  # ours in the paper's unit: per T5 token
+    big = resolve(mix, mix.cell("Pre-LN", "LLaMA-1B"), paper, data_root=str(c4_t5)).config
+    assert (big.model, big.batch_size * big.grad_accum, big.max_steps, big.warmup, big.lr, big.min_lr) == (
+        "llama-1b(connection=PreRMS)", 512, 100_000, 10_000, 5e-4, 5e-5)
+    # the run reads the folder as it is: its check passes, the tokenizer is the folder's (no file read)
+    prep = lm.prepared(cfg)
+    assert prep is not None and prep.root == c4_t5 / "c4-t5"
+    assert len(lm.prepared_stream(prep, "test", None)) == prep.split("test")["tokens"]
+    # where the folder lives is not part of what the run is: the same key with any --data-root
+    moved = dataclasses.replace(cfg, data_dir="/elsewhere/c4-t5")
+    assert runs_mod.key(moved) == runs_mod.key(cfg)
+    assert "--data-dir " + str(c4_t5 / "c4-t5") in report.train_command("lm", cfg)
+
+
+def test_a_paper_scale_run_trains_one_update_from_the_folder(c4_t5, monkeypatch, tmp_path):
+    """The resolved config, its model and budget made tiny (nothing else changed), trains from the prepared folder
+    with no tokenizer file anywhere (``sentencepiece:spiece.model`` names none that exists)."""
+    _as_needed(monkeypatch, "c4-llama71m", c4_t5 / "c4-t5")
+    mix = table("mixln-table1")
+    cfg = resolve(mix, mix.cell("Pre-LN", "LLaMA-71M"), scale("paper"), data_root=str(c4_t5), device="cpu").config
+    tiny = dataclasses.replace(cfg, model="llama-71m(d_model=32,heads=2,ffn_dim=64,layers=1,context=32)",
+                               batch_size=2, grad_accum=2, max_steps=1, warmup=1, eval_every=1, valid_tokens=200,
+                               out=str(tmp_path / "run"))
+    summary = lm.train(tiny, progress=False)
+    assert summary["status"] == "finished" and summary["steps"] == 1
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["data"]["tokenizer"] == "sentencepiece:spiece.model" and config["data"]["eot"] == 1
+    assert config["data"]["vocab_size"] == json.loads((c4_t5 / "c4-t5" / SIDECAR).read_text())["vocab_size"]
+    assert (tmp_path / "run" / "tokenizer.model").is_file()  # the folder's copy of the model, as a text run keeps
+
+
+def test_paper_scale_c4_cells_without_the_folder_say_what_it_holds_and_the_command(c4_t5, tmp_path):
+    mix, paper = table("mixln-table1"), scale("paper")
+    cell = mix.cell("Pre-LN", "LLaMA-71M")
+    command = ("skiplab prepare lm --corpus c4-en --data-dir DATA_ROOT/c4-en --tokenizer "
+               "sentencepiece:t5-base/spiece.model --out DATA_ROOT/c4-t5")
+    why = resolve(mix, cell, paper).why  # no --data-root
+    assert why == (f"not available at paper scale: needs DATA_ROOT/c4-t5 (--data-root DATA_ROOT): {C4_T5.needs()}")
+    assert why.endswith(f"made once with: {command}") and "google-t5/t5-base" in why and "32,000 ids" in why
+    root = tmp_path / "my data"  # absent: the command names this root, quoted as a shell needs it
+    why = resolve(mix, cell, paper, data_root=str(root)).why
+    assert why.startswith(f"not available at paper scale: needs {root}/c4-t5, which is absent: C4 en (")
+    assert f"in {root}/c4-en)" in why
+    made = why.split("made once with: ")[1]
+    assert shlex.split(made) == ["skiplab", "prepare", "lm", "--corpus", "c4-en", "--data-dir", f"{root}/c4-en",
+                                 "--tokenizer", "sentencepiece:t5-base/spiece.model", "--out", f"{root}/c4-t5"]
+    # the tiny folder is not T5's tokenizer: 32,000 ids and end of text 1 are what the papers used
+    why = resolve(mix, cell, paper, data_root=str(c4_t5)).why
+    meta = json.loads((c4_t5 / "c4-t5" / SIDECAR).read_text())
+    assert why.startswith(f"not available at paper scale: needs {c4_t5}/c4-t5 made anew (it was prepared with "
+                          f"--tokenizer {meta['tokenizer']} ({meta['vocab_size']} ids, end of text 1), not a "
+                          "sentencepiece tokenizer of 32,000 ids (end of text 1); move it aside first")
+    assert why.endswith(f"--out {c4_t5}/c4-t5")
+
+
+def test_a_folder_prepared_otherwise_says_so_and_what_is_needed(c4_t5, tmp_path, monkeypatch):
+    mix, paper = table("mixln-table1"), scale("paper")
+    cell = mix.cell("Mix-LN", "LLaMA-130M")
+    other = tmp_path / "other"
+    prepare(PrepareConfig(corpus="c4-en", data_dir=str(c4_t5 / "c4-en"), out=str(other / "c4-t5")),
+            progress=False)  # bytes
+    why = resolve(mix, cell, paper, data_root=str(other)).why
+    assert "made anew (it was prepared with --tokenizer bytes (257 ids, end of text 256), not a sentencepiece" in why
+    assert "T5's tokenizer (spiece.model of google-t5/t5-base" in why and why.endswith(f"--out {other}/c4-t5")
+    (tmp_path / "empty" / "c4-t5").mkdir(parents=True)
+    assert f"needs {tmp_path}/empty/c4-t5, which holds no prepared.json: " in resolve(
+        mix, cell, paper, data_root=str(tmp_path / "empty")).why
+    broken = tmp_path / "broken" / "c4-t5"
+    broken.mkdir(parents=True)
+    (broken / SIDECAR).write_text("{")
+    assert f"made anew ({broken}/prepared.json: not JSON" in resolve(mix, cell, paper, data_root=str(broken.parent)).why
+    # another corpus, with the right tokenizer: said too
+    _as_needed(monkeypatch, "c4-llama130m", c4_t5 / "c4-t5")
+    files = tmp_path / "files"
+    for split in ("train", "valid", "test"):
+        write_shard(files / f"{split}.jsonl.gz", 5, 3)
+    spec = json.loads((c4_t5 / "c4-t5" / SIDECAR).read_text())["tokenizer"]  # the tiny T5-style model's
+    prepare(PrepareConfig(corpus="", train_file=str(files / "train.jsonl.gz"), valid_file=str(files / "valid.jsonl.gz"),
+                          test_file=str(files / "test.jsonl.gz"), tokenizer=spec,
+                          out=str(tmp_path / "files-root" / "c4-t5")), progress=False)
+    why = resolve(mix, cell, paper, data_root=str(tmp_path / "files-root")).why
+    assert "made anew (it holds files, not c4-en;" in why
+
+
+def test_paper_scale_olmo_cells_train_from_the_prepared_dolma_folder_and_say_what_stays_unlike(tmp_path, monkeypatch):
+    root = tmp_path / "data"
+    rng = random.Random(5)
+    for split, n in (("train", 40), ("valid", 5), ("test", 5)):  # Dolma's documents: JSON lines with "text"
+        folder = root / "dolma" / split
+        folder.mkdir(parents=True)
+        with gzip.open(folder / "part-0000.jsonl.gz", "wt", encoding="utf-8") as f:
+            f.writelines(json.dumps({"id": str(i), "text": _doc(rng), "source": "c4"}) + "\n" for i in range(n))
+    tok = _tiny_tokenizer_json(tmp_path / "olmo" / "tokenizer.json")
+    t, paper = table("hc-table1"), scale("paper")
+    cell = t.cell("DHC×4", "V2 eval loss")
+    why = resolve(t, cell, paper, data_root=str(root)).why  # absent
+    command = (f"skiplab prepare lm --corpus '' --train-file {root}/dolma/train --valid-file {root}/dolma/valid "
+               f"--test-file {root}/dolma/test --tokenizer hf:olmo/tokenizer.json --out {root}/dolma-olmo")
+    assert why.startswith(f"not available at paper scale: needs {root}/dolma-olmo, which is absent: the dolma v1.5 ")
+    assert f"made once with: {command}; once it is there, skiplab has no loader for OLMo's V2 and V3" in why
+    assert "tokenizers/allenai_eleuther-ai-gpt-neox-20b-pii-special.json" in why and "50,280 ids" in why
+    # the command, with the tokenizer file where it lies here, makes the folder the cells train from
+    args = shlex.split(command)[3:]
+    args[args.index("--tokenizer") + 1] = f"hf:{tok}"
+    assert cli.main(["prepare", "lm", *args]) == 0
+    assert "made anew (it was prepared with --tokenizer hf:" in resolve(t, cell, paper, data_root=str(root)).why
+    _as_needed(monkeypatch, "dolma-olmo1b", root / "dolma-olmo")
+    r = resolve(t, cell, paper, data_root=str(root))
+    cfg = r.config
+    assert (cfg.data_dir, cfg.corpus, cfg.tokenizer) == (str(root / "dolma-olmo"), "", "hf:tokenizer.json")
+    m = model_config(cfg.model)
+    assert (m.d_model, m.layers, m.ffn_dim, m.context, m.tie) == (2048, 16, 8192, 2048, True)
+    assert parse_spec(m.connection).options["n"] == 4
+    assert cfg.batch_size * cfg.grad_accum * m.context == 2048 * 2048 and cfg.max_steps == OLMO_STEPS == 119_209
+    assert abs(OLMO_STEPS * 2048 * 2048 - 500e9) < 2048 * 2048
+    assert (cfg.lr, cfg.min_lr, cfg.warmup, cfg.adam_betas, cfg.weight_decay, cfg.clip_norm) == (
+        4e-4, 4e-5, 2000, (0.9, 0.95), 0.1, 1.0)
+    assert r.setting.metric == "perplexity" and "V2 and V3 validation sets" in r.setting.about
+    prep = lm.prepared(cfg)  # the run's own check of the folder passes (the file's path is not the runs')
+    assert prep is not None and prep.meta["tokenizer"] == f"hf:{tok}" and DOLMA_OLMO.tokenizer == "hf:tokenizer.json"
+    assert resolve(t, t.cell("DHC×4", "V3 eval loss"), paper, data_root=str(root)).config == cfg

@@ -13,7 +13,9 @@ final test error (image tables; accuracy = 100 - error), the test BLEU of the av
 number of last checkpoints with beam 4 (MT tables; tokenised BLEU, the papers' form, with sacrebleu's
 detokenised BLEU beside it), the BLEU after one layer is made linear (probe tables), or the final model's
 test bits per byte (LM tables at smoke and cpu scale, whose settings say so: not the papers' perplexity per
-T5 token; the report names both). Finished runs
+T5 token; the report names both), or at paper scale its test perplexity per token of the paper's tokenizer (the
+LM settings train from a folder of ``skiplab prepare lm`` under ``--data-root`` and, where it is absent, say
+what it holds and the command that makes it). Finished runs
 are reused, cut-short ones resumed, and scores are cached in the run directory, so a second
 ``reproduce`` of a finished table trains and translates nothing.
 """
@@ -35,7 +37,7 @@ from ..config import parse_list
 from ..tasks import get as get_task, load_trained
 from . import report, runs, stats
 from .papers import TABLES, table as get_table
-from .scales import Scale, Setting, scale as get_scale
+from .scales import DATA_ROOT, Scale, Setting, scale as get_scale
 from .tables import Cell, Table
 
 PROBE_STEPS = {"smoke": 1, "cpu": 50, "paper": 100}
@@ -61,8 +63,11 @@ def _data_dir(root: str, name: str) -> str:
     return str(path) if path.is_dir() else ""
 
 
-def resolve(t: Table, cell: Cell, sc: Scale, data_root: str = "", device: str = "auto") -> Resolved:
-    """What ``cell`` runs at scale ``sc``."""
+def resolve(t: Table, cell: Cell, sc: Scale, data_root: str = "", device: str = "auto",
+            assume_prepared: bool = False) -> Resolved:
+    """What ``cell`` runs at scale ``sc``. A setting that trains from a prepared folder under ``data_root``
+    (:class:`~skiplab.reproduce.scales.PreparedData`) runs where the folder is there as it needs it, and says what
+    is needed where not; ``assume_prepared`` resolves it as if the folder were there (``--list``'s estimates)."""
     run = cell.run
     if run is None:
         return Resolved(cell, why=f"paper only: {cell.why}")
@@ -73,7 +78,14 @@ def resolve(t: Table, cell: Cell, sc: Scale, data_root: str = "", device: str = 
     cfg = task.cell_config(setting.config, run, setting)
     if isinstance(cfg, str):
         return Resolved(cell, why=f"not available at {sc.name} scale: {cfg}")
-    cfg = dataclasses.replace(cfg, data_dir=_data_dir(data_root, task.data_name(cfg)), device=device)
+    if setting.prepared is not None:
+        data_dir, needs = setting.prepared.find(data_root)
+        if needs and not assume_prepared:
+            return Resolved(cell, why=f"not available at {sc.name} scale: {needs}")
+        data_dir = data_dir or str(Path(data_root or DATA_ROOT) / setting.prepared.folder)
+    else:
+        data_dir = _data_dir(data_root, task.data_name(cfg))
+    cfg = dataclasses.replace(cfg, data_dir=data_dir, device=device)
     return Resolved(cell, setting.task, cfg, setting)
 
 
@@ -282,7 +294,29 @@ def listing() -> str:
             unit = f"; ours in {ours}, not the paper's {t.metric}" if ours != t.metric else ""
             lines.append(f"    {name:5s}: {ran}/{len(resolved)} cells, {len(needed)} runs ({sc.seeds} seeds), "
                          f"{estimate}{unit}")
+            lines += [f"           {line}" for line in _given_prepared(t, sc)]
     return "\n".join(lines)
+
+
+def _given_prepared(t: Table, sc: Scale) -> list[str]:
+    """Per prepared folder that cells of ``t`` train from at ``sc``: what they run once it is under the data root,
+    and what it holds and the command that makes it (--list names no data root, so these cells say they need it)."""
+    by_folder: dict[Any, list[Resolved]] = {}
+    for c in t.cells:
+        setting = sc.settings.get(c.run.setting) if c.run else None
+        if isinstance(setting, Setting) and setting.prepared is not None:
+            by_folder.setdefault(setting.prepared, []).append(resolve(t, c, sc, assume_prepared=True))
+    lines = []
+    for prep, resolved in by_folder.items():
+        ran = [r for r in resolved if r.config is not None]
+        configs = {runs.key(r.config) for r in ran}
+        estimate = report.gpu_estimate(ran, sc.seeds) if sc.name == "paper" else "-"
+        ours = _ours_metric(t, ran)
+        unit = f"; ours in {ours}, not the paper's {t.metric}" if ours != t.metric else ""
+        lines.append(f"with --data-root {DATA_ROOT} holding {prep.folder}/: {len(ran)}/{len(t.cells)} cells, "
+                     f"{len(configs) * sc.seeds} runs ({sc.seeds} seeds), {estimate}{unit}; {prep.folder}/ is "
+                     f"{prep.needs()}" + (f"; {prep.caveat}" if prep.caveat else ""))
+    return lines
 
 
 def _distinct(resolved: list[Resolved]) -> list[Resolved]:

@@ -49,7 +49,9 @@ def _grid(columns: tuple[str, ...], rows: list[tuple[str, str, tuple[float, ...]
 _READING = (
     "Every row is a LLaMA of the paper's shape with the RMSNorm form of the design; our number is the final "
     "model's test bits per byte at smoke and cpu scale (not the paper's unit), so compare the orderings and the "
-    "signs of the differences, not the values. The papers' data loader pads each C4 document to 256 tokens "
+    "signs of the differences, not the values; at paper scale it is the paper's unit, perplexity per T5 token on C4 "
+    "validation, of runs on C4 en prepared once with T5's spiece.model (skiplab prepare lm, DATA_ROOT/c4-t5). "
+    "The papers' data loader pads each C4 document to 256 tokens "
     "(GaLore's), skiplab packs documents into windows; the papers' perplexity is exp of the mean per-batch loss "
     "on about 10M validation tokens.")
 _DEEPNORM = ("DeepNorm is DeepNet's rule (α and β from the depth); the papers' code (NORM_TYPE=deeppost) fixes "
@@ -127,8 +129,10 @@ _HC_READING = (
     "Every row is OLMo-1B's shape (16 layers, SwiGLU, rotary, tied output) with the row's residual connection: the "
     "baseline is Pre-LN, DHC×n is HC(n=N) (dynamic, tanh), W/O tanh HC(n=N,tanh=no), SHC×n HC(n=N,kind=static). "
     "The paper reports OLMo's losses (nats per token of its tokenizer) averaged over the V2 and V3 validation sets; "
-    "ours is the final model's test bits per byte on one corpus, the same runs in both columns, so compare the "
-    "orderings and the signs of the differences, not the values.")
+    "ours is the final model's test score on one held-out split, the same runs in both columns: bits per byte at "
+    "smoke and cpu scale; at paper scale perplexity per OLMo token (exp of the loss) on held-out documents of the "
+    "dolma v1.5 sample prepared once with OLMo's tokenizer (skiplab prepare lm, DATA_ROOT/dolma-olmo), as skiplab "
+    "has no loader for the V2 and V3 sets. Compare the orderings and the signs of the differences, not the values.")
 _HC_NOTES = (
     "The paper's OLMo LayerNorm has no gain or bias (OLMo's layer_norm_with_affine: false; the paper's Appendix B "
     "counts |θ_norm| = 0); skiplab's LN has both, starting at 1 and 0.",

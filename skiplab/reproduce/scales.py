@@ -6,7 +6,11 @@ it; ``c4-llama130m``: C4 with LLaMA-130M as the Mix-LN and curse-of-depth papers
 setting to the run config it starts from, or to the reason it has none there:
 
 - ``paper``: the published setting (He et al. 2016b's CIFAR recipe with the papers' weight decay 2e-4;
-  Vaswani et al. 2017's Transformer recipe with each paper's batch, steps, warm-up and validation set);
+  Vaswani et al. 2017's Transformer recipe with each paper's batch, steps, warm-up and validation set; the
+  Mix-LN and curse-of-depth LLaMA recipes on C4 in T5 tokens, and OLMo-1B's on the dolma v1.5 sample in OLMo's
+  tokens, each read from a folder of ``skiplab prepare lm`` under ``--data-root``, ``c4-t5/`` and
+  ``dolma-olmo/`` (:class:`PreparedData`: where it is absent, or holds other tokens, a cell says what it must
+  hold and the command that makes it));
 - ``cpu``: a faithful miniature that runs in about an hour per table on a 2-core CPU: Fashion-MNIST with
   PreAct-ResNet-20/32 (4,000 training and 4,000 test images, 8 epochs, the lr milestones scaled),
   Multi30k en-de with the ``small`` presets (1,000 updates of 4,096 tokens, warm-up 800), and pydocs with a
@@ -24,15 +28,99 @@ bits per byte where the papers report perplexity per T5 token); the report names
 from __future__ import annotations
 
 import dataclasses
+import shlex
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ..models import with_options
+from ..models import model_config, with_options
+from ..text.pretrained import parse_pretrained
+from ..text.pretrained.base import one_line
+from ..text.shards import SIDECAR, check_prepared, is_prepared, read_prepared
 from ..train.image import ImageTrainConfig
 from ..train.lm import LMTrainConfig
 from ..train.mt import MTTrainConfig
 
 SCALES = ("smoke", "cpu", "paper")
+
+
+DATA_ROOT = "DATA_ROOT"  # how a command names the --data-root where none is given
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    """A folder of ``skiplab prepare lm`` that a setting trains from, ``DATA_ROOT/<folder>``, and what it must hold.
+
+    Nothing is downloaded or tokenised by ``reproduce``: where the folder is absent, or holds other data or other
+    tokens, the setting's cells say what is needed (:meth:`find`): the text, the tokenizer's file and where it comes
+    from, and the ``skiplab prepare lm`` command that makes the folder. The runs name the tokenizer by its kind and
+    a bare file name (``sentencepiece:spiece.model``): a run on a prepared folder reads the tokenizer the folder
+    carries, and a pretrained tokenizer's path is not part of what a run is (``check_prepared``), so the runs'
+    keys do not depend on where the file was when the folder was made."""
+
+    folder: str  # its name under --data-root
+    corpus: str  # the corpus its sidecar names ("" where it was prepared from files)
+    tokenizer: str  # the runs' --tokenizer: a pretrained kind and a bare file name
+    vocab_size: int  # the tokenizer's ids, as the sidecar records them
+    eot: int  # its end-of-text id, as the sidecar records it
+    data: str  # the text, in words
+    tokenizer_about: str  # the tokenizer's file and where it comes from
+    prepare: str  # ``skiplab prepare lm``'s options before --out; DATA_ROOT stands for the data root
+    splits: tuple[str, ...] = ("train", "valid", "test")  # valid: validation while training; test: the final score
+    caveat: str = ""  # what stays unlike the paper once the folder is there
+
+    def command(self, root: str = "") -> str:
+        """The command that makes the folder under ``root`` (DATA_ROOT where none is given)."""
+        args = [*shlex.split(self.prepare), "--out", f"{DATA_ROOT}/{self.folder}"]
+        return shlex.join(["skiplab", "prepare", "lm", *(_rooted(a, root) for a in args)])
+
+    def needs(self, root: str = "") -> str:
+        """What the folder holds and how to make it, in one line."""
+        data = self.data.replace(f"{DATA_ROOT}/", f"{Path(root).expanduser()}/") if root else self.data
+        return f"{data} tokenised with {self.tokenizer_about}, made once with: {self.command(root)}"
+
+    def find(self, root: str) -> tuple[str, str]:
+        """(the folder, "") where ``root`` holds it as the setting needs it; else ("", what is needed)."""
+        then = f"; once it is there, {self.caveat}" if self.caveat else ""
+        if not root:
+            return "", f"needs {DATA_ROOT}/{self.folder} (--data-root {DATA_ROOT}): {self.needs()}{then}"
+        path = Path(root).expanduser() / self.folder
+        if not is_prepared(path):
+            what = "holds no " + SIDECAR if path.is_dir() else "is absent"
+            return "", f"needs {path}, which {what}: {self.needs(root)}{then}"
+        problem = self.mismatch(path)
+        if problem:
+            return "", (f"needs {path} made anew ({problem}; move it aside first, prepare never replaces a folder): "
+                        f"{self.needs(root)}{then}")
+        return str(path), ""
+
+    def mismatch(self, path: Path) -> str:
+        """How the prepared folder ``path`` differs from what the setting needs ("" where it does not)."""
+        try:
+            prep = read_prepared(path)
+            meta = prep.meta
+            theirs, ours = parse_pretrained(meta["tokenizer"]), parse_pretrained(self.tokenizer)
+            if meta["corpus"] != self.corpus:
+                return f"it holds {meta['corpus'] or 'files'}, not {self.corpus or 'files'}"
+            if (theirs is None or theirs.kind != ours.kind or prep.vocab_size != self.vocab_size
+                    or int(meta["eot"]) != self.eot):
+                return (f"it was prepared with --tokenizer {meta['tokenizer']} ({prep.vocab_size:,} ids, end of text "
+                        f"{meta['eot']}), not a {ours.kind} tokenizer of {self.vocab_size:,} ids (end of text "
+                        f"{self.eot})")
+            missing = [s for s in self.splits if s not in meta["splits"]]
+            if missing:
+                return f"it has no {' or '.join(missing)} split"
+            check_prepared(prep, self.corpus, self.tokenizer, self.vocab_size)  # what a run checks
+        except (OSError, ValueError) as exc:
+            return one_line(exc)
+        return ""
+
+
+def _rooted(arg: str, root: str) -> str:
+    """A command's argument with a leading DATA_ROOT/ made ``root``'s (where one is given)."""
+    if not root or not arg.startswith(f"{DATA_ROOT}/"):
+        return arg
+    return str(Path(root).expanduser() / arg.removeprefix(f"{DATA_ROOT}/"))
 
 
 @dataclass(frozen=True)
@@ -47,6 +135,7 @@ class Setting:
     seconds_per_run: float = 0.0  # estimated wall time of one run here (two runs side by side), for --list
     gpu_hours: float = 0.0  # paper scale: estimated GPU-hours of one run (basis: GPU_BASIS)
     metric: str = ""  # what our number is where it is not the table's metric (LM: "bits per byte")
+    prepared: PreparedData | None = None  # paper-scale LM: the prepared folder under --data-root its runs read
 
 
 @dataclass(frozen=True)
@@ -75,7 +164,9 @@ GPU_BASIS = (
     "~25k tokens in 12 h and Big for 300k in 3.5 days on 8 P100 GPUs, i.e. 96 and 672 P100-hours; a setting's "
     "hours scale those by its updates and tokens per update. PreAct-ResNet: forward + backward FLOPs of one "
     "32x32 image (torch.utils.flop_counter: 1.52 GFLOP for ResNet-110, 0.24 for ResNet-20) x 50,000 images x "
-    "164 epochs, at an assumed sustained 10 TFLOP/s.")
+    "164 epochs, at an assumed sustained 10 TFLOP/s. LLaMA and OLMo: 6 FLOPs per token for each weight of the "
+    "layers' matrices and the output layer (forward and backward) x the updates' tokens, at an assumed sustained "
+    "100 TFLOP/s (bf16).")
 
 
 def _resnet_hours(depth: int) -> float:
@@ -150,25 +241,90 @@ LM_PAPER = {
     "c4-llama350m": ("llama-350m", 60_000, 5e-4, 24),
     "c4-llama1b": ("llama-1b", 100_000, 5e-4, 24),
 }
-NO_T5 = ("the papers' perplexity is per token of the T5 tokenizer (SentencePiece, 32,000 ids); `skiplab train lm` "
-         "reads it (--tokenizer sentencepiece:spiece.model), but reproduce has no way yet to be given that file")
+# Their tokenizer: the authors' code (GaLore's torchrun_main.py) loads AutoTokenizer "t5-base" and builds LLaMA
+# configs of vocab_size 32,000: T5's spiece.model, whose 32,000 pieces are those ids (the Hugging Face tokenizer's
+# 100 extra ids, 32,000-32,099, never occur in text). Its end of text is T5's EOS, 1, which the authors' tokenizer
+# appends to each document. The papers' data are C4 en's training shards, and their perplexity is on its
+# validation set: a folder prepared from ``--corpus c4-en`` holds both (its test split is C4's validation).
+C4_T5 = PreparedData(
+    folder="c4-t5", corpus="c4-en", tokenizer="sentencepiece:spiece.model", vocab_size=32_000, eot=1,
+    data=f"C4 en (the allenai/c4 en shards c4-train.NNNNN-of-01024.json.gz and c4-validation.NNNNN-of-00008.json.gz, "
+         f"in {DATA_ROOT}/c4-en)",
+    tokenizer_about="T5's tokenizer (spiece.model of google-t5/t5-base, in t5-base/: SentencePiece, 32,000 ids)",
+    prepare=f"--corpus c4-en --data-dir {DATA_ROOT}/c4-en --tokenizer sentencepiece:t5-base/spiece.model")
 
 
-def _paper_lm(preset: str, steps: int, lr: float) -> str:
-    e = lambda v: f"{v:.0e}".replace("e-0", "e-")  # noqa: E731  (1e-3, 5e-4)
-    return (f"C4 en, {preset}, {steps // 1000}K updates of 512 x 256 tokens, lr {e(lr)}, warm-up {steps // 10_000}K, "
-            f"cosine to {e(lr / 10)}: not run, {NO_T5}")
+def _lm_paper_hours(preset: str, steps: int, tokens: int) -> float:
+    """GPU-hours of ``steps`` updates of ``tokens`` tokens (GPU_BASIS): 6 FLOPs a weight of the matrices a token
+    meets (attention's four, the MLP's, the output layer), at 100 TFLOP/s."""
+    m = model_config(preset)
+    mlp = (3 if m.mlp == "swiglu" else 2) * m.d_model * m.ffn_dim
+    weights = m.layers * (4 * m.d_model**2 + mlp) + m.vocab_size * m.d_model
+    return 6 * weights * steps * tokens / 100e12 / 3600
+
+
+def _e(v: float) -> str:
+    return f"{v:.0e}".replace("e-0", "e-")  # 1e-3, 5e-4
+
+
+def _paper_lm(preset: str, steps: int, lr: float) -> Setting:
+    """A C4 LLaMA setting as the papers train it, from the prepared folder C4_T5: micro-batches of 64 sequences
+    (32 for 1B) accumulated to 512, validation on the first 10M tokens every 1,000 updates (the authors'
+    evaluate_model: target_eval_tokens 10M, --eval_every 1000), the final model scored on the whole split."""
+    micro = 32 if preset == "llama-1b" else 64
+    cfg = _lm(model=preset, corpus=C4_T5.corpus, tokenizer=C4_T5.tokenizer, batch_size=micro, grad_accum=512 // micro,
+              max_steps=steps, warmup=steps // 10, lr=lr, min_lr=lr / 10, adam_betas=(0.9, 0.999), weight_decay=0.0,
+              clip_norm=0.0, eval_every=1000, valid_tokens=10_000_000, keep_checkpoints=1)
+    about = (f"C4 en in T5 tokens ({DATA_ROOT}/{C4_T5.folder}), {preset}, {steps // 1000}K updates of 512 x 256 "
+             f"tokens, Adam (no weight decay, β 0.9 / 0.999), lr {_e(lr)}, warm-up {steps // 10_000}K, cosine to "
+             f"{_e(lr / 10)}, no clipping; validation on the first 10M tokens every 1,000 updates; ours: perplexity "
+             "per T5 token of the final model on C4 validation (every shard prepared)")
+    return Setting("lm", cfg, about, gpu_hours=_lm_paper_hours(preset, steps, 512 * 256), prepared=C4_T5)
 
 
 # The hyper-connections paper's dense models (Zhu et al., ICLR 2025, Section 4, "Experiment Settings"): OLMo-1B
 # trained as Groeneveld et al. 2024 train it, on the dolma v1.5 sample, 500B tokens; the loss is OLMo's, averaged
 # over its V2 and V3 validation sets. Per setting: the preset, the paper's layer count.
 OLMO_PAPER = {"dolma-olmo1b": ("olmo-1b", 16)}
-NO_OLMO = ("the paper's loss is per token of OLMo's tokenizer (GPT-NeoX's BPE, 50,280 ids), averaged over OLMo's V2 "
-           "and V3 validation sets; `skiplab train lm` reads that tokenizer (--tokenizer hf:tokenizer.json), but "
-           "reproduce has no way yet to be given it, and skiplab has no Dolma or OLMo-evaluation loader")
-_PAPER_OLMO = {k: f"dolma v1.5 sample, {preset}, 500B tokens in OLMo-1B's recipe: not run, {NO_OLMO}"
-               for k, (preset, _) in OLMO_PAPER.items()}
+# OLMo-1B's recipe (OLMo's configs/official/OLMo-1B.yaml): AdamW lr 4e-4, betas 0.9 / 0.95, weight decay 0.1,
+# cosine_with_warmup (t_warmup 2000, alpha_f 0.1: to 10%), max_grad_norm 1.0, 2,048 sequences of 2,048 tokens a
+# batch (micro-batches of 8), bf16; the tokenizer its config names, allenai_eleuther-ai-gpt-neox-20b-pii-special
+# (GPT-NeoX-20B's BPE with OLMo's PII tokens: vocab_size 50,280, eos_token_id 50,279, <|endoftext|>). 500B tokens
+# are 119,209 such updates. OLMo evaluates every 1,000 updates. Differences kept: OLMo decays no embedding
+# (decay_embeddings false), skiplab's recipe decays every matrix; the V2 and V3 validation sets (OLMo's
+# eval-data/perplexity/v2_small_gptneox20b and v3_small_gptneox20b, pre-tokenised, one set per source) have no
+# loader in skiplab, so ours is the folder's own test split; and LMTask.measure scores perplexity, not loss, so
+# ours is exp of the loss per token, in the paper's tokens.
+OLMO_STEPS = round(500e9 / (2048 * 2048))
+NO_OLMO_EVAL = ("skiplab has no loader for OLMo's V2 and V3 validation sets, so ours is perplexity per OLMo token "
+                "(exp of the loss) on the folder's test split of held-out Dolma documents, not the paper's loss "
+                "averaged over those sets")
+DOLMA_OLMO = PreparedData(
+    folder="dolma-olmo", corpus="", tokenizer="hf:tokenizer.json", vocab_size=50_280, eot=50_279,
+    data=(f"the dolma v1.5 sample's documents (allenai/dolma, JSON lines with \"text\"), split into folders of "
+          f".jsonl.gz files {DATA_ROOT}/dolma/train, valid and test (held-out documents)"),
+    tokenizer_about=("OLMo's tokenizer (the file OLMo-1B's config names, the OLMo repository's "
+                     "tokenizers/allenai_eleuther-ai-gpt-neox-20b-pii-special.json, as olmo/tokenizer.json: "
+                     "GPT-NeoX's BPE, 50,280 ids, end of text <|endoftext|> 50279)"),
+    prepare=(f"--corpus '' --train-file {DATA_ROOT}/dolma/train --valid-file {DATA_ROOT}/dolma/valid --test-file "
+             f"{DATA_ROOT}/dolma/test --tokenizer hf:olmo/tokenizer.json"),
+    caveat=NO_OLMO_EVAL)
+
+
+def _paper_olmo(preset: str) -> Setting:
+    cfg = _lm(model=preset, corpus=DOLMA_OLMO.corpus, data_dir=DOLMA_OLMO.folder, tokenizer=DOLMA_OLMO.tokenizer,
+              batch_size=8, grad_accum=256, max_steps=OLMO_STEPS, warmup=2000, lr=4e-4, min_lr=4e-5,
+              adam_betas=(0.9, 0.95), weight_decay=0.1, clip_norm=1.0, eval_every=1000, valid_tokens=10_000_000,
+              keep_checkpoints=1)
+    about = (f"the dolma v1.5 sample in OLMo's tokens ({DATA_ROOT}/{DOLMA_OLMO.folder}), {preset}, {OLMO_STEPS:,} "
+             "updates of 2,048 x 2,048 tokens (500B), OLMo-1B's recipe: AdamW (0.9, 0.95), weight decay 0.1, lr 4e-4, "
+             "warm-up 2,000, cosine to 4e-5, clipping at 1.0; validation on the first 10M tokens of the valid split "
+             f"every 1,000 updates; ours: {NO_OLMO_EVAL}")
+    return Setting("lm", cfg, about, gpu_hours=_lm_paper_hours(preset, OLMO_STEPS, 2048 * 2048), metric="perplexity",
+                   prepared=DOLMA_OLMO)
+
+
+_PAPER_OLMO = {k: _paper_olmo(preset) for k, (preset, _) in OLMO_PAPER.items()}
 
 _PAPER_LAYERS = {n: n for n in (2, 6, 12, 18, 24)}
 PAPER = Scale("paper", {**_PAPER_IMAGE, **{k: dataclasses.replace(v, layers=_PAPER_LAYERS)
