@@ -44,6 +44,7 @@ from pathlib import Path
 
 from . import bench, config, distributed, reproduce, run_dir, tasks
 from .analysis import gradient_flow
+from .analysis import options as analysis_options
 from .analysis.analyze import analyze
 from .analysis.curves import plot_runs
 from .connections import available_connections, connection, parse_spec
@@ -51,7 +52,7 @@ from .models import family_of, options_of, with_options
 from .reproduce.sweep import sweep
 from .tasks import hf_run
 from .tasks.compare import compare
-from .tasks.lm import sample_text
+from .tasks.lm import add_generate_arguments, sample_text
 from .tasks.mt import add_decoding_arguments
 from .text import decode_lines, read_lines
 from .translate import paired_bootstrap
@@ -196,13 +197,8 @@ def cmd_curves(args: argparse.Namespace) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> None:
-    options = {k: getattr(args, k) for k in ANALYZE_OPTIONS if getattr(args, k, None) is not None}
     trained = [tasks.load_trained(r) for r in [args.run, *args.compare]]
-    analyze(args.analysis, trained, overwrite=args.overwrite, **options)
-
-
-ANALYZE_OPTIONS = ("split", "examples", "seed", "mode", "near_zero", "large", "layers", "steps", "objective", "sample",
-                   "lr", "beam", "score_start", "k", "ratio")
+    analyze(args.analysis, trained, overwrite=args.overwrite, **analysis_options.given(args))
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
@@ -331,15 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_translate)
 
     p = sub.add_parser("generate", help="continue a prompt with a trained language model")
-    p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
-    p.add_argument("--prompt", default="", help="the text to continue (default: none, a new document)")
-    p.add_argument("--max-new-tokens", type=config.count(1), default=200, help="tokens to add (default: 200)")
-    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 is greedy (default: 1)")
-    p.add_argument("--top-k", type=config.count(0), default=0, help="sample from the k likeliest (default: 0, all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sample from the nucleus of mass p (default: 1, all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
-    p.add_argument("--average", type=config.count(0), default=0,
-                   help="average the run's last N step checkpoints (default: 0, off)")
+    add_generate_arguments(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("average", help="average the last N checkpoints of a run into one file")
@@ -394,56 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     ana = sub.add_parser("analyze", help="look into trained runs").add_subparsers(dest="analysis", required=True,
                                                                                metavar="ANALYSIS")
-    for name, help, split, examples in [
-            ("gradients", "per-block gradient norm ‖∂L_n/∂y_n‖ over random examples (Fig. 3 of the rSkip+LN paper)",
-             "train", 10000),
-            ("gates", "SAS α, β, γ, Highway T and wSkip w per block, over a split (Fig. 3 of the SAS paper)", "train", 10000),
-            ("ratios", "the recursive skip's learned x : F ratio per block (Appendix A of the rSkip+LN paper)",
-             "train", 10000),
-            ("activations", "per-block output distributions, and the sum h against G(h) (the tutorial)", "test", 2000),
-            ("linearity", "each chosen layer replaced by a linear map trained in its place: the metric lost "
-                          "(Section 4 of the depth-wise LSTM paper)", "", 0),
-            ("redundancy", "angular distance between the hidden states entering layers l and l+k, and the loss "
-                           "without each layer (the Mix-LN and curse-of-depth papers)", "test", 200),
-            ("norms", "hidden-state RMS entering each layer, sub-layer output RMS, massive activations "
-                      "(|h| > ratio x median)", "test", 200)]:
-        p = ana.add_parser(name, help=help, description=help)
-        p.add_argument("run", metavar="RUN", help="a run directory (its last.pt) or a checkpoint file")
-        p.add_argument("--compare", nargs="+", default=[], metavar="RUN", help="more runs, overlaid in one figure")
-        if split:
-            p.add_argument("--split", default=split, help=f"which split's examples (default: {split})")
-            p.add_argument("--examples", type=config.count(1), default=examples,
-                           help=f"random examples (sentences for MT) of the split (default: {examples})")
-        p.add_argument("--seed", type=int, default=0, help="seed of the random choice of examples (default: 0)")
-        if name == "gradients":
-            p.add_argument("--mode", default="eval", choices=("eval", "train"),
-                           help="the model's mode: eval (examples independent) or train (batch statistics, "
-                                "dropout) (default: eval)")
-        if name == "activations":
-            p.add_argument("--near-zero", type=float, default=0.01, help="|y| below this is near zero (default: 0.01)")
-            p.add_argument("--large", type=float, default=5.0, help="|y| above this is large (default: 5)")
-        if name == "redundancy":
-            p.add_argument("--k", type=config.count(1), default=1,
-                           help="the span of the distance curve: d(h_l, h_l+k) (default: 1)")
-        if name == "norms":
-            p.add_argument("--ratio", type=float, default=100.0,
-                           help="an entry is massive above this times its state's median |h| (default: 100)")
-        if name == "linearity":
-            p.add_argument("--layers", type=config.parse_list, required=True, metavar="LAYERS",
-                           help="layers to replace, one at a time, comma-separated: block.3 (image), encoder.0, "
-                                "decoder.2 (MT)")
-            p.add_argument("--steps", type=config.count(1), default=100, help="updates of W_d, b_d after the least-squares start "
-                                                                  "(default: 100)")
-            p.add_argument("--objective", default="task", choices=("task", "regress"),
-                           help="train W_d on the task loss or on the layer's own output (default: task)")
-            p.add_argument("--sample", type=config.count(1), default=20000, help="positions for the least-squares start "
-                                                                     "(default: 20000)")
-            p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate for W_d, b_d (default: 1e-3)")
-            p.add_argument("--beam", type=config.count(1), default=4, help="beam size of the BLEU evaluation (default: 4)")
-            p.add_argument("--score-start", action="store_true",
-                           help="also score the model at the least-squares start, before the updates")
-        p.add_argument("--overwrite", action="store_true", help="replace the analysis files if they exist")
-        p.set_defaults(func=cmd_analyze)
+    analysis_options.add_parsers(ana, cmd_analyze)
 
     cmp = sub.add_parser("compare", help="compare connections over seeds").add_subparsers(dest="task", required=True, metavar="TASK")
     for task in tasks.TASKS.values():

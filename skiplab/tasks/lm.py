@@ -205,6 +205,19 @@ def tokenised_once(cfg: lm.LMTrainConfig, root: Path, progress: bool = True) -> 
     return folder
 
 
+def add_generate_arguments(p: argparse.ArgumentParser) -> None:
+    """``skiplab generate``'s options (:func:`sample_text`'s arguments)."""
+    p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
+    p.add_argument("--prompt", default="", help="the text to continue (default: none, a new document)")
+    p.add_argument("--max-new-tokens", type=count(1), default=200, help="tokens to add (default: 200)")
+    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 is greedy (default: 1)")
+    p.add_argument("--top-k", type=count(0), default=0, help="sample from the k likeliest (default: 0, all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample from the nucleus of mass p (default: 1, all)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+    p.add_argument("--average", type=count(0), default=0,
+                   help="average the run's last N step checkpoints (default: 0, off)")
+
+
 def sample_text(path: str, prompt: str, max_new: int = 200, temperature: float = 1.0, top_k: int = 0,
                 top_p: float = 1.0, seed: int = 0, average: int = 0) -> str:
     """``skiplab generate``: the text a trained run continues ``prompt`` with."""
