@@ -40,7 +40,8 @@ except ImportError:  # Windows: run directories are not locked
     fcntl = None
 
 RUN_FILES = ("config.json", "metrics.jsonl", "last.pt", "best.pt", "summary.json")
-PLACE = ("out", "data_dir", "device")  # config fields that say where a run is, not what it trains
+# config fields that say where a run is and how it is watched, not what it trains
+PLACE = ("out", "data_dir", "device", "log_every", "logger")
 
 
 class RunDirError(ValueError):
@@ -328,10 +329,13 @@ def load_checkpoint(path: str | Path, kind: str | tuple[str, ...]) -> dict[str, 
     return state
 
 
-def stop_diverged(out: Path, config: dict[str, Any], loss: float, epoch: int, step: int) -> dict[str, Any]:
-    """A non-finite loss: record the run as diverged (a result, not a crash), say where, return the summary."""
+def stop_diverged(out: Path, config: dict[str, Any], loss: float, epoch: int, step: int,
+                  watched: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A non-finite loss: record the run as diverged (a result, not a crash), say where, return the summary
+    (with what the run's per-step watch saw, ``watched``, where it has one)."""
     message = f"non-finite loss ({loss}) at epoch {epoch}, step {step}: the run diverged"
-    summary = {"status": "diverged", "message": message, "epoch": epoch, "step": step, "config": config}
+    summary = {"status": "diverged", "message": message, "epoch": epoch, "step": step,
+               **({k: v for k, v in watched.items()} if watched else {}), "config": config}
     write_json(out / "summary.json", summary)
     print(f"{out}: {message}")
     return summary

@@ -176,6 +176,14 @@ class GPT(nn.Module):
         for layer in self.layers:  # designs that prescribe their branch's initialisation (DeepNorm)
             layer.init_branches()
 
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token, forward and backward: 6N + 12·L·d·T, N the weights less the position table,
+        L layers, d the width, T the context (PaLM, Chowdhery et al. 2022, Appendix B: 6N + 12·L·H·Q·T, H·Q = d;
+        nanoGPT's ``estimate_mfu``). The attention scores' causal half is not taken off."""
+        n = sum(p.numel() for p in self.parameters()) - (self.pos_embed.weight.numel() if self.pos_embed else 0)
+        c = self.cfg
+        return 6.0 * n + 12.0 * c.layers * c.d_model * c.context
+
     def forward(self, tokens: Tensor, caches: list[dict[str, Tensor]] | None = None) -> Tensor:
         """Logits (B, T, V) of the next token at every position of ``tokens`` (B, T). With ``caches`` (one
         dict per layer, empty at first) ``tokens`` continue the cached positions, whose keys and values

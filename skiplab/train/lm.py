@@ -43,6 +43,7 @@ from ..text.shards import Prepared, check_prepared, is_prepared, read_prepared
 from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, count_words, eval_windows, perplexity, read_bin,
                             token_stream, unigram_nats, window_starts, windows_at)
 from .run import Run
+from .telemetry import grad_norm
 
 SCHEDULES = ("cosine", "constant")
 
@@ -82,6 +83,11 @@ class LMTrainConfig:
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay, on matrices only"})
     clip_norm: float = field(default=1.0, metadata={"help": "clip the gradient's global norm (0 = off)"})
     eval_every: int = field(default=200, metadata={"min": 1, "help": "validate and save every N updates"})
+    log_every: int = field(default=1, metadata={
+        "min": 0, "help": "a line of steps.jsonl every N updates: loss, lr, gradient norm, clipped, spike, tokens/s, "
+                          "FLOP rate (0 = none; spikes and the largest gradient norm still go to the summary)"})
+    logger: str = field(default="", metadata={
+        "help": "also send the lines to tensorboard, wandb or trackio (comma-separated; each its own package)"})
     valid_tokens: int = field(default=0, metadata={
         "min": 0, "help": "validate on the first documents holding this many tokens (0 = the whole split)"})
     keep_checkpoints: int = field(default=5, metadata={"min": 1, "help": "step checkpoints kept (for averaging)"})
@@ -98,6 +104,9 @@ class LMTrainConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
         check_lm_tokenizer(self.tokenizer)
+        from ..interop.loggers import parse_loggers  # names only: no logger's package is imported
+
+        parse_loggers(self.logger)
         if self.bin_dtype not in BIN_DTYPES:
             raise ValueError(f"unknown --bin-dtype {self.bin_dtype!r}; known: {', '.join(BIN_DTYPES)}")
         if len(self.adam_betas) != 2:
@@ -289,7 +298,7 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     train_net = distributed.data_parallel(net, group, torch.zeros(1, 2, dtype=torch.long, device=device))  # trains
     opt = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.adam_betas),
                             eps=cfg.adam_eps)
-    run.attach(model, mcfg, opt)
+    run.attach(model, mcfg, opt, flops_per_token=model.flops_per_token())
     gen = torch.Generator().manual_seed(cfg.seed)  # the windows, the same on every rank
     step, best = 0, math.inf
     if ckpt:
@@ -315,7 +324,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
                disable=not (progress and group.main))
     window = {"loss": 0.0, "updates": 0, "time": time.time()}
     model.train()
+    tokens_per_update = cfg.batch_size * per_update * n
     while step < cfg.max_steps:
+        began = time.perf_counter()
         lr = learning_rate(cfg, step + 1)
         for g in opt.param_groups:
             g["lr"] = lr
@@ -335,11 +346,14 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         update_loss /= per_update
         if not math.isfinite(update_loss):
             bar.close()
+            run.watch.update(step + 1, update_loss, lr, math.nan, False, tokens_per_update,
+                             time.perf_counter() - began, last=True)
             return run.diverged(update_loss, 1, step + 1)
-        if cfg.clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+        norm, clipped = grad_norm(list(model.parameters()), cfg.clip_norm)  # clips where clip_norm > 0
         opt.step()
         step += 1
+        run.watch.update(step, update_loss, lr, norm, clipped, tokens_per_update, time.perf_counter() - began,
+                         last=step == cfg.max_steps)
         window["loss"], window["updates"] = window["loss"] + update_loss, window["updates"] + 1
         bar.update(1)
         if step % cfg.eval_every == 0 or step == cfg.max_steps:

@@ -52,6 +52,8 @@ from torch import nn
 from .. import distributed, run_dir
 from ..compiled import CompileStats, compile_model
 from ..connections import admin, iter_connections
+from . import telemetry
+from .telemetry import Telemetry
 
 
 class Run:
@@ -71,6 +73,8 @@ class Run:
         self.compile_stats: CompileStats | None = None
         self.stored: dict[str, Any] = {}  # the resumed run's config, and the fields of it cfg changes
         self.changed: list[str] = []
+        self.resume_step = 0  # the step of the checkpoint a resumed run goes on from
+        self.watch = Telemetry(0)  # per-step telemetry (skiplab.train.telemetry), made by attach
 
     @property
     def config(self) -> dict[str, Any]:
@@ -90,6 +94,7 @@ class Run:
         if not self.resuming:
             return None
         ckpt = run_dir.load_checkpoint(self.out / "last.pt", kind=self.kind)
+        self.resume_step = int(ckpt.get("step", 0))
         self.stored = upgrade(ckpt["config"]) if upgrade else ckpt["config"]
         self.changed = run_dir.check_resumable(self.out, self.stored, self.config, extendable=extendable,
                                                defaults={f.name: f.default for f in dataclasses.fields(self.cfg)})
@@ -105,16 +110,28 @@ class Run:
         return compile_model(model, dynamic=dynamic)
 
     # -- with the model -----------------------------------------------------------------------------------
-    def attach(self, model: nn.Module, model_config: Any, optimizer: torch.optim.Optimizer) -> None:
+    def attach(self, model: nn.Module, model_config: Any, optimizer: torch.optim.Optimizer,
+               flops_per_token: float = 0.0) -> None:
         """The plain (not compiled, not wrapped) model, its config (a dataclass) and the optimizer the
-        checkpoints hold."""
+        checkpoints hold; the run's watch (:class:`~skiplab.train.telemetry.Telemetry`: a line every
+        ``cfg.log_every`` updates, ``flops_per_token`` for its FLOP rate, the loggers ``cfg.logger`` names, opened
+        on rank 0)."""
         self.model, self.model_config, self.optimizer = model, model_config, optimizer
+        loggers = None
+        if getattr(self.cfg, "logger", "") and self.group.main:
+            from ..interop.loggers import open_loggers  # an outside package, imported only when asked for
+
+            loggers = open_loggers(self.cfg.logger, self.out, self.config, self.resume_step)
+        self.watch = Telemetry(getattr(self.cfg, "log_every", 0), flops_per_token, self.device, loggers)
 
     def restore(self, ckpt: dict[str, Any], key: str = "epoch") -> None:
         """Model, optimizer and RNG state (this rank's, under torchrun) from ``ckpt``; metrics.jsonl cut back
         to the records up to the checkpoint's ``key`` and config.json given the changed fields, each said."""
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.watch.load_state(ckpt.get("telemetry"))
+        if "step" in ckpt:  # the lines a killed run wrote past its checkpoint
+            self.group.on_main(lambda: telemetry.cut_lines(self.out, ckpt["step"]))
         ranks = ckpt["rng"].get("ranks")
         run_dir.restore_rng(ranks[self.group.rank] if ranks else ckpt["rng"])
         for line in self.group.on_main(lambda: (
@@ -151,12 +168,16 @@ class Run:
         if self.group.active:  # every rank's own state, each restored to its rank on resume
             rng["ranks"] = self.group.gather(run_dir.rng_state())
         return {"kind": self.kind, "config": self.config, "model_config": dataclasses.asdict(self.model_config),
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **extras, "rng": rng,
+                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **extras,
+                "telemetry": self.watch.state(), "rng": rng,
                 "world_size": self.group.world_size, "record": record}
 
     def save(self, state: dict[str, Any], improved: bool, step: int | None = None, keep: int | None = None) -> None:
         """Write ``state`` (rank 0): checkpoint_<step>.pt where ``step`` is given (the last ``keep`` of them
-        kept; None: all), last.pt, best.pt where ``improved``; then its record goes to metrics.jsonl."""
+        kept; None: all), last.pt, best.pt where ``improved``; then the per-step lines since the last save go to
+        steps.jsonl and its record to metrics.jsonl."""
+        lines = self.watch.take()
+
         def write() -> None:
             if step is not None:
                 run_dir.save_checkpoint(self.out / f"checkpoint_{step}.pt", state)
@@ -166,6 +187,7 @@ class Run:
             if step is not None and keep:
                 for old in run_dir.step_checkpoints(self.out)[:-keep]:
                     old.unlink()
+            telemetry.append_lines(self.out, lines)
             run_dir.append_metrics(self.out, state["record"])
 
         self.group.on_main(write)
@@ -173,11 +195,16 @@ class Run:
     # -- the end ------------------------------------------------------------------------------------------
     def diverged(self, loss: float, epoch: int, step: int) -> dict[str, Any]:
         """A non-finite ``loss`` at ``epoch`` and ``step`` (from 1): the run is recorded as diverged; its summary."""
+        lines = self.watch.take()  # the updates since the last save, the non-finite one last
+
         def write() -> dict[str, Any]:
-            summary = run_dir.stop_diverged(self.out, self.config, loss, epoch, step)
+            telemetry.append_lines(self.out, lines)
+            summary = run_dir.stop_diverged(self.out, self.config, loss, epoch, step,
+                                           self.watch.summary() if self.watch.losses else None)
             run_dir.release(self.out)
             return summary
 
+        self.watch.close()
         return self.group.on_main(write)
 
     def finish(self, summary: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
@@ -186,11 +213,13 @@ class Run:
         record's "time"), world size, compile report and config."""
         def write() -> dict[str, Any]:
             history = run_dir.read_metrics(self.out)
-            result = {"status": "finished", **summary(history[-1]), "train_time_s": sum(r["time"] for r in history),
-                      "world_size": self.group.world_size,
+            watched = self.watch.summary() if self.watch.losses else {}  # a task that reports its updates
+            result = {"status": "finished", **summary(history[-1]), **watched,
+                      "train_time_s": sum(r["time"] for r in history), "world_size": self.group.world_size,
                       **({"compile": self.compile_stats.report()} if self.compile_stats else {}), "config": self.config}
             run_dir.write_json(self.out / "summary.json", result)
             run_dir.release(self.out)
             return result
 
+        self.watch.close()
         return self.group.on_main(write)
