@@ -20,14 +20,24 @@ A sharded corpus (``c4-en``) is read from the shards of a split that are present
 ``en/`` folder, the layout of the allenai/c4 repository), in shard order: a user may hold any subset of them,
 and nothing is downloaded. C4 publishes train and validation only; its test split is the validation shards,
 the split on which the papers report C4 perplexity.
+
+:func:`load_documents` and :func:`read_documents` give a split's documents as a list; :func:`iter_documents`
+and :func:`iter_read_documents` give the same documents in the same order, read as they are iterated (a JSON
+Lines file a line at a time, a text file a document at a time), so that a corpus larger than memory can be
+tokenised (``skiplab prepare lm``). The lists are the streams collected: the two cannot differ. enwik8 and
+text8 are read whole either way (a split of them is one document).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
+import itertools
 import json
 import zipfile
 import zlib
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -105,25 +115,70 @@ class Documents:
         return len(self.texts)
 
 
+@dataclass(frozen=True)
+class DocumentStream:
+    """One split's documents read as they are iterated: the texts :class:`Documents` would hold, in the same
+    order, one at a time. Each iteration reads the files afresh.
+
+    The check that a split has some text can only end an iteration (the error :func:`load_documents` raises
+    before returning); a consumer that must leave nothing behind on an error (``prepare lm``) writes aside
+    and keeps what it wrote only once the iteration has ended.
+    """
+
+    name: str
+    where: Path  # what the empty-split error names
+    read: Callable[[], Iterable[str]] = field(repr=False)  # the texts, empty ones included
+
+    def __iter__(self) -> Iterator[str]:
+        return _checked(self.read(), self.where)
+
+    def documents(self) -> Documents:
+        """All of them at once."""
+        return Documents(list(self), self.name)
+
+
 def read_documents(path: str | Path) -> Documents:
     """The documents of a file or folder in one of the layouts above."""
+    return iter_read_documents(path).documents()
+
+
+def load_documents(corpus: str, data_dir: str | Path | None, split: str, download: bool = True) -> Documents:
+    """``split`` of the named ``corpus``, from ``data_dir`` (see the module docstring)."""
+    return iter_documents(corpus, data_dir, split, download).documents()
+
+
+def iter_read_documents(path: str | Path) -> DocumentStream:
+    """:func:`read_documents`'s documents, streamed: a .jsonl[.gz] file is read a line at a time, a .txt[.gz]
+    file a document at a time (its lines up to the next blank one), a folder a file at a time (its JSON Lines
+    files a line at a time, its text files, one document each, whole). A missing file or a folder without
+    documents is an error here; the faults of the text are errors of the iteration, as they are met."""
     path = Path(path)
     if path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file() and p.name.lower().endswith(_FOLDER_FILES))
         if not files:
             raise ValueError(f"{path}: no .txt, .txt.gz, .jsonl or .jsonl.gz files in this folder")
-        texts: list[str] = []
-        for f in files:
-            texts += _jsonl(f) if _kind(f) == "jsonl" else ["\n".join(_lines(f))]
-        return _checked(Documents(texts, path.name), path)
+
+        def folder() -> Iterator[str]:
+            for f in files:
+                if _kind(f) == "jsonl":
+                    yield from _jsonl(f)
+                else:
+                    yield "\n".join(_lines(f))
+
+        return DocumentStream(path.name, path, folder)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file or folder")
-    texts = _jsonl(path) if _kind(path) == "jsonl" else _split(_lines(path))
-    return _checked(Documents(texts, path.name), path)
+    if _kind(path) == "jsonl":
+        return DocumentStream(path.name, path, lambda: _jsonl(path))
+    return DocumentStream(path.name, path, lambda: _split(_lines(path)))
 
 
-def load_documents(corpus: str, data_dir: str | Path | None, split: str, download: bool = True) -> Documents:
-    """``split`` of the named ``corpus``, from ``data_dir`` (see the module docstring)."""
+def iter_documents(corpus: str, data_dir: str | Path | None, split: str, download: bool = True) -> DocumentStream:
+    """:func:`load_documents`'s documents, streamed: files as :func:`iter_read_documents` reads them, a sharded
+    corpus a shard at a time and each shard a line at a time, a named text file (WikiText-103, TinyStories; from
+    its archive where it is not extracted) a document at a time. enwik8 and text8 stay whole: a split of them is
+    one document (90 MB of train), which a tokenizer encodes at once. The corpus is found (and downloaded) here;
+    its text is read as the stream is iterated."""
     info = lm_corpus(corpus)
     if split not in LM_SPLITS:
         raise ValueError(f"{info.name}: unknown split {split!r}; known: {', '.join(LM_SPLITS)}")
@@ -131,22 +186,30 @@ def load_documents(corpus: str, data_dir: str | Path | None, split: str, downloa
     if info.shards:
         return _sharded(root, info, split)
     if info.stream:
-        data = _member(root, info, info.stream, download)
-        start = sum(info.cuts[: LM_SPLITS.index(split)])
-        part = data[start : start + info.cuts[LM_SPLITS.index(split)]]
-        if not part:
-            raise ValueError(f"{root / info.stream}: {len(data)} bytes, too short for its {split} split")
-        text = part.decode("utf-8", "surrogateescape") if info.binary else decode_lines(part, info.stream)
-        texts = [text] if info.binary else ["\n".join(text)]
-        return _checked(Documents(texts, f"{info.name}/{split}"), root / info.stream)
+        found = _locate(root, info, info.stream, download)
+
+        def stream() -> Iterator[str]:
+            data = _member(*found, info.stream)
+            start = sum(info.cuts[: LM_SPLITS.index(split)])
+            part = data[start : start + info.cuts[LM_SPLITS.index(split)]]
+            if not part:
+                raise ValueError(f"{root / info.stream}: {len(data)} bytes, too short for its {split} split")
+            del data
+            if info.binary:
+                yield part.decode("utf-8", "surrogateescape")
+            else:
+                yield "\n".join(decode_lines(part, info.stream))
+
+        return DocumentStream(f"{info.name}/{split}", root / info.stream, stream)
     name = info.files[split]
     path = root / name
     if not path.is_file() and not info.urls:
         raise FileNotFoundError(f"{path}: no such file ({info.name} is not downloadable: {info.about})")
     if _kind(path) == "jsonl":
-        return Documents(read_documents(path).texts, f"{info.name}/{split}")
-    lines = decode_lines(_member(root, info, name, download), name)
-    return _checked(Documents(_split(lines, info.separator), f"{info.name}/{split}"), path)
+        return dataclasses.replace(iter_read_documents(path), name=f"{info.name}/{split}")
+    found = _locate(root, info, name, download)
+    return DocumentStream(f"{info.name}/{split}", path,
+                          lambda: _split(_decoded(_member_lines(*found, name), name), info.separator))
 
 
 def lm_corpus(name: str) -> LMCorpus:
@@ -156,39 +219,62 @@ def lm_corpus(name: str) -> LMCorpus:
     return LM_CORPORA[key]
 
 
-def _member(root: Path, info: LMCorpus, name: str, download: bool) -> bytes:
-    """The bytes of ``name``: the file in ``root``, else from the corpus's archive (downloaded if absent)."""
+def _locate(root: Path, info: LMCorpus, name: str, download: bool) -> tuple[Path, bool]:
+    """Where ``name`` is: (the file in ``root``, False), else (the corpus's archive, True) or (the file, False)
+    downloaded if absent."""
     if (root / name).is_file():
-        return (root / name).read_bytes()
+        return root / name, False
     source = info.archive or name
     dest = root / source
     if not dest.is_file():
         if not download:
             raise FileNotFoundError(f"{dest} not found; download {info.urls[source]} into {root}")
         fetch(info.urls[source], dest)
-    if not info.archive:
-        return dest.read_bytes()
+    return dest, bool(info.archive)
+
+
+@contextmanager
+def _archive_errors(archive: Path, name: str) -> Iterator[None]:
     try:
-        with zipfile.ZipFile(dest) as z:
-            return z.read(name)
+        yield
     except KeyError:
-        raise ValueError(f"{dest}: the archive has no {name}") from None
+        raise ValueError(f"{archive}: the archive has no {name}") from None
     except zipfile.BadZipFile as exc:
-        raise ValueError(f"{dest}: corrupt zip archive ({exc})") from None
+        raise ValueError(f"{archive}: corrupt zip archive ({exc})") from None
 
 
-def _sharded(root: Path, info: LMCorpus, split: str) -> Documents:
+def _member(file: Path, archived: bool, name: str) -> bytes:
+    """The bytes of ``name``, found by :func:`_locate` at ``file`` (an archive holding it when ``archived``)."""
+    if not archived:
+        return file.read_bytes()
+    with _archive_errors(file, name), zipfile.ZipFile(file) as z:
+        return z.read(name)
+
+
+def _member_lines(file: Path, archived: bool, name: str) -> Iterator[bytes]:
+    """:func:`_member`'s bytes a line at a time (each with its ``\\n``; the last may lack it)."""
+    if not archived:
+        with open(file, "rb") as f:
+            yield from f
+        return
+    with _archive_errors(file, name), zipfile.ZipFile(file) as z, z.open(name) as f:
+        yield from f
+
+
+def _sharded(root: Path, info: LMCorpus, split: str) -> DocumentStream:
     """The documents of every shard of ``split`` present in ``root`` (or ``root/en``), in shard order."""
     pattern = info.shards[split]
     files = sorted(root.glob(pattern)) or sorted((root / "en").glob(pattern))
     if not files:
         raise FileNotFoundError(f"{root}: no {info.name} shards for the {split} split ({pattern}); put some of "
                                 f"them there (in the folder or its en/) or give the folder holding them")
-    texts: list[str] = []
-    for f in files:
-        texts += _jsonl(f)
+
+    def shards() -> Iterator[str]:
+        for f in files:
+            yield from _jsonl(f)
+
     total = pattern.split("-of-")[1].split(".")[0].lstrip("0")
-    return _checked(Documents(texts, f"{info.name}/{split} ({len(files)} of {total} shards)"), files[0].parent)
+    return DocumentStream(f"{info.name}/{split} ({len(files)} of {total} shards)", files[0].parent, shards)
 
 
 def _kind(path: Path) -> str:
@@ -196,23 +282,62 @@ def _kind(path: Path) -> str:
     return "jsonl" if name.endswith((".jsonl", ".json")) else "bin" if name.endswith(".bin") else "text"
 
 
-def _read(path: Path) -> bytes:
-    data = path.read_bytes()
-    if data.startswith(_GZIP_MAGIC):
+def _file_lines(path: Path) -> Iterator[bytes]:
+    """The bytes of a file a line at a time, gunzipped as they are read where it is gzip (by its magic bytes,
+    whatever its name); a corrupt gzip file is an error naming it."""
+    with open(path, "rb") as f:
+        gzipped = f.read(2) == _GZIP_MAGIC
+        f.seek(0)
+        if not gzipped:
+            yield from f
+            return
         try:
-            return gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise ValueError(f"{path}: corrupt gzip file ({' '.join(str(exc).split())})") from None
-    return data
+            with gzip.GzipFile(fileobj=f) as g:
+                yield from g
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+            message = " ".join(str(exc).split())
+            if message.startswith("CRC check failed"):  # what gzip.decompress says (GzipFile adds the two sums)
+                message = "CRC check failed"
+            raise ValueError(f"{path}: corrupt gzip file ({message})") from None
 
 
-def _lines(path: Path) -> list[str]:
-    return decode_lines(_read(path), str(path))
+def _decoded(raw: Iterable[bytes], source: str) -> Iterator[str]:
+    """The lines of UTF-8 ``raw`` lines as :func:`decode_lines` gives them (only ``\\n`` ends a line, ``\\r``
+    before it dropped, a leading byte-order mark dropped), one at a time; a bad byte is an error naming
+    ``source`` and the line. A fault further on (a corrupt gzip file or zip member) is the error named instead,
+    as when the file is read at once."""
+    raw = iter(raw)
+    for i, line in enumerate(raw, start=1):
+        ended = line.endswith(b"\n")
+        try:
+            text = (line[:-1] if ended else line).decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is None:
+            _drain(raw)
+            raise ValueError(f"{source}: line {i} is not valid UTF-8")
+        if i == 1:
+            text = text.removeprefix("\ufeff")
+            if not text and not ended:  # a file of a byte-order mark alone has no line
+                return
+        yield text.removesuffix("\r")
 
 
-def _jsonl(path: Path) -> list[str]:
-    texts = []
-    for i, line in enumerate(_lines(path), start=1):
+def _lines(path: Path) -> Iterator[str]:
+    return _decoded(_file_lines(path), str(path))
+
+
+def _drain(it: Iterator) -> None:
+    """Read the rest of ``it`` (raising its errors)."""
+    for _ in it:
+        pass
+
+
+def _jsonl(path: Path) -> Iterator[str]:
+    """The "text" of each line of a JSON Lines file, blank lines skipped. A bad line is an error; a bad byte or
+    a corrupt gzip file further on is the error named instead, as when the file is read at once."""
+    lines = _lines(path)
+    for i, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -220,27 +345,32 @@ def _jsonl(path: Path) -> list[str]:
         except json.JSONDecodeError:
             record = None
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+            _drain(lines)
             raise ValueError(f"{path}, line {i}: not a JSON object with a \"text\" string")
-        texts.append(record["text"])
-    return texts
+        yield record["text"]
 
 
-def _split(lines: list[str], separator: str = "") -> list[str]:
-    """Documents separated by lines that are ``separator`` (TinyStories' ``<|endoftext|>``), or blank."""
-    docs, current = [], []
-    for line in lines + [separator]:
+def _split(lines: Iterable[str], separator: str = "") -> Iterator[str]:
+    """Documents separated by lines that are ``separator`` (TinyStories' ``<|endoftext|>``), or blank; one
+    document held at a time."""
+    current: list[str] = []
+    for line in itertools.chain(lines, [separator]):
         if line.strip() == separator:
             text = "\n".join(current).strip("\n")
             if text.strip():
-                docs.append(text)
+                yield text
             current = []
         else:
             current.append(line)
-    return docs
 
 
-def _checked(docs: Documents, where: Path) -> Documents:
-    docs.texts = [t for t in docs.texts if t]
-    if not docs.texts or not any(t.strip() for t in docs.texts):
+def _checked(texts: Iterable[str], where: Path) -> Iterator[str]:
+    """``texts`` without the empty ones; a split with no text (nothing but whitespace) is an error at its end."""
+    blank = True
+    for t in texts:
+        if t:
+            if blank and t.strip():
+                blank = False
+            yield t
+    if blank:
         raise ValueError(f"{where}: empty corpus (no text)")
-    return docs

@@ -8,6 +8,12 @@ The corpus and tokenizer options are those of ``skiplab train lm``: a named corp
 from its file. A split's tokens are exactly :func:`skiplab.train.lm.stream`'s: each document encoded, then end
 of text. The folder is written beside itself (``OUT.partial``) and renamed when complete: nothing partial is
 left under ``OUT``, and an existing ``OUT`` is never replaced.
+
+The text is streamed (:func:`skiplab.text.documents.iter_documents`): a split is read a document at a time and
+written a shard at a time, so memory holds one document, one shard's tokens and, for valid and test, the
+document index, whatever the corpus's size (enwik8 and text8, one document a split, are the exception).
+Training a bpe / unigram tokenizer here holds the train split's text (sentencepiece trains on it in memory);
+``--tokenizer bytes`` and pretrained tokenizers do not.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +30,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from .documents import LM_SPLITS, Documents, load_documents, read_documents
+from .documents import (LM_SPLITS, Documents, DocumentStream, iter_documents, iter_read_documents, load_documents,
+                        read_documents)
 from .lm_tokenizer import LM_TOKENIZERS, LMTokenizer, check_lm_tokenizer, load_lm_tokenizer, train_lm_tokenizer
 from .pretrained import read_pretrained
 from .shards import (FORMAT_NAME, FORMAT_VERSION, MAX_SHARD_TOKENS, SIDECAR, TOKENIZER_FILE, token_dtype,
@@ -61,9 +69,16 @@ class PrepareConfig:
         return LM_SPLITS if self.corpus else tuple(s for s in LM_SPLITS if getattr(self, f"{s}_file"))
 
     def documents(self, split: str) -> Documents:
+        """A split's documents, all in memory (what a tokenizer trains on)."""
         if self.corpus:
             return load_documents(self.corpus, self.data_dir or None, split)
         return read_documents(getattr(self, f"{split}_file"))
+
+    def stream(self, split: str) -> DocumentStream:
+        """:meth:`documents`, read a document at a time (what is tokenised)."""
+        if self.corpus:
+            return iter_documents(self.corpus, self.data_dir or None, split)
+        return iter_read_documents(getattr(self, f"{split}_file"))
 
 
 def prepare(cfg: PrepareConfig, progress: bool = True) -> dict[str, Any]:
@@ -77,7 +92,7 @@ def prepare(cfg: PrepareConfig, progress: bool = True) -> dict[str, Any]:
         shutil.rmtree(work)
     work.mkdir(parents=True)
     try:
-        if not tokenizer:
+        if not tokenizer:  # bpe / unigram train on the whole train split, held in memory; bytes needs no text
             train_texts = cfg.documents("train").texts if cfg.tokenizer != "bytes" else []
             tokenizer = train_lm_tokenizer(cfg.tokenizer, train_texts, work / "spm", cfg.vocab_size).to_bytes()
             for leftover in work.glob("spm.*"):
@@ -101,14 +116,17 @@ def prepare(cfg: PrepareConfig, progress: bool = True) -> dict[str, Any]:
 
 
 def _write_split(cfg: PrepareConfig, split: str, tok: LMTokenizer, folder: Path, progress: bool) -> dict[str, Any]:
-    """One split's shards (and document index), written into ``folder``; its entry of the sidecar."""
-    docs = cfg.documents(split)
+    """One split's shards (and document index), written into ``folder``; its entry of the sidecar. The documents
+    are read one at a time; an error in them (the split's emptiness included, found at its end) is raised after
+    some shards may have been written into ``folder``, which :func:`prepare` then removes."""
+    docs = cfg.stream(split)
     dtype = token_dtype(tok.vocab_size)
     eot = np.array([tok.eot], dtype=dtype)
     shards: list[dict[str, Any]] = []
     pending: list[np.ndarray] = []
-    held = total = n_bytes = n_words = top = 0
-    ends: list[tuple[int, int, int]] = []
+    held = total = n_bytes = n_words = top = n_docs = 0
+    indexed = split in INDEXED
+    ends = array("q")  # (tokens, bytes, words) at each document's end, flat: 24 bytes a document
 
     def flush(final: bool) -> None:  # every whole shard held (and, at the end, the rest)
         nonlocal pending, held
@@ -121,7 +139,7 @@ def _write_split(cfg: PrepareConfig, split: str, tok: LMTokenizer, folder: Path,
             start += size
         pending, held = ([whole[start:]] if start < len(whole) else []), len(whole) - start
 
-    for text in tqdm(docs.texts, desc=f"prepare {docs.name}", unit="doc", disable=not progress):
+    for text in tqdm(docs, desc=f"prepare {docs.name}", unit="doc", disable=not progress):  # no total: streamed
         ids = tok.encode_array(text)
         if len(ids):
             top = max(top, int(ids.max()))
@@ -132,14 +150,16 @@ def _write_split(cfg: PrepareConfig, split: str, tok: LMTokenizer, folder: Path,
         total += len(ids) + 1
         n_bytes += len(text.encode("utf-8", "surrogateescape"))
         n_words += count_words([text])
-        ends.append((total, n_bytes, n_words))
+        n_docs += 1
+        if indexed:
+            ends.extend((total, n_bytes, n_words))
         if held >= cfg.shard_tokens:
             flush(False)
     if held:
         flush(True)
-    entry = {"name": docs.name, "tokens": total, "bytes": n_bytes, "words": n_words, "documents": len(docs.texts),
+    entry = {"name": docs.name, "tokens": total, "bytes": n_bytes, "words": n_words, "documents": n_docs,
              "max_id": max(top, tok.eot), "shards": shards}
-    if split in INDEXED:
-        np.save(folder / f"{split}.docs.npy", np.asarray(ends, dtype=np.int64).reshape(-1, 3), allow_pickle=False)
+    if indexed:
+        np.save(folder / f"{split}.docs.npy", np.frombuffer(ends, dtype=np.int64).reshape(-1, 3), allow_pickle=False)
         entry["index"] = f"{split}.docs.npy"
     return entry
