@@ -40,6 +40,7 @@ except ImportError:  # Windows: run directories are not locked
     fcntl = None
 
 RUN_FILES = ("config.json", "metrics.jsonl", "last.pt", "best.pt", "summary.json")
+STEPS_FILE = "steps.jsonl"  # per-step telemetry (skiplab.train.telemetry)
 # config fields that say where a run is and how it is watched, not what it trains
 PLACE = ("out", "data_dir", "device", "log_every", "logger")
 
@@ -389,3 +390,9 @@ def averaged_over(out: Path, average: int, cache: Callable[[int], Path]) -> int:
     if have:
         return max(1, min(average, have))
     return next((n for n in range(average, 0, -1) if cache(n).is_file()), 1)
+
+
+def read_steps(run: str | Path) -> list[dict[str, Any]]:
+    """The per-step lines of the run directory ``run`` (its steps.jsonl; [] where it has none)."""
+    path = Path(run) / STEPS_FILE
+    return [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []

@@ -74,6 +74,9 @@ def test_every_point_is_one_run_and_the_rows_are_its_runs_numbers(swept):
         summary = load(Path(rec["dir"]) / "summary.json")  # the run's own numbers, by hand
         line = written[row["connection"], row["depth"], row["lr"]]
         assert row["runs"] == 1 and int(line["runs"]) == 1
+        # per-step telemetry, diverged runs too: the run's spikes and largest gradient norm, in the csv as they are
+        assert (row["loss_spikes"], row["max_grad_norm"]) == (summary["loss_spikes"], summary["max_grad_norm"])
+        assert int(line["loss_spikes"]) == summary["loss_spikes"]
         if row["lr"] == HUGE:
             assert summary["status"] == "diverged" and "test_bpb" not in summary
             assert (row["finished"], row["diverged"], row["mean"], row["std"]) == (0, 1, None, None)
@@ -87,6 +90,7 @@ def test_every_point_is_one_run_and_the_rows_are_its_runs_numbers(swept):
             assert f"| {row['connection']:<10} | {row['depth']:<5} | 0.003 | 1/1 " in table
             assert f"{summary['test_bpb']:.3f} ± 0.000" in table
     assert table.count("all diverged") == 4
+    assert "| s/update | loss spikes | max grad norm |" in table
     for s in result["stability"]:  # the huge lr diverged everywhere: the stable one is both the best and the highest
         assert (s["best_lr"], s["highest_stable_lr"], s["diverged"], s["runs"]) == (STABLE, STABLE, 1, 2)
     for name in ("depth.png", "lr.png", "curves.png"):

@@ -133,7 +133,17 @@ def plot_curves(curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, 
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(keys), figsize=(6 * len(keys), 4.5), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    draw_curves(list(axes[0]), curves, keys, x)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def draw_curves(axes: list[Any], curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, ...],
+                x: str = "epoch") -> None:
+    """:func:`plot_curves`'s panels, one key an axis of ``axes``."""
+    for ax, key in zip(axes, keys):
         for i, (spec, runs) in enumerate(curves.items()):
             length = min((len(r) for r in runs), default=0)
             if not length:
@@ -150,7 +160,3 @@ def plot_curves(curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, 
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

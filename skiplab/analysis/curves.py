@@ -1,5 +1,9 @@
 """Learning curves of finished or running runs, read from their ``metrics.jsonl``, in one figure.
 
+Where every run has per-step lines (``steps.jsonl``, :mod:`skiplab.train.telemetry`) and no keys are given, a
+second row shows the loss and the gradient norm before clipping at every logged update (log scale), mean ± std
+over seeds, each run's loss spikes marked ``x``.
+
 Runs are grouped by their connection (image) or model spec (MT) (from ``config.json``) unless labels are given; a group of
 several seeds is drawn as mean ± std, as in ``compare``. Translation runs are plotted against the
 update step, image runs against the epoch.
@@ -7,11 +11,12 @@ update step, image runs against the epoch.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from .. import run_dir
-from .comparison import plot_curves
+from .comparison import draw_curves, plot_curves
 
 DEFAULT_KEYS = {"step": ("train_loss", "valid_loss", "valid_ppl"), "epoch": ("train_loss", "test_error")}
 
@@ -42,6 +47,7 @@ def plot_runs(paths: list[str], out: str | Path, keys: tuple[str, ...] = (), lab
         raise ValueError(f"{len(labels)} labels for {len(paths)} runs")
     runs = [read_run(p) for p in paths]
     x = "step" if all("step" in r[1][0] for r in runs) else "epoch"
+    given = bool(keys)
     keys = tuple(keys) or DEFAULT_KEYS[x]
     for path, (_, records) in zip(paths, runs):
         missing = [k for k in keys if any(k not in rec for rec in records)]
@@ -53,5 +59,49 @@ def plot_runs(paths: list[str], out: str | Path, keys: tuple[str, ...] = (), lab
         groups.setdefault(labels[i] if labels else label, []).append(records)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    plot_curves(groups, keys, out, title or ", ".join(Path(p).name for p in paths), x=x)
+    title = title or ", ".join(Path(p).name for p in paths)
+    steps = [run_dir.read_steps(p) for p in paths]
+    if given or not all(steps):
+        plot_curves(groups, keys, out, title, x=x)
+        return out
+    _with_steps(groups, keys, x, steps, [labels[i] if labels else r[0] for i, r in enumerate(runs)], out, title)
     return out
+
+
+def _with_steps(groups: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, ...], x: str,
+                steps: list[list[dict[str, Any]]], names: list[str], out: Path, title: str) -> None:
+    """The metric panels over a row of per-update panels: loss and gradient norm, spikes marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, max(len(keys), 2), figsize=(6 * max(len(keys), 2), 9), squeeze=False)
+    draw_curves(list(axes[0]), groups, keys, x)
+    per_step: dict[str, list[list[dict[str, Any]]]] = {}
+    for name, lines in zip(names, steps):
+        per_step.setdefault(name, []).append([r for r in lines if all(_finite(r[k]) for k in STEP_KEYS)])
+    draw_curves(list(axes[1]), per_step, STEP_KEYS, "step")
+    colours = {name: f"C{i}" for i, name in enumerate(per_step)}
+    for name, lines in zip(names, steps):
+        spikes = [r for r in lines if r.get("spike")]
+        axes[1][0].scatter([r["step"] for r in spikes], [r["loss"] for r in spikes], marker="x", color=colours[name],
+                           zorder=3, label=None)
+    axes[1][0].set_ylabel("loss (every logged update; x: spikes)")
+    axes[1][1].set_ylabel("gradient norm before clipping")
+    axes[1][1].set_yscale("log")
+    for ax in axes[0][len(keys):]:
+        ax.set_visible(False)
+    for ax in axes[1][2:]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+STEP_KEYS = ("loss", "grad_norm")
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v)

@@ -85,6 +85,33 @@ def lm_step(model: nn.Module, batch: tuple[Tensor, Tensor], forward: Callable | 
     return step
 
 
+def loop_step(model: nn.Module, batch: tuple[Tensor, Tensor], watch: Any = None) -> Callable[[], None]:
+    """One update as ``train lm`` makes it: AdamW, the loss read back, the gradient clipped at 1.0; with ``watch``
+    (a :class:`~skiplab.train.telemetry.Telemetry`) the gradient norm and the update reported to it."""
+    from ..train.telemetry import grad_norm
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    params = list(model.parameters())
+    x, y = batch
+    count = [0]
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x).float().transpose(1, 2), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        value = loss.item()
+        if watch is None:
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+        else:
+            norm, clipped = grad_norm(params, 1.0)
+            count[0] += 1
+            watch.update(count[0], value, 1e-4, norm, clipped, x.numel(), 1.0)
+            watch.take()  # what a save does with the lines
+        opt.step()
+
+    return step
+
+
 class TorchDecoder(nn.Module):
     """A decoder-only model of ``torch.nn`` layers alone: embedding, learned positions, pre-norm
     ``nn.TransformerEncoderLayer`` (GELU) run causally, a final ``nn.LayerNorm``, the tied output: the shape of

@@ -38,9 +38,10 @@ from .. import run_dir
 from ..connections.norms import make_norm
 from ..models import model_config
 from ..text import Tokenizer, encode_parallel, load_corpus, make_batches
+from ..train.telemetry import Telemetry
 from ..translate.search import beam_search
 from ..models.generate import generate
-from .steps import (MTBatch, RecomputingDecoder, TorchDecoder, TorchTransformer, add_bandwidth, build,
+from .steps import (MTBatch, RecomputingDecoder, TorchDecoder, TorchTransformer, add_bandwidth, build, loop_step,
                     connection_output_elements, image_step, lm_step, matmul_rate, mt_step, step_flops)
 from .timing import Row, interleaved, markdown
 
@@ -221,6 +222,15 @@ def lm(sz: Sizes, ctx: dict) -> list[Row]:
     achieved = step_flops(wide_step) / t_wide
     rows.append(Row("lm", f"achieved training FLOP/s / matmul rate, {sz.vocab}-token vocabulary",
                     100 * achieved / ctx["matmul"], "%", f"{sz.lm_model} PreLN step: {achieved / 1e9:.1f} GFLOP/s"))
+
+    # per-step telemetry (skiplab.train.telemetry): train lm's step (clipped at 1.0, its loss read) without and
+    # with the watch (the gradient norm kept, the spike window, a line every update)
+    watched = build(f"{sz.lm_model}(connection=PreLN)", vocab_size=sz.lm_vocab, **overrides)
+    t = interleaved({"plain": loop_step(watched, batch, None),
+                     "watched": loop_step(watched, batch, Telemetry(1, watched.flops_per_token()))},
+                    sz.repeats * 2, sz.warmup)
+    rows.append(Row("lm", "per-step telemetry: the step with it / without", 100 * (t["watched"] / t["plain"] - 1), "%",
+                    f"{sz.lm_model} PreLN, a steps.jsonl line every update (the goal: at most 1%)"))
 
     new = sz.lm_new_tokens
     long = build(f"{sz.lm_model}(connection=PreLN)", vocab_size=sz.lm_vocab, **{**overrides, "context": new + 1}).eval()

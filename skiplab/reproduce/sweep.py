@@ -23,6 +23,8 @@ seeds of a cell c = (d, L, η), with m_k the test metric of seed k:
     mean(c) = (1/n) Σ_k m_k,  std(c) = sqrt(Σ_k (m_k − mean)² / (n − 1))    over the n finished seeds (std 0 at n = 1)
     valid(c) = (1/n) Σ_k v_k        v_k the run's final validation number (LM: final valid bits per byte)
     s/update(c) = (1/n) Σ_k train_time_s_k / steps_k
+    spikes(c) = Σ_k loss_spikes_k,  max ‖g‖(c) = max_k max_grad_norm_k      over the runs with per-step telemetry
+                (finished or diverged; skiplab.train.telemetry's rule)
 
 and per design and depth, over the lrs η swept:
 
@@ -144,6 +146,7 @@ def record(task: str, p: Point, seed: int, cfg: Any) -> dict[str, Any]:
             spec.final_valid[0]: summary.get(spec.final_valid[0]), "steps": steps,
             "train_time_s": summary.get("train_time_s"),
             "s_per_update": summary["train_time_s"] / steps if finished and steps else None,
+            "loss_spikes": summary.get("loss_spikes"), "max_grad_norm": summary.get("max_grad_norm"),
             **({"message": summary["message"]} if summary.get("status") == "diverged" else {}),
             "command": _command(task, cfg)}
 
@@ -172,8 +175,17 @@ def aggregate(records: list[dict[str, Any]], metric: str, valid: str) -> list[di
                      "diverged": sum(r["status"] == "diverged" for r in rs),
                      "n": summary["n"], "mean": summary["mean"], "std": summary["std"],
                      "valid_mean": _mean([r[valid] for r in done if r.get(valid) is not None]),
-                     "s_per_update": _mean([r["s_per_update"] for r in done if r.get("s_per_update") is not None])})
+                     "s_per_update": _mean([r["s_per_update"] for r in done if r.get("s_per_update") is not None]),
+                     **_watched(rs)})
     return rows
+
+
+def _watched(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over a cell's runs with per-step telemetry (finished or diverged): loss spikes summed, the largest gradient
+    norm (None where no run has telemetry)."""
+    seen = [r for r in records if r.get("loss_spikes") is not None]
+    return {"loss_spikes": sum(r["loss_spikes"] for r in seen) if seen else None,
+            "max_grad_norm": max(r["max_grad_norm"] for r in seen) if seen else None}
 
 
 def stability(rows: list[dict[str, Any]], higher_is_better: bool = False) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from ..analysis.report import pyplot
 from .report import _md_table, duration
 
 COLUMNS = ("connection", "depth", "lr", "runs", "finished", "diverged", "n", "mean", "std", "valid_mean",
-           "s_per_update")
+           "s_per_update", "loss_spikes", "max_grad_norm")
 
 
 def _num(v: float | None, digits: int) -> str:
@@ -65,6 +65,10 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
     body = [(r["connection"], str(r["depth"]), _lr(r["lr"]), f"{r['finished']}/{r['runs']}", str(r["diverged"]),
              _metric_cell(r, digits), _num(r["valid_mean"], digits), _num(r["s_per_update"], 2))
             for r in result["rows"]]
+    if any(r.get("loss_spikes") is not None for r in result["rows"]):  # runs with per-step telemetry
+        head += ("loss spikes", "max grad norm")
+        body = [(*b, "-" if r.get("loss_spikes") is None else str(r["loss_spikes"]), _num(r.get("max_grad_norm"), 2))
+                for b, r in zip(body, result["rows"])]
     direction = "higher" if result["higher_is_better"] else "lower"
     parts = [f"### Sweep: {title(result)}",
              f"Test {label} ({direction} is better): mean ± std (n − 1) over the seeds that finished; a diverged "
@@ -97,7 +101,7 @@ def csv(result: dict[str, Any]) -> str:
     w = _csv.writer(buf)
     w.writerow(COLUMNS)
     for r in result["rows"]:
-        w.writerow(["" if r[k] is None else r[k] for k in COLUMNS])
+        w.writerow(["" if r.get(k) is None else r[k] for k in COLUMNS])
     return buf.getvalue()
 
 

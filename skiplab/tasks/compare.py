@@ -65,6 +65,11 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
             if times:
                 columns[variant.label]["s/update"] = f"{sum(times) / len(times):.2f}"
 
+    watched = {v.label: [r for r in results[v.label] if r.get("loss_spikes") is not None] for v in variants}
+    if any(watched.values()):  # runs with per-step telemetry: loss spikes per seed, the largest gradient norm
+        for name, runs in watched.items():
+            columns[name]["loss spikes"] = " / ".join(str(r["loss_spikes"]) for r in runs) or "-"
+            columns[name]["max grad norm"] = f"{max(r['max_grad_norm'] for r in runs):.2f}" if runs else "-"
     if len(set().union(*machines.values())) > 1:  # seconds from different machines: say which is which
         for name, names in machines.items():
             columns[name]["machine"] = " + ".join(sorted(names))

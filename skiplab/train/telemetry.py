@@ -37,8 +37,9 @@ from typing import Any
 
 import torch
 
+from ..run_dir import STEPS_FILE, read_steps
+
 WINDOW, FACTOR = 100, 1.25  # a spike: a loss above FACTOR x the median of the WINDOW updates before it
-STEPS_FILE = "steps.jsonl"
 # bf16 dense peak TFLOP/s by device name, the first name found in the device's (the vendors' data sheets)
 PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}
 
@@ -137,5 +138,4 @@ def cut_lines(out: Path, step: int) -> None:
 
 def read_lines(out: Path) -> list[dict[str, Any]]:
     """The lines of ``out``/steps.jsonl ([] where the run has none)."""
-    path = Path(out) / STEPS_FILE
-    return [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []
+    return read_steps(out)

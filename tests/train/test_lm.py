@@ -186,6 +186,10 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
         assert run(["compare", "lm", *argv]) == 0
     table = (out / "table.md").read_text()
     assert "bits per byte" in table and "PostLN" in table and "parameters" in table
+    summary = json.loads((out / "PostLN" / "seed1" / "summary.json").read_text())  # per-step telemetry's columns
+    row = json.loads((out / "compare.json").read_text())["rows"][1]
+    assert (row["loss spikes"], row["max grad norm"]) == (str(summary["loss_spikes"]), f"{summary['max_grad_norm']:.2f}")
+    assert "| loss spikes | max grad norm |" in table
     mean = json.loads((out / "compare.json").read_text())["rows"][1]["mean"]
     assert f"{mean:.3f} ± " in table  # three decimals: bits per byte differ in the third
     summary = json.loads((out / "PostLN" / "seed1" / "summary.json").read_text())

@@ -167,3 +167,23 @@ def test_trackio_gets_the_lines_on_local_files(text, tmp_path):  # noqa: F811
         rows = con.execute("SELECT step, metrics FROM metrics ORDER BY step").fetchall()
     assert [(s, json.loads(m)["train/loss"]) for s, m in rows] == [(x["step"], pytest.approx(x["loss"], rel=1e-6))
                                                                     for x in read_lines(out)]
+
+
+def test_curves_draw_the_loss_and_gradient_norm_of_every_logged_update(text, tmp_path, monkeypatch):  # noqa: F811
+    from skiplab.analysis import curves
+
+    out = tmp_path / "r"
+    with one_thread():
+        assert run(args(text, out, "--log-every", "1")) == 0
+    drawn = []
+    real = curves.draw_curves
+    monkeypatch.setattr(curves, "draw_curves", lambda axes, groups, keys, x: drawn.append((groups, keys, x))
+                        or real(axes, groups, keys, x))
+    assert run(["curves", out, "--out", tmp_path / "c.png"]) == 0
+    (_, metric_keys, _), (groups, step_keys, x) = drawn
+    assert metric_keys == ("train_loss", "valid_loss", "valid_ppl") and (step_keys, x) == (("loss", "grad_norm"), "step")
+    (lines,) = groups.values()
+    assert lines == [read_lines(out)] and (tmp_path / "c.png").stat().st_size > 10_000
+    drawn.clear()
+    assert run(["curves", out, "--keys", "valid_loss", "--out", tmp_path / "d.png"]) == 0
+    assert len(drawn) == 0  # keys given: the figure they ask for alone (plot_curves draws it)
