@@ -146,6 +146,7 @@ def _print_summary(summary: dict) -> None:
 
 def cmd_train(args: argparse.Namespace) -> None:
     task = tasks.get(args.task)
+    task.before_train(args)
     _print_summary(task.train(_train_config(task.config, args), resume=args.resume, overwrite=args.overwrite))
 
 
@@ -305,6 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_model_options(p, task.name)
         p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
         p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
+        task.add_train_arguments(p)
         p.set_defaults(func=cmd_train)
         doc = (task.evaluate.__doc__ or "").strip().split("\n")[0] or f"evaluate a {task.name} run"
         p = ev.add_parser(task.name, help=doc, description=doc)

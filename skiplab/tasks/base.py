@@ -61,6 +61,12 @@ class Task:
         has none."""
         return None
 
+    def add_train_arguments(self, p: argparse.ArgumentParser) -> None:
+        """``skiplab train <task>``'s options of this task beyond its config's fields (none by default)."""
+
+    def before_train(self, args: argparse.Namespace) -> None:
+        """What those options ask for before the config is read (``args.resume`` may be set here)."""
+
     def shared_data(self, base: Any, root: Path, progress: bool = True) -> Any:
         """``base`` reading data that every run of a comparison or sweep under ``root`` shares, made once (the
         LM task tokenises its corpus once into a prepared folder); ``base`` itself where nothing is shared."""

@@ -125,6 +125,20 @@ class LMTask(Task):
         value = summary["unigram_test_bpb"]
         return None if value is None else {"label": "unigram model of the training split", "value": value}
 
+    def add_train_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--branch", default="", metavar="CHECKPOINT",
+                       help="start --out from a step checkpoint of a --schedule wsd run's stable phase and decay it "
+                            "to --max-steps (one run, several budgets); the other options are the checkpoint's")
+
+    def before_train(self, args: argparse.Namespace) -> None:
+        """``--branch CHECKPOINT``: the new run directory made from it, then trained as a resumed run."""
+        if args.branch:
+            if args.resume:
+                raise ValueError("--branch makes a new run from a checkpoint; give it without --resume")
+            default = next(f.default for f in dataclasses.fields(lm.LMTrainConfig) if f.name == "max_steps")
+            lm.branch(args.branch, args.out, args.overwrite, args.max_steps if args.max_steps != default else 0)
+            args.resume, args.overwrite = True, False
+
     def shared_data(self, base: Any, root: Path, progress: bool = True) -> Any:
         """``base`` reading its text tokenised once (:func:`tokenised_once`) under ``root``; ``base`` itself where
         its data are a prepared folder or .bin files already."""

@@ -20,7 +20,9 @@ process with the same ``grad_accum`` computes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import shutil
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -45,7 +47,8 @@ from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, count_words, eval
 from .run import Run
 from .telemetry import grad_norm
 
-SCHEDULES = ("cosine", "constant")
+SCHEDULES = ("cosine", "constant", "wsd")
+DECAY_SHAPES = ("linear", "sqrt")
 
 
 @dataclass(frozen=True)
@@ -77,7 +80,12 @@ class LMTrainConfig:
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
     min_lr: float = field(default=1e-4, metadata={"help": "learning rate at the end of the cosine decay"})
     warmup: int = field(default=100, metadata={"min": 0, "help": "linear warm-up steps"})
-    schedule: str = field(default="cosine", metadata={"help": "cosine (to --min-lr at --max-steps) or constant"})
+    schedule: str = field(default="cosine", metadata={
+        "help": "cosine (to --min-lr at --max-steps), constant, or wsd (warm-up, stable at --lr, decay to --min-lr "
+                "over the last --decay of the updates)"})
+    decay: float = field(default=0.2, metadata={"help": "wsd: the fraction of --max-steps that decays"})
+    decay_shape: str = field(default="linear", metadata={
+        "help": "wsd: linear, or sqrt (lr falls as 1 - sqrt of the decay's progress)"})
     adam_betas: tuple[float, float] = field(default=(0.9, 0.95), metadata={"help": "AdamW betas"})
     adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay, on matrices only"})
@@ -103,6 +111,13 @@ class LMTrainConfig:
             raise ValueError(f"need 0 <= --min-lr <= --lr and --lr > 0, got {self.min_lr} and {self.lr}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; known: {', '.join(SCHEDULES)}")
+        if self.decay_shape not in DECAY_SHAPES:
+            raise ValueError(f"unknown --decay-shape {self.decay_shape!r}; known: {', '.join(DECAY_SHAPES)}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"--decay must be in (0, 1], got {self.decay:g}")
+        if self.schedule == "wsd" and self.warmup > stable_end(self):
+            raise ValueError(f"--warmup {self.warmup} runs into the decay, which starts after update "
+                             f"{stable_end(self)} (--max-steps {self.max_steps}, --decay {self.decay:g})")
         check_lm_tokenizer(self.tokenizer)
         from ..interop.loggers import parse_loggers  # names only: no logger's package is imported
 
@@ -133,12 +148,32 @@ class LMTrainConfig:
 BUDGET = ("keep_checkpoints",)
 
 
+def stable_end(cfg: LMTrainConfig) -> int:
+    """wsd: the last update at the stable lr, S = max_steps − round(decay · max_steps)."""
+    return cfg.max_steps - round(cfg.decay * cfg.max_steps)
+
+
 def learning_rate(cfg: LMTrainConfig, step: int) -> float:
-    """lr of update ``step`` (from 1): warm-up, then cosine decay to min_lr (or constant)."""
+    """lr of update ``step`` (from 1): warm-up, then cosine decay to min_lr, constant, or wsd:
+
+        lr(s) = lr                                   warmup < s <= S  (S = :func:`stable_end`)
+        lr(s) = min_lr + (lr − min_lr) · (1 − f(p)),  p = (s − S) / (max_steps − S),  f(p) = p (linear) or √p (sqrt)
+
+    (warm-up–stable–decay: Hu et al. 2024, MiniCPM, Section 4; the 1 − √ shape: Hägele et al. 2024, "Scaling
+    Laws and Compute-Optimal Training Beyond Fixed Training Durations", Section 3). Every update up to S has the
+    lr of any longer run's, so a checkpoint of the stable phase can be decayed to several budgets
+    (``train lm --branch``)."""
     if step <= cfg.warmup:
         return cfg.lr * step / cfg.warmup
     if cfg.schedule == "constant":
         return cfg.lr
+    if cfg.schedule == "wsd":
+        end = stable_end(cfg)
+        if step <= end:
+            return cfg.lr
+        p = (step - end) / (cfg.max_steps - end)
+        f = p if cfg.decay_shape == "linear" else math.sqrt(p)
+        return cfg.min_lr + (cfg.lr - cfg.min_lr) * (1 - f)
     progress = min(1.0, (step - cfg.warmup) / max(1, cfg.max_steps - cfg.warmup))
     return cfg.min_lr + (cfg.lr - cfg.min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -262,7 +297,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     if cfg.tokenizer not in LM_TOKENIZERS and not (resume or cfg.binary or prep):
         pretrained = group.on_main(lambda: read_pretrained(cfg.tokenizer).to_bytes())
     run = Run(cfg, "lm", group, device, resume=resume, overwrite=overwrite)
-    ckpt = run.resume(extendable=BUDGET + (("max_steps",) if cfg.schedule == "constant" else ()))
+    ckpt = run.resume(extendable=BUDGET + (("max_steps",) if cfg.schedule in ("constant", "wsd") else ()))
+    if ckpt and cfg.schedule == "wsd" and ckpt["config"]["max_steps"] != cfg.max_steps:
+        check_branch(ckpt, cfg)
     if ckpt:
         if cfg.max_steps < ckpt["step"]:
             raise run_dir.RunDirError(f"{run.out} has already trained {ckpt['step']} updates; a resumed run can only "
@@ -374,6 +411,50 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     bar.close()
     return run.finish(lambda last: {"steps": step, "final_valid_loss": last["valid_loss"],
                                     "final_valid_bpb": last["valid_bpb"], "best_valid_loss": best})
+
+
+def check_branch(ckpt: dict[str, Any], cfg: LMTrainConfig) -> None:
+    """A wsd run goes on to another budget only from its stable phase: every update it made had the lr of both
+    budgets (its step <= both stable ends); else a one-line error."""
+    _check_stable(ckpt, cfg.max_steps, str(cfg.out))
+
+
+def _check_stable(ckpt: dict[str, Any], max_steps: int, where: str) -> None:
+    before, decay = ckpt["config"]["max_steps"], ckpt["config"].get("decay", 0.2)
+    last = min(before - round(decay * before), max_steps - round(decay * max_steps))
+    if ckpt["step"] > last:
+        raise run_dir.RunDirError(
+            f"{where}: the checkpoint is at update {ckpt['step']}, past the stable phase (to update {last}) that "
+            f"--max-steps {before} and {max_steps} share; branch from a checkpoint at or before it")
+
+
+def branch(source: str | Path, out: str | Path, overwrite: bool = False, max_steps: int = 0) -> Path:
+    """A new run directory ``out`` going on from the step checkpoint ``source`` of a wsd run (``train lm --branch``):
+    the checkpoint as its last.pt, its config.json, and its metrics and steps cut at the checkpoint's step;
+    ``train lm --resume --out OUT --max-steps M`` then decays it to M updates (``max_steps``, checked here before
+    anything is written). The source is not changed."""
+    source, out = Path(source), Path(out)
+    ckpt = run_dir.load_checkpoint(source, kind="lm")
+    if ckpt["config"].get("schedule") != "wsd":
+        raise ValueError(f"{source}: a run of the {ckpt['config'].get('schedule')} schedule; --branch takes a "
+                         "checkpoint of a --schedule wsd run")
+    _check_stable(ckpt, max_steps or ckpt["config"]["max_steps"], str(source))
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    step = ckpt["step"]
+    stored = run_dir.read_json(source.parent / "config.json")
+    run_dir.write_json(out / "config.json", {**stored, "branched_from": {"checkpoint": str(source.resolve()),
+                                                                        "step": step}})
+    for name in ("metrics.jsonl", run_dir.STEPS_FILE):
+        if (source.parent / name).is_file():
+            kept = [x for x in (source.parent / name).read_text().splitlines()
+                    if x and json.loads(x)["step"] <= step]
+            (out / name).write_text("".join(x + "\n" for x in kept))
+    shutil.copyfile(source, out / "last.pt")
+    return out
 
 
 def checkpoint_tokenizer(ckpt: dict[str, Any]) -> LMTokenizer | None:

@@ -274,3 +274,49 @@ def test_config_records_the_connections_as_built(text, tmp_path):
     config = json.loads((tmp_path / "mix" / "config.json").read_text())
     assert (config["model"]["connection"], config["model"]["norm"]) == ("MixLN", "RMS")
     assert config["connections"] == ["MixLN+RMS"]
+
+
+def test_wsd_warms_up_holds_then_decays_over_the_last_fraction():
+    cfg = LMTrainConfig(schedule="wsd", lr=1e-3, min_lr=1e-4, warmup=10, max_steps=100, decay=0.2)
+    assert [learning_rate(cfg, s) for s in (5, 10, 11, 80)] == [5e-4, 1e-3, 1e-3, 1e-3]  # stable to 100 - 20
+    assert learning_rate(cfg, 90) == pytest.approx(1e-4 + 0.9e-3 * 0.5)  # linear: halfway down at p = 1/2
+    assert learning_rate(cfg, 100) == pytest.approx(1e-4)
+    sqrt = LMTrainConfig(schedule="wsd", lr=1e-3, min_lr=1e-4, warmup=10, max_steps=100, decay=0.2,
+                         decay_shape="sqrt")
+    assert learning_rate(sqrt, 85) == pytest.approx(1e-4 + 0.9e-3 * (1 - math.sqrt(0.25)))
+    with pytest.raises(ValueError, match="--warmup 90 runs into the decay, which starts after update 80"):
+        LMTrainConfig(schedule="wsd", warmup=90, max_steps=100)
+    with pytest.raises(ValueError, match="--decay must be in"):
+        LMTrainConfig(schedule="wsd", decay=0)
+
+
+def test_a_stable_phase_checkpoint_branches_into_a_longer_budget_exactly(text, tmp_path, capsys):
+    """One wsd run of 8 updates (stable to 4) gives, from its checkpoint at 4, the run of 12 updates (stable to 6):
+    the branch ends bit for bit where a 12-update run trained straight through ends. A checkpoint past the stable
+    phase, or of another schedule, is refused in one line."""
+    wsd = ("--schedule", "wsd", "--decay", "0.5", "--eval-every", "2", "--warmup", "1", "--keep-checkpoints", "9")
+    short, straight, branched = tmp_path / "short", tmp_path / "straight", tmp_path / "branched"
+    with one_thread():
+        assert run(args(text, short, *wsd, "--max-steps", "8")) == 0
+        assert run(args(text, straight, *wsd, "--max-steps", "12")) == 0
+        assert run(["train", "lm", "--branch", short / "checkpoint_4.pt", "--max-steps", "12", "--out", branched]) == 0
+    a = torch.load(straight / "last.pt", weights_only=True)
+    b = torch.load(branched / "last.pt", weights_only=True)
+    assert b["step"] == 12 and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    ra, rb = ([json.loads(x) for x in (r / "metrics.jsonl").read_text().splitlines()] for r in (straight, branched))
+    assert [(r["step"], r["lr"], r["valid_loss"]) for r in ra] == [(r["step"], r["lr"], r["valid_loss"]) for r in rb]
+    config = json.loads((branched / "config.json").read_text())
+    assert config["branched_from"]["step"] == 4 and config["config"]["max_steps"] == 12
+    assert (short / "last.pt").is_file() and json.loads((short / "summary.json").read_text())["steps"] == 8
+    capsys.readouterr()
+    assert run(["train", "lm", "--branch", short / "checkpoint_6.pt", "--max-steps", "12",
+                "--out", tmp_path / "late"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "the checkpoint is at update 6, past the stable phase (to update 4)" in err and "\n" not in err
+    assert not (tmp_path / "late").exists()  # refused before anything is written
+    cosine = tmp_path / "cosine"
+    with one_thread():
+        assert run(args(text, cosine, "--eval-every", "3")) == 0
+    assert run(["train", "lm", "--branch", cosine / "checkpoint_3.pt", "--max-steps", "9",
+                "--out", tmp_path / "c2"]) == 2
+    assert "--branch takes a checkpoint of a --schedule wsd run" in capsys.readouterr().err
