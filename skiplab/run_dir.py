@@ -41,8 +41,9 @@ except ImportError:  # Windows: run directories are not locked
 
 RUN_FILES = ("config.json", "metrics.jsonl", "last.pt", "best.pt", "summary.json")
 STEPS_FILE = "steps.jsonl"  # per-step telemetry (skiplab.train.telemetry)
-# config fields that say where a run is and how it is watched, not what it trains
-PLACE = ("out", "data_dir", "device", "log_every", "logger")
+# config fields that say where a run is, how it is watched and how it is computed where the numbers stay the
+# same (activation checkpointing), not what it trains
+PLACE = ("out", "data_dir", "device", "log_every", "logger", "activation_checkpointing")
 
 
 class RunDirError(ValueError):

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..connections import (EPS, MODEL_NORMS, Across, Place, connection, final_norm, input_norm, iter_connections,
                            parse_spec, set_norm_eps)
@@ -156,6 +157,11 @@ class GPT(nn.Module):
         self.head = None if cfg.tie else nn.Linear(d, cfg.vocab_size, bias=False)
         self._init_weights()
         tie_within_layers(self)  # parameters a design shares across a layer's sub-layers (ReZero's α)
+        # activation checkpointing (torch.utils.checkpoint, non-reentrant): while training with gradients, each
+        # layer keeps its input alone and recomputes the rest in the backward, the same numbers with less memory.
+        # A training run sets it (train lm --activation-checkpointing); evaluation, analyses and decoding never
+        # recompute, so a forward hook sees one forward's values.
+        self.checkpointing = False
         if cfg.norm_eps != EPS:
             set_norm_eps(self, cfg.norm_eps)
 
@@ -197,8 +203,12 @@ class GPT(nn.Module):
             x = x + self.pos_embed.weight[offset : offset + t]
         x = self.drop(self.embed_norm(x))
         run = self.across.start()
+        recompute = self.checkpointing and self.training and torch.is_grad_enabled() and caches is None
         for i, layer in enumerate(self.layers):
-            x = layer(run.enter(i, x), None if caches is None else caches[i], run.values(i))
+            if recompute:  # activation checkpointing: the layer's inner activations made again in the backward
+                x = checkpoint(layer, run.enter(i, x), None, run.values(i), use_reentrant=False)
+            else:
+                x = layer(run.enter(i, x), None if caches is None else caches[i], run.values(i))
             run.leave(i, x)
         h = self.norm(x)
         return self.head(h) if self.head is not None else F.linear(h, self.embed.weight)

@@ -41,14 +41,16 @@ def key(cfg: Any) -> str:
 
     A model field added after runs were keyed names in its metadata (``older_runs``) the value every earlier run
     had; the key leaves the field out at that value, so those runs keep their directories (the GPT's ``norm``:
-    LN, as every GPT was before it), and a run with any other value gets its own."""
-    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TRAINED}
+    LN, as every GPT was before it), and a run with any other value gets its own. A training config's fields
+    added later do the same (the LM's ``decay``, ``decay_shape``)."""
+    fields = {k: v for k, v in keyed_model(cfg).items() if k not in NOT_TRAINED}
     fields["resolved_model"] = keyed_model(model_config(cfg.model))
     return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:8]
 
 
 def keyed_model(model: Any) -> dict[str, Any]:
-    """A model config's fields as a run key sees them: those at their ``older_runs`` value left out."""
+    """A model (or training) config's fields as a run key sees them: those at their ``older_runs`` value left
+    out."""
     older = {f.name: f.metadata["older_runs"] for f in dataclasses.fields(model) if "older_runs" in f.metadata}
     return {k: v for k, v in dataclasses.asdict(model).items() if k not in older or v != older[k]}
 

@@ -44,6 +44,7 @@ from ..text.pretrained import read_pretrained
 from ..text.shards import Prepared, check_prepared, is_prepared, read_prepared
 from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, count_words, eval_windows, perplexity, read_bin,
                             token_stream, unigram_nats, window_starts, windows_at)
+from . import sharded
 from .run import Run
 from .telemetry import grad_norm
 
@@ -83,9 +84,11 @@ class LMTrainConfig:
     schedule: str = field(default="cosine", metadata={
         "help": "cosine (to --min-lr at --max-steps), constant, or wsd (warm-up, stable at --lr, decay to --min-lr "
                 "over the last --decay of the updates)"})
-    decay: float = field(default=0.2, metadata={"help": "wsd: the fraction of --max-steps that decays"})
+    # older_runs: the value every run had before the field existed; a run's key leaves the field out at it
+    decay: float = field(default=0.2, metadata={"help": "wsd: the fraction of --max-steps that decays",
+                                                "older_runs": 0.2})
     decay_shape: str = field(default="linear", metadata={
-        "help": "wsd: linear, or sqrt (lr falls as 1 - sqrt of the decay's progress)"})
+        "help": "wsd: linear, or sqrt (lr falls as 1 - sqrt of the decay's progress)", "older_runs": "linear"})
     adam_betas: tuple[float, float] = field(default=(0.9, 0.95), metadata={"help": "AdamW betas"})
     adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay, on matrices only"})
@@ -103,6 +106,12 @@ class LMTrainConfig:
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
     amp: bool = field(default=True, metadata={"help": "bf16 autocast on CUDA (ignored on CPU)"})
     compile: bool = field(default=False, metadata={"help": "run the model through torch.compile"})
+    activation_checkpointing: bool = field(default=False, metadata={
+        "help": "recompute each layer's activations in the backward pass (less memory, about a third more "
+                "compute; the same numbers)"})
+    fsdp: bool = field(default=False, metadata={
+        "help": "shard parameters, gradients and optimizer state over the processes with FSDP2 (under torchrun)",
+        "older_runs": False})
     out: str = field(default="runs/lm", metadata={"help": "run directory"})
 
     def __post_init__(self):
@@ -287,6 +296,7 @@ def evaluate(model, data: Stream, context: int, device, amp: bool, stride: int =
 def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
     """Train as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return the summary."""
     group, device = distributed.setup(pick_device(cfg.device))
+    sharded.check(cfg, group)  # --fsdp: under torchrun
     if cfg.grad_accum % group.world_size:
         raise ValueError(f"--grad-accum {cfg.grad_accum} must be a multiple of the {group.world_size} processes "
                          "(each takes whole micro-batches)")
@@ -329,12 +339,16 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     mcfg = cfg.model_config(vocab)
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg).to(device)
+    model.checkpointing = cfg.activation_checkpointing
     if group.rank:
         torch.manual_seed(cfg.seed + group.rank)  # dropout differs per rank; rank 0 goes on with the seed's stream
     net = run.compile(model)  # validates; ``model`` keeps plain names
-    train_net = distributed.data_parallel(net, group, torch.zeros(1, 2, dtype=torch.long, device=device))  # trains
+    train_net = sharded.shard(net, model, group, run.amp) if cfg.fsdp else \
+        distributed.data_parallel(net, group, torch.zeros(1, 2, dtype=torch.long, device=device))  # trains
+    fused = device.type == "cuda"  # one kernel for the whole update where the device has it (CUDA); the CPU keeps
+    # the default (foreach) kernels, whose numbers every recorded CPU run has
     opt = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                            eps=cfg.adam_eps)
+                            eps=cfg.adam_eps, **({"fused": True} if fused else {}))
     run.attach(model, mcfg, opt, flops_per_token=model.flops_per_token())
     gen = torch.Generator().manual_seed(cfg.seed)  # the windows, the same on every rank
     step, best = 0, math.inf
@@ -353,7 +367,8 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
                                    "valid_tokens": len(valid_data), "valid_bytes": valid_data.n_bytes,
                                    "vocab_size": vocab, "tokenizer": cfg.tokenizer,
                                    "eot": tok.eot if tok else None},
-                          "tokens_per_update": cfg.batch_size * cfg.grad_accum * mcfg.context})
+                          "tokens_per_update": cfg.batch_size * cfg.grad_accum * mcfg.context,
+                          "adamw_fused": fused})
 
     n, per_update = mcfg.context, cfg.grad_accum
     mine = [k for k in range(per_update) if k % group.world_size == group.rank]  # this rank's micro-batches
@@ -395,7 +410,7 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         bar.update(1)
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             elapsed = time.time() - window["time"]
-            valid = evaluate(net, valid_data, n, device, run.amp, group=group)
+            valid = evaluate(net, valid_data, n, device, run.amp, group=sharded.eval_group(group, model))
             tokens = window["updates"] * cfg.batch_size * per_update * n
             record = {"step": step, "lr": lr, "train_loss": window["loss"] / window["updates"],
                       "valid_loss": valid["loss"], "valid_bpb": valid["bpb"], "valid_ppl": valid["token_ppl"],

@@ -320,3 +320,29 @@ def test_a_stable_phase_checkpoint_branches_into_a_longer_budget_exactly(text, t
     assert run(["train", "lm", "--branch", cosine / "checkpoint_3.pt", "--max-steps", "9",
                 "--out", tmp_path / "c2"]) == 2
     assert "--branch takes a checkpoint of a --schedule wsd run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("connection", ["PreLN", "PostLN+ValueRes"])
+def test_activation_checkpointing_gives_the_same_numbers(text, tmp_path, connection):
+    """Recomputing each layer in the backward (dropout on: its RNG state is replayed) trains to the same bits; the
+    model recomputes only while training with gradients, so an evaluation's forward hooks fire once a layer."""
+    plain, ckpt = tmp_path / "plain", tmp_path / "ckpt"
+    with one_thread():
+        assert run(args(text, plain, "--dropout", "0.1", "--connection", connection)) == 0
+        assert run(args(text, ckpt, "--dropout", "0.1", "--connection", connection,
+                        "--activation-checkpointing", "true")) == 0
+    a, b = (torch.load(r / "last.pt", weights_only=True)["model"] for r in (plain, ckpt))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    model = GPT(GPTConfig(vocab_size=20, d_model=16, heads=2, layers=2, ffn_dim=32, context=8))
+    model.checkpointing = True
+    calls = []
+    forward = model.layers[0].forward
+    model.layers[0].forward = lambda *a, **k: calls.append("forward") or forward(*a, **k)
+    model.layers[0].register_forward_hook(lambda *_: calls.append("hook"))
+    x = torch.randint(0, 20, (2, 8))
+    model.train()(x).sum().backward()
+    assert calls == ["forward", "hook", "forward"]  # recomputed in the backward, the hook seeing one forward
+    calls.clear()
+    with torch.no_grad():
+        model.eval()(x)
+    assert calls == ["forward", "hook"]
