@@ -118,7 +118,7 @@ def config_to_hf(cfg: GPTConfig, **extra: Any) -> Any:
             **ids), **extra}, architectures=[CLASSES[kind]])
     back = config_from_hf(config)
     changed = [f.name for f in dataclasses.fields(cfg)
-               if f.name not in ("init", "norm") and getattr(back, f.name) != getattr(cfg, f.name)]
+               if f.name not in ("init", "norm", "pad_vocab") and getattr(back, f.name) != getattr(cfg, f.name)]
     if changed:
         raise ValueError(f"config_to_hf: {', '.join(sorted(extra))} would change the model's {', '.join(changed)}")
     return config
@@ -260,6 +260,8 @@ def state_dict_to_hf(cfg: GPTConfig, state: dict[str, Tensor]) -> dict[str, Tens
     out: dict[str, Tensor] = {}
     for e in entries:
         t = state[e.ours].detach()
+        if e.ours in ("embed.weight", "head.weight"):  # a padded vocabulary's rows cut off (``pad_vocab``)
+            t = t[: cfg.vocab_size].clone() if cfg.pad_vocab else t
         if e.transpose:  # (out, in) -> Conv1D's (in, out), a copy
             out[e.theirs[0]] = t.t().contiguous()
         elif len(e.theirs) > 1:  # row blocks, each a copy of its own

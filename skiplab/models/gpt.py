@@ -24,6 +24,7 @@ curse-of-depth papers have a separate output layer (``tie=false``).
 ``norm`` is the model's norm kind: LN (GPT-2) or RMS (LLaMA, and the LLaMA presets). A connection whose spec names
 no norm takes it, in its blocks and in the norms the stack begins and ends with (``MixLN`` and ``LNS`` on a LLaMA
 preset build RMSNorm, as their papers' LLaMA models do); a spec that names one keeps it (``PreLN``, ``MixLN+LN``).
+``pad_vocab`` rounds the embedding's and output layer's rows up to a multiple (:func:`padded_vocab`).
 ``norm_eps`` is every norm layer's eps (default 1e-5, ``skiplab.connections.norms.EPS``, as GPT-2's
 ``layer_norm_epsilon``; an imported checkpoint brings its own, e.g. ``rms_norm_eps`` 1e-6).
 """
@@ -73,6 +74,9 @@ class GPTConfig:
     norm: str = field(default="LN", metadata={
         "help": "the model's norm kind, LN or RMS: a connection whose spec names no norm takes it",
         "older_runs": "LN"})
+    pad_vocab: int = field(default=0, metadata={
+        "help": "round the embedding's and output layer's rows up to a multiple of this (64: faster matmuls on "
+                "GPUs); the padding's logits are cut off, never sampled or scored (0: none)", "older_runs": 0})
     norm_eps: float = field(default=EPS, metadata={
         "help": "eps of every norm layer, which divides by sqrt(statistic + eps) (a checkpoint's layer_norm_epsilon "
                 "or rms_norm_eps)", "older_runs": EPS})
@@ -86,11 +90,20 @@ class GPTConfig:
             raise ValueError("vocab_size, d_model, heads, layers, ffn_dim and context must be positive")
         if self.d_model % self.heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by heads ({self.heads})")
+        if self.pad_vocab < 0:
+            raise ValueError(f"pad_vocab must be >= 0, got {self.pad_vocab}")
         if not 0 < self.norm_eps < 1:
             raise ValueError(f"norm_eps must be in (0, 1), got {self.norm_eps:g}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         parse_spec(self.connection)
+
+
+def padded_vocab(cfg: GPTConfig) -> int:
+    """The rows of the embedding and output layer: ``vocab_size`` rounded up to a multiple of ``pad_vocab``
+    (nanoGPT pads GPT-2's 50,257 to 50,304 for the matmuls' sake). No token id reaches the padding's rows, and
+    :meth:`GPT.forward` returns the ``vocab_size`` real logits alone."""
+    return -(-cfg.vocab_size // cfg.pad_vocab) * cfg.pad_vocab if cfg.pad_vocab else cfg.vocab_size
 
 
 class MLP(nn.Module):
@@ -146,7 +159,8 @@ class GPT(nn.Module):
         super().__init__()
         self.cfg = cfg
         d = cfg.d_model
-        self.embed = nn.Embedding(cfg.vocab_size, d)
+        rows = padded_vocab(cfg)
+        self.embed = nn.Embedding(rows, d)
         self.pos_embed = nn.Embedding(cfg.context, d) if cfg.positions == "learned" else None
         rope = Rotary(d // cfg.heads, cfg.context, cfg.rope_base) if cfg.positions == "rope" else None
         self.drop = nn.Dropout(cfg.dropout)
@@ -154,7 +168,7 @@ class GPT(nn.Module):
         self.layers = nn.ModuleList(Layer(cfg, rope, i + 1) for i in range(cfg.layers))
         self.across = Across(cfg.connection, cfg.layers)  # designs across the layers (+ValueRes, +UNet), if any
         self.norm = final_norm(cfg.connection, d, layers=cfg.layers, norm=cfg.norm)
-        self.head = None if cfg.tie else nn.Linear(d, cfg.vocab_size, bias=False)
+        self.head = None if cfg.tie else nn.Linear(d, rows, bias=False)
         self._init_weights()
         tie_within_layers(self)  # parameters a design shares across a layer's sub-layers (ReZero's α)
         # activation checkpointing (torch.utils.checkpoint, non-reentrant): while training with gradients, each
@@ -211,7 +225,8 @@ class GPT(nn.Module):
                 x = layer(run.enter(i, x), None if caches is None else caches[i], run.values(i))
             run.leave(i, x)
         h = self.norm(x)
-        return self.head(h) if self.head is not None else F.linear(h, self.embed.weight)
+        logits = self.head(h) if self.head is not None else F.linear(h, self.embed.weight)
+        return logits[..., : self.cfg.vocab_size] if self.cfg.pad_vocab else logits
 
     def new_caches(self) -> list[dict[str, Tensor]]:
         """Empty key/value caches, one per layer, for :meth:`forward`."""

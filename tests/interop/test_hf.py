@@ -276,3 +276,21 @@ def test_transformers_is_imported_lazily(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError, match=r"pip install skiplab\[hf\]"):
         hf.config_to_hf(tiny("gpt2"))
+
+
+@pytest.mark.parametrize("shape", ["gpt2", "llama"])
+def test_a_padded_vocabulary_is_cut_off_in_the_logits_and_on_export(shape):
+    """pad_vocab 64: the embedding (and an untied head) get 64 rows for the vocabulary's 50; the model's logits are
+    the 50 real ones, and the Hugging Face model has 50 rows with the same logits."""
+    cfg = dataclasses.replace(tiny(shape), vocab_size=50, pad_vocab=64)
+    model = randomise(GPT(cfg), seed=4)
+    assert model.embed.weight.shape[0] == 64 and (model.head is None or model.head.weight.shape[0] == 64)
+    x = torch.randint(0, 50, (2, T), generator=torch.Generator().manual_seed(0))
+    theirs = hf.hf_model(model)
+    assert theirs.config.vocab_size == 50 and theirs.get_input_embeddings().weight.shape[0] == 50
+    with torch.no_grad():
+        ours = model(x)
+        assert ours.shape[-1] == 50
+        assert (ours - hf_logits(theirs, x)).abs().max() < tol(shape)
+    back = hf.from_hf(theirs)
+    assert back.cfg.pad_vocab == 0 and back.cfg.vocab_size == 50

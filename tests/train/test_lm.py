@@ -346,3 +346,20 @@ def test_activation_checkpointing_gives_the_same_numbers(text, tmp_path, connect
     with torch.no_grad():
         model.eval()(x)
     assert calls == ["forward", "hook"]
+
+
+def test_a_padded_vocabulary_trains_evaluates_and_samples_real_tokens_alone(text, tmp_path, capsys):
+    out = tmp_path / "padded"
+    with one_thread():
+        assert run(args(text, out, "--pad-vocab", "64")) == 0  # bytes: 257 ids in 320 rows
+    state = torch.load(out / "last.pt", weights_only=True)
+    assert state["model"]["embed.weight"].shape[0] == 320 and state["model_config"]["vocab_size"] == 257
+    capsys.readouterr()
+    assert run(["eval", "lm", "--checkpoint", out, "--split", "test"]) == 0
+    assert json.loads(capsys.readouterr().out)["bpb"] > 0
+    assert run(["generate", "--checkpoint", out, "--prompt", "the cat", "--max-new-tokens", "20", "--seed", "3"]) == 0
+    assert capsys.readouterr().out.startswith("the cat")
+    trained = load_trained(out)
+    with torch.no_grad():
+        logits = trained.model(torch.zeros(1, 4, dtype=torch.long))
+    assert logits.shape[-1] == 257
