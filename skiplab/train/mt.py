@@ -42,6 +42,7 @@ from .. import distributed, run_dir
 from ..config import check_bounds
 from ..device import pick_device
 from .run import Run
+from .telemetry import grad_norm
 from .recipe_mt import SCHEDULES, inverse_sqrt_lr, label_smoothed_loss, peak_lr
 
 
@@ -82,6 +83,12 @@ class MTTrainConfig:
     max_steps: int = field(default=0, metadata={"min": 0, "help": "updates to train for (0 = use --epochs)"})
     epochs: int = field(default=0, metadata={"min": 0, "help": "epochs to train for when --max-steps is 0"})
     save_every: int = field(default=1000, metadata={"min": 1, "help": "validate and save a checkpoint every N updates"})
+    log_every: int = field(default=1, metadata={
+        "min": 0, "help": "a line of steps.jsonl every N updates: loss per target token, lr, gradient norm, clipped, "
+                          "spike, target tokens/s (0 = none; spikes and the largest gradient norm still go to the "
+                          "summary)"})
+    logger: str = field(default="", metadata={
+        "help": "also send the lines to tensorboard, wandb or trackio (comma-separated; each its own package)"})
     keep_checkpoints: int = field(default=10, metadata={"min": 1, "help": "step checkpoints kept (for averaging)"})
     seed: int = field(default=1, metadata={"help": "seed for initialisation, batch order and dropout"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
@@ -94,6 +101,9 @@ class MTTrainConfig:
 
     def __post_init__(self):
         check_bounds(self)
+        from ..interop.loggers import parse_loggers  # names only: no logger's package is imported
+
+        parse_loggers(self.logger)
         if (self.max_steps > 0) == (self.epochs > 0):
             raise ValueError("give exactly one of --max-steps and --epochs (> 0)")
         if self.lr <= 0:
@@ -219,6 +229,7 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
         next_epoch_rng = gen.get_state()
         while batch_pos + span <= len(order) and step < total:
             update = order[batch_pos : batch_pos + span]
+            began = time.perf_counter()
             lr = inverse_sqrt_lr(step + 1, peak, cfg.warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -235,16 +246,20 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
                     (every_rank,) = group.sum([value])  # non-finite if any rank's is: all stop together
                     if not math.isfinite(every_rank):
                         bar.close()
+                        run.watch.update(step + 1, every_rank, lr, math.nan, False, ntokens,
+                                         time.perf_counter() - began, last=True)
                         return run.diverged(every_rank, epoch + 1, step + 1)
                     loss.backward()
                 loss_sum += value
             for p in model.parameters():  # the loss is a sum: normalise by the update's target tokens (see above)
                 if p.grad is not None:
                     p.grad.div_(ntokens / group.world_size)
-            if cfg.clip_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+            norm, clipped = grad_norm(list(model.parameters()), cfg.clip_norm)  # clips where clip_norm > 0
             opt.step()
             step, batch_pos = step + 1, batch_pos + span
+            (update_loss,) = group.sum([loss_sum])
+            run.watch.update(step, update_loss / max(ntokens, 1), lr, norm, clipped, ntokens,
+                             time.perf_counter() - began, last=step == total)
             window["loss"], window["tokens"] = window["loss"] + loss_sum, window["tokens"] + ntokens
             bar.update(1)
             if step % cfg.save_every == 0 or step == total:

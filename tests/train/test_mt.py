@@ -185,6 +185,12 @@ def test_mt_resume_continues_exactly(corpus, tmp_path, monkeypatch):
     b = torch.load(stopped / "last.pt", weights_only=True)["model"]
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
+    # per-step telemetry, a line every update, the same through the stop (the clock's numbers aside)
+    same = ("step", "loss", "lr", "grad_norm", "clipped", "spike")
+    la, lb = ([{k: x[k] for k in same} for x in run_dir.read_steps(r)] for r in (straight, stopped))
+    assert la == lb and [x["step"] for x in la] == list(range(1, len(la) + 1)) and len(la) >= 3
+    sa, sb = (json.loads((r / "summary.json").read_text()) for r in (straight, stopped))
+    assert (sa["loss_spikes"], sa["max_grad_norm"]) == (sb["loss_spikes"], sb["max_grad_norm"]) and sa["max_grad_norm"] > 0
 
 
 def test_the_vaswani_schedule_derives_its_peak_and_records_it(corpus, tmp_path):
@@ -299,6 +305,8 @@ def test_a_non_finite_loss_stops_mt_training(corpus, tmp_path, monkeypatch, caps
     assert main(tiny_args(corpus, tmp_path / "run")) == 0
     assert "non-finite loss (nan) at epoch 1, step 1" in capsys.readouterr().out
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "diverged"
+    (line,) = run_dir.read_steps(tmp_path / "run")  # the non-finite update's line
+    assert line["step"] == 1 and math.isnan(line["loss"])
 
 
 def test_dwlstm_trains_translates_and_scores_through_the_same_commands(corpus, tmp_path, capsys, monkeypatch):
