@@ -59,7 +59,7 @@ def plot_runs(paths: list[str], out: str | Path, keys: tuple[str, ...] = (), lab
         groups.setdefault(labels[i] if labels else label, []).append(records)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    title = title or ", ".join(Path(p).name for p in paths)
+    title = title or ", ".join(_name(Path(p)) for p in paths)
     steps = [run_dir.read_steps(p) for p in paths]
     if given or not all(steps):
         plot_curves(groups, keys, out, title, x=x)
@@ -101,6 +101,11 @@ def _with_steps(groups: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, 
 
 
 STEP_KEYS = ("loss", "grad_norm")
+
+
+def _name(path: Path) -> str:
+    """A run's name for a title: a seed's directory with its variant's (PreLN/seed1)."""
+    return f"{path.parent.name}/{path.name}" if path.name.startswith("seed") else path.name
 
 
 def _finite(v: Any) -> bool:
