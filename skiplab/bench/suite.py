@@ -229,8 +229,8 @@ def lm(sz: Sizes, ctx: dict) -> list[Row]:
     t = interleaved({"plain": loop_step(watched, batch, None),
                      "watched": loop_step(watched, batch, Telemetry(1, watched.flops_per_token()))},
                     sz.repeats * 2, sz.warmup)
-    rows.append(Row("lm", "per-step telemetry: the step with it / without", 100 * (t["watched"] / t["plain"] - 1), "%",
-                    f"{sz.lm_model} PreLN, a steps.jsonl line every update (the goal: at most 1%)"))
+    rows.append(Row("lm", "per-step telemetry: the step with it / without", t["watched"] / t["plain"], "x",
+                    f"{sz.lm_model} PreLN, a steps.jsonl line every update (the goal: at most 1.01x)"))
 
     new = sz.lm_new_tokens
     long = build(f"{sz.lm_model}(connection=PreLN)", vocab_size=sz.lm_vocab, **{**overrides, "context": new + 1}).eval()

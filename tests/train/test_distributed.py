@@ -126,7 +126,7 @@ def test_rank_0_alone_writes_the_run(mt_pair):
     two, one, run = mt_pair
     assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir()) == sorted([
         "config.json", "metrics.jsonl", "last.pt", "best.pt", "summary.json", "checkpoint_2.pt", "checkpoint_4.pt",
-        "spm.model", "spm.vocab"])
+        "spm.model", "spm.vocab", "steps.jsonl"])
     assert [r["step"] for r in records(two)] == [2, 4]  # one line per record, not one per rank
     assert run.stdout.count('"status": "finished"') == 1 and run.stdout.count("training pairs") == 1
     assert "skiplab: error" not in run.stderr

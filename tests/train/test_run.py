@@ -54,7 +54,7 @@ def test_step_checkpoints_keep_exactly_the_last_n(tmp_path):
     assert [p.name for p in run_dir.step_checkpoints(run.out)] == ["checkpoint_4.pt", "checkpoint_5.pt"]
     assert [r["step"] for r in run_dir.read_metrics(run.out)] == [1, 2, 3, 4, 5]
     last = run_dir.load_checkpoint(run.out, kind="toy")
-    assert list(last) == ["kind", "config", "model_config", "model", "optimizer", "step", "best", "rng",
+    assert list(last) == ["kind", "config", "model_config", "model", "optimizer", "step", "best", "telemetry", "rng",
                           "world_size", "record"]
     assert last["step"] == 5 and last["record"]["step"] == 5 and last["rng"]["mine"].item() == 5
     assert "ranks" not in last["rng"] and "torch" in last["rng"]
