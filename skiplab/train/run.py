@@ -19,6 +19,7 @@ What a run directory holds when a task goes through a Run (the files themselves:
     metrics.jsonl           one record a save, in the order of the run's ``key`` (epoch or step)
     last.pt                 the checkpoint of the latest save; best.pt that of the best one so far
     checkpoint_<step>.pt    with step checkpoints, one a save, the last ``keep`` of them kept
+    dcp/step_<step>/        --fsdp (skiplab.train.sharded): every rank's shards of the model and optimizer of last.pt
     .lock                   from start to summary, held by the training process (``run_dir.hold``): a
                             second process training the same directory is refused, told which one holds it
     summary.json            status "finished" (what the task reports, train_time_s summed over the
@@ -52,7 +53,7 @@ from torch import nn
 from .. import distributed, run_dir
 from ..compiled import CompileStats, compile_model
 from ..connections import admin, iter_connections
-from . import telemetry
+from . import sharded, telemetry
 from .telemetry import Telemetry
 
 
@@ -127,8 +128,7 @@ class Run:
     def restore(self, ckpt: dict[str, Any], key: str = "epoch") -> None:
         """Model, optimizer and RNG state (this rank's, under torchrun) from ``ckpt``; metrics.jsonl cut back
         to the records up to the checkpoint's ``key`` and config.json given the changed fields, each said."""
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
+        sharded.load_states(self.model, self.optimizer, ckpt, self.out)  # --fsdp: from its DCP shards
         self.watch.load_state(ckpt.get("telemetry"))
         if "step" in ckpt:  # the lines a killed run wrote past its checkpoint
             self.group.on_main(lambda: telemetry.cut_lines(self.out, ckpt["step"]))
@@ -168,7 +168,7 @@ class Run:
         if self.group.active:  # every rank's own state, each restored to its rank on resume
             rng["ranks"] = self.group.gather(run_dir.rng_state())
         return {"kind": self.kind, "config": self.config, "model_config": dataclasses.asdict(self.model_config),
-                "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), **extras,
+                **sharded.states(self.model, self.optimizer), **extras,  # --fsdp: the full model, no optimizer
                 "telemetry": self.watch.state(), "rng": rng,
                 "world_size": self.group.world_size, "record": record}
 
@@ -176,6 +176,7 @@ class Run:
         """Write ``state`` (rank 0): checkpoint_<step>.pt where ``step`` is given (the last ``keep`` of them
         kept; None: all), last.pt, best.pt where ``improved``; then the per-step lines since the last save go to
         steps.jsonl and its record to metrics.jsonl."""
+        state = sharded.save(self.model, self.optimizer, self.out, state, self.group)  # --fsdp: DCP shards first
         lines = self.watch.take()
 
         def write() -> None:
@@ -191,6 +192,7 @@ class Run:
             run_dir.append_metrics(self.out, state["record"])
 
         self.group.on_main(write)
+        sharded.prune(self.out, state, self.group)  # --fsdp: the shards last.pt does not name
 
     # -- the end ------------------------------------------------------------------------------------------
     def diverged(self, loss: float, epoch: int, step: int) -> dict[str, Any]:
