@@ -15,6 +15,8 @@ Groups (each a function of the sizes, returning table rows):
              the prefix; tokens per second of training and of generation
 - compile:   ``torch.compile``d / eager training step, both families, with compile times
 - processes: 2 processes (DDP, gloo, half the threads each) / 1 process, same global batch
+- hyper:     hyper-connections' training step, ``HC(n=4)`` and ``mHC(n=4)`` / PreLN, at two widths (d = 256 and 768),
+             eager and ``torch.compile``d (docs/performance.md, "hyper-connections at their cost")
 
 ``--quick`` runs every group on tiny shapes (seconds; CI checks every row is produced, not the values).
 """
@@ -49,6 +51,7 @@ IMAGE_DESIGNS = ("1xSkip", "2xSkip+LN", "2rSkip+LN", "wSkip+LN", "SAS", "Highway
 MT_DESIGNS = ("PostLN", "PreLN", "2rSkip+LN", "SAS")
 LM_DESIGNS = ("PreLN", "PostLN", "PreRMS", "2rSkip+LN", "SAS", "ReZero", "LayerScale", "LNS", "MixLN", "DeepNorm", "Admin",
               "PeriLN", "PreDyT", "HC", "HC(kind=static)", "mHC", "PreLN+ValueRes", "PreLN+UNet")
+HYPER_DESIGNS = ("PreLN", "HC", "mHC")  # HC(n=4) in its default, dynamic form; mHC(n=4)
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,9 @@ class Sizes:
     norm_rows: int = 4096
     norm_dim: int = 512
     process_steps: int = 6
+    hyper_widths: tuple[int, ...] = (256, 768)  # gpt-small's width and GPT-2 small's (heads of 64, MLP 4d)
+    hyper_layers: int = 4
+    hyper_rows: int = 8  # 8 x 256 tokens a step
     repeats: int = 8
     warmup: int = 2
 
@@ -86,7 +92,7 @@ QUICK = Sizes(image_depth=8, image_batch=4, image_hw=8, mt_overrides=(("d_model"
               ("encoder_layers", 1), ("decoder_layers", 1)), mt_rows=4, mt_len=6, vocab=64, beam_sentences=2,
               beam_len=4, lm_overrides=(("d_model", 32), ("ffn_dim", 64), ("heads", 2), ("layers", 2), ("context", 16)),
               lm_rows=2, lm_new_tokens=8, compile_depth=8, compile_backend="aot_eager", compile_dynamic=False, matmul_n=128, add_elements=1 << 16, norm_rows=64, norm_dim=32,
-              process_steps=2, repeats=2, warmup=1)
+              process_steps=2, hyper_widths=(16, 32), hyper_layers=1, hyper_rows=2, repeats=2, warmup=1)
 
 
 def image_model(depth: int, connection: str) -> nn.Module:
@@ -288,6 +294,39 @@ def compiled(sz: Sizes, ctx: dict) -> list[Row]:
     return rows
 
 
+def hyper(sz: Sizes, ctx: dict) -> list[Row]:
+    """HC(n=4) and mHC(n=4) training steps / PreLN's, the three interleaved, at each width, eager and compiled."""
+    context = dict(sz.lm_overrides).get("context", model_config(sz.lm_model).context)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, sz.lm_vocab, (sz.hyper_rows, context + 1), generator=g)
+    batch = tokens[:, :-1], tokens[:, 1:]
+    rows = []
+    for width in sz.hyper_widths:
+        shape = dict(vocab_size=sz.lm_vocab, d_model=width, heads=max(1, width // 64), ffn_dim=4 * width,
+                     layers=sz.hyper_layers, context=context)
+        name = f"{sz.lm_model}(d_model={width}, layers={sz.hyper_layers}), {sz.hyper_rows}x{context} tokens"
+        for mode in ("eager", "compiled"):
+            steps, secs = {}, {}
+            if mode == "compiled":
+                torch._dynamo.reset()  # each model is an entry of GPT.forward's cache: keep them under its limit
+            for d in HYPER_DESIGNS:
+                model = build(f"{sz.lm_model}(connection={d})", **shape)
+                if mode == "compiled":
+                    start = time.perf_counter()
+                    steps[d] = lm_step(model, batch, torch.compile(model, backend=sz.compile_backend, dynamic=False))
+                    steps[d]()  # the first call compiles forward and backward
+                    secs[d] = time.perf_counter() - start
+                else:
+                    steps[d] = lm_step(model, batch)
+            t = interleaved(steps, sz.repeats, sz.warmup)
+            how = f"{sz.compile_backend}, each compiled in {max(secs.values()):.0f} s or less" if secs else "eager"
+            rows.append(Row("hyper", f"{name}, {mode}: PreLN step", t["PreLN"] * 1e3, "ms", how))
+            for d in HYPER_DESIGNS[1:]:
+                rows.append(Row("hyper", f"d={width} {d}(n=4) step, {mode}", t[d] / t["PreLN"], "x",
+                                f"PreLN {mode}, interleaved; goal {'1.10' if d == 'HC' else '1.15'}x"))
+    return rows
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -334,7 +373,7 @@ def processes(sz: Sizes, ctx: dict) -> list[Row]:
 
 GROUPS: dict[str, Callable[[Sizes, dict], list[Row]]] = {
     "machine": machine, "image": image, "mt": mt, "lm": lm, "engine": engine, "compile": compiled,
-    "processes": processes}
+    "processes": processes, "hyper": hyper}
 
 
 def machine_name() -> str:

@@ -1,6 +1,15 @@
 """Hyper-connections: n residual streams instead of one (Zhu et al., ICLR 2025, "Hyper-Connections",
 arXiv 2409.19606, Section 2 and Algorithm 2; reference code lucidrains/hyper-connections), and their
-manifold-constrained form mHC (Xie et al., DeepSeek 2025, arXiv 2512.24880)."""
+manifold-constrained form mHC (Xie et al., DeepSeek 2025, arXiv 2512.24880).
+
+The streams are one tensor (..., n, D), a position's n rows of D contiguous, as both reference implementations hold
+them (hyper-connections folds them into the batch, DeepSeek-V4's port keeps [B, S, N, D]): mHC's flattened streams
+are then a view, and each position's read and write are one small product over contiguous rows. Per sub-layer the
+work is one projection of the streams giving every position's coefficients (HC: its n rows on the n + 2 columns of
+W, normalised per stream; mHC: the flattened nD on the 2n + n² columns of φ), with the norm folded into the product,
+then the read h₀ and the mixed streams in one batched product and the write in one element-wise pass, their backward
+passes written out (:mod:`~skiplab.connections.hyper_mix`); under ``torch.compile`` the same formulas as broadcast
+expressions inductor fuses (docs/performance.md, "hyper-connections at their cost")."""
 
 from __future__ import annotations
 
@@ -10,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import hyper_mix
 from .base import Branch, Connection, register
 from .norms import make_norm
 from .place import Place
@@ -112,38 +122,51 @@ class HC(Connection):
     def stack_output(cls, spec: Spec, dim: int, layout: str, layers: int) -> nn.Module:
         return Reduce(make_norm(spec.norm, dim, layout))
 
-    def weights(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """A_m (..., n), A_r (..., n, n), B (..., n) for streams ``h`` (..., n, D)."""
+    def weights(self, h: Tensor, slot: hyper_mix.GradSlot | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """A_m (..., n), A_r (..., n, n), B (..., n) for streams ``h`` (..., n, D); ``slot``: shared with the read of
+        the same streams (:class:`~skiplab.connections.hyper_mix.GradSlot`)."""
         if not self.dynamic:
             return self.a_m, self.a_r, self.b
         n = self.n
-        # one product for the three, as F.linear with the weights as rows (n + 2, D): the thin matmul H̄ W with W
-        # (D, n + 2) ran at half the speed (forward and backward) on the CPU, the weight gradient most of all
+        # the three projections of the normalised streams in one product: H̄ W = N(H) (γ ⊙ W) + β W for the stream
+        # norm N ⊙ γ + β, with N(H) never written out (hyper_mix.norm_project); W's columns as rows (n + 2, D)
         w = torch.cat([self.w_m.unsqueeze(0), self.w_r.t(), self.w_b.unsqueeze(0)], 0)
-        t = F.linear(self.stream_norm(h), w)  # (..., n, n + 2): stream i's row
+        norm = self.stream_norm
+        centre = isinstance(norm, nn.LayerNorm)
+        eps = norm.eps if norm.eps is not None else torch.finfo(h.dtype).eps
+        t = hyper_mix.norm_project(h.reshape(-1, self.dim), w if norm.weight is None else w * norm.weight, centre, eps,
+                                   slot)
+        t = t.view(*h.shape[:-1], n + 2)  # (..., n, n + 2): stream i's row
+        if getattr(norm, "bias", None) is not None:
+            t = t + F.linear(norm.bias, w)
         t = torch.tanh(t) if self.tanh else t
         a_m = self.s_alpha * t[..., 0] + self.a_m
         a_r = self.s_alpha * t[..., 1 : n + 1] + self.a_r
         b = self.s_beta * t[..., n + 1] + self.b
         return a_m, a_r, b
 
-    def mixing(self, h: Tensor) -> tuple[Tensor, Tensor]:
+    def mixing(self, h: Tensor, slot: hyper_mix.GradSlot | None = None) -> tuple[Tensor, Tensor]:
         """(W, B): W (..., n + 1, n) stacks A_mᵀ over A_rᵀ, so that W H gives h₀ and A_rᵀ H in one product."""
-        a_m, a_r, b = self.weights(h)
+        a_m, a_r, b = self.weights(h, slot)
         return torch.cat([a_m.unsqueeze(-2), a_r.mT], -2), b
 
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         if skip is not None:
-            raise ValueError("HC takes no projection shortcut: its streams keep the stack's width")
+            raise ValueError(f"{self.name} takes no projection shortcut: its streams keep the stack's width")
         if x.shape[-2:] != (self.n, self.dim):
-            raise ValueError(f"HC(n={self.n}) expects streams (..., {self.n}, {self.dim}), got {tuple(x.shape)}: "
-                             "the stack must begin with input_norm(spec, dim)")
-        w, b = self.mixing(x)
-        # rows 0 and 1..n of W H: h₀ = A_mᵀ H and (A_rᵀ H)_j = Σ_i A_r[i, j] H_i, in one product (static weights:
-        # one matrix for every position, as a single matmul rather than a batch of tiny ones)
-        mix = torch.einsum("mn,...nd->...md", w, x) if w.dim() == 2 else w @ x
-        out = branch(self.norm(mix[..., 0, :]))
-        return torch.addcmul(mix[..., 1:, :], b.unsqueeze(-1), out.unsqueeze(-2))  # + Bᵀ F
+            raise ValueError(f"{self.name}(n={self.n}) expects streams (..., {self.n}, {self.dim}), got "
+                             f"{tuple(x.shape)}: the stack must begin with input_norm(spec, dim)")
+        lead = x.shape[:-2]
+        # (positions, n, D): a view of the residual path, but for the stack's first layer, whose n streams are one
+        # tensor expanded (copied here once, so that the weights and the product read contiguous rows)
+        streams = x.reshape(-1, self.n, self.dim).contiguous()
+        # ∂H in one buffer, the read's part and the weights' (eager only: a compiled step fuses the sum itself)
+        slot = hyper_mix.GradSlot() if self.dynamic and not torch.compiler.is_compiling() else None
+        w, b = self.mixing(streams, slot)
+        # rows 0 and 1..n of W H: h₀ = A_mᵀ H and (A_rᵀ H)_j = Σ_i A_r[i, j] H_i, in one product
+        h0, kept = hyper_mix.read(streams, w, slot)
+        out = branch(self.norm(h0.view(*lead, self.dim)))
+        return hyper_mix.write(kept, out.reshape(-1, self.dim), b).view(x.shape)  # + Bᵀ F
 
     def stats(self) -> dict[str, Any]:
         return {"A_m": self.a_m.detach().cpu().clone(), "A_r": self.a_r.detach().cpu().clone(),
@@ -196,7 +219,15 @@ def sinkhorn(logits: Tensor, iters: int = 20) -> Tensor:
     M^t = T_r(T_c(M^{t−1})) (columns, then rows normalised to sum 1), ``iters`` times (mHC's Eq. 9; "we choose
     t_max = 20", Section 4.2). The rows sum to 1 exactly after the last step, the columns to within the
     iteration's convergence. Computed in at least float32 (a bf16 or fp16 input is cast up for the 40 steps) and
-    returned in the input's dtype; the gradient is that of the unrolled iterations (:class:`_Sinkhorn`)."""
+    returned in the input's dtype; the gradient is that of the unrolled iterations (:class:`_Sinkhorn`; under
+    ``torch.compile``, autograd through the loop itself, which inductor fuses into a few kernels)."""
+    if torch.compiler.is_compiling():
+        m = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        m = torch.exp(m - m.amax(dim=(-2, -1), keepdim=True))
+        for _ in range(iters):
+            m = m / m.sum(-2, keepdim=True)
+            m = m / m.sum(-1, keepdim=True)
+        return m.to(logits.dtype)
     return _Sinkhorn.apply(logits, iters)
 
 
@@ -259,29 +290,22 @@ class MHC(HC):
         self.b_post = nn.Parameter(torch.zeros(n))
         self.b_res = nn.Parameter(torch.zeros(n, n))
 
-    def weights(self, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """H^pre (..., n), H^res (..., n, n), H^post (..., n) for streams ``h`` (..., n, C)."""
+    def weights(self, h: Tensor, slot: hyper_mix.GradSlot | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """H^pre (..., n), H^res (..., n, n), H^post (..., n) for streams ``h`` (..., n, C); ``slot`` as HC's."""
         n = self.n
-        flat = h.flatten(-2)
-        # x̃ φ = (x φ) / rms(x): the same product without writing the normalised streams out
-        # (as HC's weights: F.linear with φ as rows, (2n + n², nC), not the thin matmul x φ)
-        proj = F.linear(flat, self.phi.t().contiguous()) * torch.rsqrt(flat.pow(2).mean(-1, keepdim=True)
-                                                                       + torch.finfo(h.dtype).eps)
+        # x̃ φ = (x φ) / rms(x), x the flattened streams (..., nC): one product, the normalised x̃ never written out
+        # (hyper_mix.norm_project; φ's columns as rows, (2n + n², nC))
+        proj = hyper_mix.norm_project(h.reshape(-1, n * self.dim), self.phi.t(), False, torch.finfo(h.dtype).eps, slot)
+        proj = proj.view(*h.shape[:-2], -1)
         pre = torch.sigmoid(self.alpha[0] * proj[..., :n] + self.b_pre)
         post = 2 * torch.sigmoid(self.alpha[1] * proj[..., n : 2 * n] + self.b_post)
         res = sinkhorn(self.alpha[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + self.b_res, self.iters)
         return pre, res, post
 
-    def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
-        if skip is not None:
-            raise ValueError("mHC takes no projection shortcut: its streams keep the stack's width")
-        if x.shape[-2:] != (self.n, self.dim):
-            raise ValueError(f"mHC(n={self.n}) expects streams (..., {self.n}, {self.dim}), got {tuple(x.shape)}: "
-                             "the stack must begin with input_norm(spec, dim)")
-        pre, res, post = self.weights(x)
-        mix = torch.cat([pre.unsqueeze(-2), res], -2) @ x  # H^pre x and H^res x in one product
-        out = branch(self.norm(mix[..., 0, :]))
-        return torch.addcmul(mix[..., 1:, :], post.unsqueeze(-1), out.unsqueeze(-2))
+    def mixing(self, h: Tensor, slot: hyper_mix.GradSlot | None = None) -> tuple[Tensor, Tensor]:
+        """(W, H^post): W (..., n + 1, n) stacks H^pre over H^res, so that W x gives h₀ and H^res x in one product."""
+        pre, res, post = self.weights(h, slot)
+        return torch.cat([pre.unsqueeze(-2), res], -2), post
 
     def stats(self) -> dict[str, Any]:
         res = sinkhorn(self.b_res.detach().float(), self.iters)
