@@ -19,6 +19,7 @@ from ..connections import iter_connections
 from ..models import GPTConfig, Seq2SeqConfig, build_model, model_config
 from ..models.seq2seq import EncoderDecoder, Memory, sinusoid
 from ..train.recipe_mt import label_smoothed_loss
+from ..train.telemetry import grad_norm
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -88,8 +89,6 @@ def lm_step(model: nn.Module, batch: tuple[Tensor, Tensor], forward: Callable | 
 def loop_step(model: nn.Module, batch: tuple[Tensor, Tensor], watch: Any = None) -> Callable[[], None]:
     """One update as ``train lm`` makes it: AdamW, the loss read back, the gradient clipped at 1.0; with ``watch``
     (a :class:`~skiplab.train.telemetry.Telemetry`) the gradient norm and the update reported to it."""
-    from ..train.telemetry import grad_norm
-
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
     params = list(model.parameters())
     x, y = batch

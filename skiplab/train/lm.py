@@ -20,7 +20,6 @@ process with the same ``grad_accum`` computes.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import shutil
 import time
@@ -36,6 +35,7 @@ from tqdm import tqdm
 from .. import distributed, run_dir
 from ..config import check_bounds
 from ..device import pick_device
+from ..interop.loggers import parse_loggers
 from ..models import GPTConfig, PRESETS, build_model, family_of, model_config, model_from_checkpoint
 from ..text.documents import Documents, load_documents, read_documents
 from ..text.lm_tokenizer import (LM_TOKENIZERS, ByteTokenizer, LMTokenizer, SubwordTokenizer, check_lm_tokenizer,
@@ -128,8 +128,6 @@ class LMTrainConfig:
             raise ValueError(f"--warmup {self.warmup} runs into the decay, which starts after update "
                              f"{stable_end(self)} (--max-steps {self.max_steps}, --decay {self.decay:g})")
         check_lm_tokenizer(self.tokenizer)
-        from ..interop.loggers import parse_loggers  # names only: no logger's package is imported
-
         parse_loggers(self.logger)
         if self.bin_dtype not in BIN_DTYPES:
             raise ValueError(f"unknown --bin-dtype {self.bin_dtype!r}; known: {', '.join(BIN_DTYPES)}")
@@ -445,7 +443,7 @@ def _check_stable(ckpt: dict[str, Any], max_steps: int, where: str) -> None:
 
 def branch(source: str | Path, out: str | Path, overwrite: bool = False, max_steps: int = 0) -> Path:
     """A new run directory ``out`` going on from the step checkpoint ``source`` of a wsd run (``train lm --branch``):
-    the checkpoint as its last.pt, its config.json, and its metrics and steps cut at the checkpoint's step;
+    the checkpoint as its last.pt, its config.json, its metrics and steps (which the resume cuts at the checkpoint);
     ``train lm --resume --out OUT --max-steps M`` then decays it to M updates (``max_steps``, checked here before
     anything is written). The source is not changed."""
     source, out = Path(source), Path(out)
@@ -463,11 +461,9 @@ def branch(source: str | Path, out: str | Path, overwrite: bool = False, max_ste
     stored = run_dir.read_json(source.parent / "config.json")
     run_dir.write_json(out / "config.json", {**stored, "branched_from": {"checkpoint": str(source.resolve()),
                                                                         "step": step}})
-    for name in ("metrics.jsonl", run_dir.STEPS_FILE):
+    for name in ("metrics.jsonl", run_dir.STEPS_FILE):  # whole: the resume cuts both at the checkpoint's step
         if (source.parent / name).is_file():
-            kept = [x for x in (source.parent / name).read_text().splitlines()
-                    if x and json.loads(x)["step"] <= step]
-            (out / name).write_text("".join(x + "\n" for x in kept))
+            shutil.copyfile(source.parent / name, out / name)
     shutil.copyfile(source, out / "last.pt")
     return out
 

@@ -40,6 +40,7 @@ from ..text import Tokenizer, encode_parallel, filter_long, load_split, make_bat
 from ..text.corpus import Parallel
 from .. import distributed, run_dir
 from ..config import check_bounds
+from ..interop.loggers import parse_loggers
 from ..device import pick_device
 from .run import Run
 from .telemetry import grad_norm
@@ -101,8 +102,6 @@ class MTTrainConfig:
 
     def __post_init__(self):
         check_bounds(self)
-        from ..interop.loggers import parse_loggers  # names only: no logger's package is imported
-
         parse_loggers(self.logger)
         if (self.max_steps > 0) == (self.epochs > 0):
             raise ValueError("give exactly one of --max-steps and --epochs (> 0)")

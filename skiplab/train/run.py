@@ -53,6 +53,7 @@ from torch import nn
 from .. import distributed, run_dir
 from ..compiled import CompileStats, compile_model
 from ..connections import admin, iter_connections
+from ..interop.loggers import open_loggers
 from . import sharded, telemetry
 from .telemetry import Telemetry
 
@@ -120,8 +121,6 @@ class Run:
         self.model, self.model_config, self.optimizer = model, model_config, optimizer
         loggers = None
         if getattr(self.cfg, "logger", "") and self.group.main:
-            from ..interop.loggers import open_loggers  # an outside package, imported only when asked for
-
             loggers = open_loggers(self.cfg.logger, self.out, self.config, self.resume_step)
         self.watch = Telemetry(getattr(self.cfg, "log_every", 0), flops_per_token, self.device, loggers)
 
