@@ -51,6 +51,7 @@ from .connections import available_connections, connection, parse_spec
 from .models import family_of, options_of, with_options
 from .reproduce.sweep import sweep
 from .tasks import hf_run
+from .tasks import budget
 from .tasks.compare import compare
 from .tasks.lm import add_generate_arguments, sample_text
 from .tasks.mt import add_decoding_arguments
@@ -211,7 +212,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
     else:  # the default connections, for a single model that takes connections
         takes = "connection" in options_of(family_of(base.model))
         connections = () if args.models or not takes else args.default_connections
-    compare(task.name, base, task.variants(base.model, args.models, connections), args.seeds)
+    compare(task.name, base, task.variants(base.model, args.models, connections), args.seeds, jobs=args.jobs,
+            budget=args.budget, mixed_blocks=args.mixed_blocks)
 
 
 def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
@@ -224,7 +226,17 @@ def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[s
     p.add_argument("--connections", type=config.parse_list, default=None, metavar="SPECS",
                    help=f"connection specs to compare, comma-separated (default: {','.join(connections)} without "
                         "--models; with --models, each model's own)")
-    p.add_argument("--seeds", type=config.count(1), default=seeds, help=f"seeds 1..N per variant (default: {seeds})")
+    p.add_argument("--seeds", type=config.count(1), default=seeds,
+                   help=f"seeds 1..N per variant; seed k of every variant is block k (default: {seeds})")
+    p.add_argument("--jobs", type=config.count(1), default=1,
+                   help="runs of a block trained side by side, each with cores/N threads (default: 1)")
+    p.add_argument("--budget", choices=budget.BUDGETS, default="updates",
+                   help="what every variant gets alike: updates (--max-steps each), flops (the first variant's "
+                        "training FLOPs, counted) or time (its wall-clock here, step times measured in turns); "
+                        "default: updates")
+    p.add_argument("--mixed-blocks", action="store_true",
+                   help="train into a block begun on another machine (its rows then lack a same-machine baseline, "
+                        "which the table names); refused by default")
     p.set_defaults(func=cmd_compare, task=task, seed=1, default_connections=connections, **defaults)
     return p
 

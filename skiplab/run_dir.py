@@ -290,6 +290,29 @@ def note_changes(out: Path, stored: dict[str, Any], new: dict[str, Any], changed
     return f"{out}: resumed with " + ", ".join(f"{k} {stored.get(k)} -> {new[k]}" for k in changed)
 
 
+def note_machine(out: Path, at: int) -> str:
+    """A run resumed on another machine or code version than config.json's ``environment`` names: the new one goes
+    into config.json's ``resumed_on`` (with the step it went on from), so that tables can tell a run trained on two
+    machines; return a line saying so ("" where nothing changed)."""
+    stored = read_json(out / "config.json")
+    now, first = environment(), stored.get("environment", {})
+    seen = [first, *(e["environment"] for e in stored.get("resumed_on", []))]
+    last = seen[-1]
+    if machine_name(now) == machine_name(last) and now.get("git_commit") == last.get("git_commit"):
+        return ""
+    write_json(out / "config.json", {**stored, "resumed_on": [*stored.get("resumed_on", []),
+                                                              {"at": at, "environment": now}]})
+    return (f"{out}: resumed at {at} on {machine_name(now)}, code {now.get('git_commit') or 'unknown'} "
+            f"(before: {machine_name(last)}, code {last.get('git_commit') or 'unknown'}); config.json records it")
+
+
+def machines(stored: dict[str, Any]) -> list[str]:
+    """Every machine a run's config.json says it trained on, in order, none twice."""
+    names = [machine_name(stored.get("environment", {})),
+             *(machine_name(e["environment"]) for e in stored.get("resumed_on", []))]
+    return list(dict.fromkeys(names))
+
+
 def rng_state() -> dict[str, Any]:
     """The global RNG states (CPU, and every CUDA device where present) that dropout draws from."""
     state: dict[str, Any] = {"torch": torch.get_rng_state()}

@@ -1,21 +1,14 @@
-"""Comparison tables across variants (connections, models) and seeds, in the form of Table 1 of the rSkip+LN paper.
+"""What comparisons across variants (connections, models) and seeds share: the λ and G columns of the papers' tables
+(Table 1 of the rSkip+LN paper: connection | λ | G | error mean ± std over seeds | ...), mean and sample standard
+deviation (n - 1), Welch's t-test, and learning curves (mean over seeds, ± std shaded) as a plot. The blocked
+table itself, with its paired statistics: :mod:`skiplab.analysis.blocks`.
 
-    connection | λ | G | error mean ± std over seeds | Δ to the first connection | p | diverged runs
-
-The columns before the metric describe each variant (for connections: the spec, λ and G; for models:
-the model spec and its parameter count); they are given per variant, so one table serves every comparison.
-
-Mean and sample standard deviation (n - 1) are taken over the runs that finished; a diverged run is
-counted, never averaged in. p is the two-sided p of Welch's t-test (unequal variances; Welch 1947;
-``scipy.stats.ttest_ind(equal_var=False)``) between a row's seeds and the first row's, undefined (-) with
-fewer than two seeds on a side or no spread on either. Also: learning curves (mean over seeds, ± std
-shaded) as a plot.
+p of Welch's t-test: two-sided, unequal variances (Welch 1947; ``scipy.stats.ttest_ind(equal_var=False)``),
+undefined (None) with fewer than two values on a side or no spread on either.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import warnings
 from pathlib import Path
@@ -69,59 +62,6 @@ def connection_columns(spec: str) -> dict[str, str]:
     """The describing columns of a connection's row: its spec, λ and G."""
     lam, norm = lambda_and_norm(spec)
     return {"connection": spec, "lambda": lam, "G": norm}
-
-
-_STATS = ("mean", "std", "delta", "p", "runs", "finished", "diverged")
-_HEADS = {"lambda": "λ"}
-
-
-def summarise(results: dict[str, list[dict[str, Any]]], metric: str,
-              columns: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """One row per variant from its runs' summaries (each with ``status`` and ``metric``).
-
-    ``columns`` gives each variant's describing columns; by default the variants are connection specs.
-    """
-    columns = columns if columns is not None else {spec: connection_columns(spec) for spec in results}
-    rows, first = [], None
-    for label, runs in results.items():
-        values = [r[metric] for r in runs if r.get("status") == "finished"]
-        mean, std = mean_std(values)
-        first = (mean, values) if first is None else first
-        rows.append({**columns[label], "mean": mean, "std": std, "delta": mean - first[0],
-                     "p": welch_p(values, first[1]) if rows else None, "runs": len(runs),
-                     "finished": len(values), "diverged": sum(r.get("status") == "diverged" for r in runs)})
-    return rows
-
-
-def _describing(row: dict[str, Any]) -> list[str]:
-    return [k for k in row if k not in _STATS]
-
-
-def _fmt(row: dict[str, Any], decimals: int) -> list[str]:
-    ok, d = not math.isnan(row["mean"]), decimals
-    return [*(str(row[k]) for k in _describing(row)),
-            f"{row['mean']:.{d}f} ± {row['std']:.{d}f}" if ok else "all diverged",
-            f"{row['delta']:+.{d}f}" if ok and not math.isnan(row["delta"]) else "-",
-            f"{row['p']:.3g}" if row.get("p") is not None else "-",
-            f"{row['diverged']}/{row['runs']}"]
-
-
-def markdown(rows: list[dict[str, Any]], label: str, decimals: int = 2) -> str:
-    names = _describing(rows[0])
-    head = [*(_HEADS.get(k, k) for k in names), f"{label} (mean ± std)", f"Δ vs {rows[0][names[0]]}", "p (Welch)",
-            "diverged"]
-    body = [_fmt(r, decimals) for r in rows]
-    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731
-    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in body])
-
-
-def to_csv(rows: list[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
 
 
 def plot_curves(curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, ...], path: Path, title: str,

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.flop_counter import FlopCounterMode
 
 from ..connections import iter_connections
 from ..models import GPTConfig, Seq2SeqConfig, build_model, model_config
+from ..models.flops import counted_flops
 from ..models.seq2seq import EncoderDecoder, Memory, sinusoid
 from ..train.recipe_mt import label_smoothed_loss
 from ..train.telemetry import grad_norm
@@ -134,11 +134,8 @@ class TorchDecoder(nn.Module):
 
 def step_flops(step_inputs: Callable[[], None]) -> int:
     """Floating-point operations of one call (matmuls and convolutions, forward and backward), counted by
-    ``torch.utils.flop_counter``; element-wise work is not counted."""
-    counter = FlopCounterMode(display=False)
-    with counter:
-        step_inputs()
-    return counter.get_total_flops()
+    ``torch.utils.flop_counter``; element-wise work is not counted (skiplab.models.flops)."""
+    return counted_flops(step_inputs)
 
 
 class TorchTransformer(nn.Module):

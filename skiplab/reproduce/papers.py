@@ -4,7 +4,8 @@
 - 001: "Self-Adaptive Scaling for Learnable Residual Structure" (Liu et al., CoNLL 2019), Tables 3-7;
 - 003: "Transformer with Depth-Wise LSTM" (Xu et al.), Tables 1-7;
 
-and the language-model tables of the Mix-LN and curse-of-depth papers (``skiplab.reproduce.papers_lm``).
+and the language-model tables of the Mix-LN, curse-of-depth and hyper-connections papers
+(``skiplab.reproduce.papers_lm``), DeepNet's depth table and Peri-LN's comparison (``skiplab.reproduce.papers_modern``).
 
 Where the papers say two rows are the same model (000: Baseline = 1xSkip+LN = 1rSkip+LN on the
 Transformer, 1rSkip+LN = 1xSkip+LN and 1rSkip+BN = 1xSkip+BN on ResNet), those rows share one run.
@@ -15,6 +16,7 @@ and 20 for Big (Section 5.1), 000 is silent and gets Vaswani et al.'s (5 for Bas
 from __future__ import annotations
 
 from .papers_lm import LM_TABLES
+from .papers_modern import MODERN_TABLES
 from .tables import Cell, Run, Table
 
 P000, P001, P003 = "000_3dd86ccadb4a96c8.txt", "001_57f9a717ec83735c.txt", "003_9e95952d4faf5927.txt"
@@ -229,7 +231,7 @@ T003_7 = _probe_table("003-table7", "Per-layer performance when a layer is made 
 
 TABLES: dict[str, Table] = {t.id: t for t in (
     T000_1, T000_2, T000_3, T000_4, T000_5, T000_6, T000_7, T001_3, T001_4, T001_5, T001_6, T001_7,
-    T003_1, T003_2, T003_3, T003_4, T003_5, T003_6, T003_7, *LM_TABLES)}
+    T003_1, T003_2, T003_3, T003_4, T003_5, T003_6, T003_7, *LM_TABLES, *MODERN_TABLES)}
 
 
 def table(name: str) -> Table:

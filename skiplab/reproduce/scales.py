@@ -326,11 +326,30 @@ def _paper_olmo(preset: str) -> Setting:
 
 _PAPER_OLMO = {k: _paper_olmo(preset) for k, (preset, _) in OLMO_PAPER.items()}
 
+# DeepNet's base setting (its Table 5), on WMT-14 En-De (skiplab has no WMT-17 loader): 100K updates of 128 x 4,096
+# tokens (here 32 x 16,384), inverse square root from a 4,000-update warm-up, lr 1.5e-3, Adam (0.9, 0.98) with
+# ε 1e-8, weight decay 1e-4, label smoothing 0.1, no clipping; dropout 0.4 is the cells' model option.
+_DEEPNET_LAYERS = {6: 6, 18: 18, 50: 50, 100: 100}
+_DEEPNET_PAPER = Setting(
+    "mt", _mt(model="transformer-base", corpus="wmt14-en-de", src="en", tgt="de", max_steps=100_000, max_tokens=16_384,
+              update_freq=32, warmup=4000, lr=1.5e-3, schedule="inverse_sqrt", adam_betas=(0.9, 0.98), adam_eps=1e-8,
+              weight_decay=1e-4, label_smoothing=0.1, clip_norm=0.0, save_every=1000, keep_checkpoints=1,
+              max_len=256, vocab_size=32000),
+    "WMT-14 En-De standing in for WMT-17 (newstest2014 test), Transformer base (512 / 2,048 / 8 heads) of 6-6 to "
+    "100-100 layers, DeepNet's base recipe: 100K updates of 128 x 4,096 tokens, lr 1.5e-3, inverse sqrt, warm-up "
+    "4,000, dropout 0.4, weight decay 1e-4", size="base", layers=_DEEPNET_LAYERS,
+    gpu_hours=_transformer_hours("base", 100_000, 128 * 4096) * (6 + 18 + 50 + 100) / 4 / 6)  # x the mean depth / 6
+# Peri-LN's paper scale: the shapes and recipe of its 400M, 1.5B and 3.2B models were not read here.
+PERI_SETTINGS = ("dclm-peri400m", "dclm-peri1.5b", "dclm-peri3.2b")
+_NO_PERI = ("no paper-scale setting: the Peri-LN paper's model shapes and recipe per size were not read here "
+            "(its data: 30B tokens of DCLM-baseline in tiktoken's cl100k_base)")
+
 _PAPER_LAYERS = {n: n for n in (2, 6, 12, 18, 24)}
 PAPER = Scale("paper", {**_PAPER_IMAGE, **{k: dataclasses.replace(v, layers=_PAPER_LAYERS)
                                           for k, v in _PAPER_MT.items()},
                         **{k: _paper_lm(preset, steps, lr) for k, (preset, steps, lr, _) in LM_PAPER.items()},
-                        **_PAPER_OLMO}, seeds=5,
+                        **_PAPER_OLMO, "wmt17-deepnet": _DEEPNET_PAPER, **{k: _NO_PERI for k in PERI_SETTINGS}},
+              seeds=5,
               about="the published settings (a GPU per run; the papers average 5 runs for the image tables)")
 
 # ---- cpu --------------------------------------------------------------------------------------------------
@@ -383,6 +402,17 @@ CPU = Scale("cpu", {
                   _CPU_LM_ABOUT.format(n=n), seconds_per_run=720 if n == 12 else 1620, metric=BPB)
        for k, (_, _, _, n) in LM_PAPER.items()},
     **{k: Setting("lm", _CPU_OLMO, _CPU_OLMO_ABOUT, seconds_per_run=1000, metric=BPB) for k in OLMO_PAPER},
+    # DeepNet: the MT miniature at a sixth of the paper's depth (1-1, 3-3, 8-8, 16-16 layers), dropout 0.4 (the cells'),
+    # DeepNet's lr 1.5e-3 over the miniature's warm-up; seconds_per_run: the 3-layer MT run's 3,300 s scaled by depth
+    "wmt17-deepnet": Setting("mt", dataclasses.replace(_CPU_MT, lr=1.5e-3, weight_decay=1e-4, adam_eps=1e-8),
+                             _CPU_MT_ABOUT.format(size="small") + ", a sixth of DeepNet's depth, lr 1.5e-3",
+                             size="small", layers={6: 1, 18: 3, 50: 8, 100: 16}, seconds_per_run=3300 * 7 / 3),
+    # Peri-LN: the LLaMA miniature (shared runs with the Mix-LN and curse-of-depth tables), 400M at 12 layers and 1.5B
+    # at 24; 3.2B has no deeper miniature in the hour
+    "dclm-peri400m": Setting("lm", _CPU_LM, _CPU_LM_ABOUT.format(n=12), seconds_per_run=720, metric=BPB),
+    "dclm-peri1.5b": Setting("lm", dataclasses.replace(_CPU_LM, model=with_options(_CPU_LM.model, layers=24)),
+                             _CPU_LM_ABOUT.format(n=24), seconds_per_run=1620, metric=BPB),
+    "dclm-peri3.2b": "no cpu miniature deeper than 24 layers (the 1.5B column's) fits the cpu scale",
 }, seeds=2, about="miniatures for a 2-core CPU: about an hour per table, 2 seeds per row")
 
 # ---- smoke ------------------------------------------------------------------------------------------------
@@ -416,6 +446,12 @@ SMOKE = Scale("smoke", {
                   f"c4-en (UTF-8 bytes; skiplab has no Dolma loader), a d=32 OLMo-shaped model of {n // 6} layers, "
                   "2 updates", seconds_per_run=2, metric=BPB)
        for k, (_, n) in OLMO_PAPER.items()},
+    "wmt17-deepnet": Setting("mt", dataclasses.replace(_DEEPNET_PAPER.config, model="transformer-" + _SMOKE_MODEL,
+                                                       **_SMOKE_MT),
+                             "wmt14-en-de en-de, a d=32 model of 1-4 layers, 2 updates", size=_SMOKE_MODEL,
+                             layers={6: 1, 18: 2, 50: 3, 100: 4}, seconds_per_run=4),
+    **{k: Setting("lm", _smoke_lm(n), f"c4-en (UTF-8 bytes), a d=32 LLaMA-shaped model of {n} layers, 2 updates",
+                  seconds_per_run=2, metric=BPB) for k, n in zip(PERI_SETTINGS, (2, 3, 4))},
 }, seeds=2, about="seconds per run on tiny subsets of the paper's datasets: the plumbing of every table")
 
 BY_NAME = {s.name: s for s in (SMOKE, CPU, PAPER)}

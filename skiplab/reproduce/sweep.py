@@ -49,6 +49,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import run_dir
+from ..analysis import blocks
 from ..models import parse_model_spec, with_options
 from ..tasks import connection_variants, get as get_task
 from . import report, runs, stats, sweep_report
@@ -141,7 +142,9 @@ def record(task: str, p: Point, seed: int, cfg: Any) -> dict[str, Any]:
     summary = run_dir.read_json(out / "summary.json") if (out / "summary.json").is_file() else {}
     finished = summary.get("status") == "finished"
     steps = summary.get("steps")
+    conf = run_dir.read_json(out / "config.json") if (out / "config.json").is_file() else {}
     return {"connection": p.connection, "depth": p.depth, "lr": p.lr, "seed": seed, "dir": str(out),
+            "machines": run_dir.machines(conf) if conf else [],
             "status": runs.state(cfg), spec.metric: summary.get(spec.metric),
             spec.final_valid[0]: summary.get(spec.final_valid[0]), "steps": steps,
             "train_time_s": summary.get("train_time_s"),
@@ -178,6 +181,35 @@ def aggregate(records: list[dict[str, Any]], metric: str, valid: str) -> list[di
                      "s_per_update": _mean([r["s_per_update"] for r in done if r.get("s_per_update") is not None]),
                      **_watched(rs)})
     return rows
+
+
+def paired(rows: list[dict[str, Any]], records: list[dict[str, Any]], spec: Any,
+           reference: dict[str, Any] | None) -> dict[str, Any]:
+    """Each row's paired difference to the first design at its depth and lr, block by block (block k: seed k;
+    skiplab.analysis.blocks), written into the rows (``delta``, ``ci_low``, ``ci_high``, ``pairs``, ``p_paired``,
+    ``p_holm`` with Holm's correction over every row of the sweep that has a paired p, ``stalled``); returns what
+    the table's header says: the baseline, the runs left without a same-machine pair, the blocks' machines."""
+    first = rows[0]["connection"] if rows else ""
+    value = lambda r: r.get(spec.metric)  # noqa: E731
+    level = reference["value"] if reference else None
+    unpaired, machines = [], set()
+    for depth, lr in dict.fromkeys((r["depth"], r["lr"]) for r in rows):
+        mine = [r for r in records if r["depth"] == depth and r["lr"] == lr]
+        recs = [blocks.RunRecord(r["connection"], r["seed"], r["status"], value(r), tuple(r["machines"]))
+                for r in mine]
+        machines |= {m for r in mine for m in r["machines"]}
+        order = list(dict.fromkeys(r["connection"] for r in mine))
+        stats_, header = blocks.summarise(recs, order, first, spec.higher_is_better, level, spec.stall_margin)
+        unpaired += [f"{u} at depth {depth}, lr {lr:g}" for u in header["unpaired"]]
+        for s in stats_:
+            row = next(r for r in rows if (r["connection"], r["depth"], r["lr"]) == (s["label"], depth, lr))
+            row.update({k: s[k] for k in ("delta", "ci_low", "ci_high", "pairs", "p_paired", "stalled")})
+            if math.isnan(row["delta"]):
+                row["delta"] = None
+    for row, p in zip(rows, blocks.holm([r.get("p_paired") for r in rows])):
+        row["p_holm"] = p
+    return {"baseline": first, "unpaired": unpaired, "machines": sorted(machines),
+            "holm_m": sum(r.get("p_paired") is not None for r in rows)}
 
 
 def _watched(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -221,7 +253,8 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
     plan(task, base, connections, depths, lrs)  # every axis checked before the data are made
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
     points, axes = plan(task, base, connections, depths, lrs)
-    needed = [(task, _seeded(task, p, k, root)) for p in points for k in range(1, seeds + 1)]
+    # block by block: seed k of every cell (the first design's, each cell's baseline, first) before seed k + 1
+    needed = [(task, _seeded(task, p, k, root)) for k in range(1, seeds + 1) for p in points]
     t0 = time.time()
     done = {s: sum(runs.state(c) == s for _, c in needed) for s in STATUSES}
     print(f"sweep: {len(points)} cells x {seeds} seed(s) = {len(needed)} runs ({done['finished']} finished, "
@@ -234,6 +267,8 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
         spec.score(cfg, run_dir.read_json(Path(cfg.out) / "summary.json"), False)
     records = [record(task, p, k, _seeded(task, p, k, root)) for p in points for k in range(1, seeds + 1)]
     rows = aggregate(records, spec.metric, spec.final_valid[0])
+    reference = next((spec.reference(c) for _, c in needed if runs.state(c) == "finished"), None)
+    pairing = paired(rows, records, spec, reference)
     result = {
         "task": task, "metric": spec.metric, "metric_label": spec.metric_label,
         "higher_is_better": spec.higher_is_better, "valid": list(spec.final_valid),
@@ -242,7 +277,7 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
         "length": f"{base.epochs} epochs" if getattr(base, "epochs", 0) else f"{base.max_steps} steps",
         "config": dataclasses.asdict(base), "axes": {**axes, "seeds": seeds}, "runs": records, "rows": rows,
         "stability": stability(rows, spec.higher_is_better),
-        "reference": next((spec.reference(c) for _, c in needed if runs.state(c) == "finished"), None),
+        "reference": reference, "pairing": pairing,
         "command": "skiplab sweep " + " ".join(shlex.quote(a) for a in (argv or [task, "--out", str(out)])),
         "train_time_s": sum(runs.train_time(c) for _, c in needed), "wall_time_s": time.time() - t0,
         "environment": run_dir.environment(),

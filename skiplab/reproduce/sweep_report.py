@@ -24,8 +24,8 @@ from ..analysis.comparison import mean_std
 from ..analysis.report import pyplot
 from .report import _md_table, duration
 
-COLUMNS = ("connection", "depth", "lr", "runs", "finished", "diverged", "n", "mean", "std", "valid_mean",
-           "s_per_update", "loss_spikes", "max_grad_norm")
+COLUMNS = ("connection", "depth", "lr", "runs", "finished", "diverged", "stalled", "n", "mean", "std", "valid_mean",
+           "s_per_update", "loss_spikes", "max_grad_norm", "delta", "ci_low", "ci_high", "pairs", "p_paired", "p_holm")
 
 
 def _num(v: float | None, digits: int) -> str:
@@ -51,6 +51,13 @@ def _stable_cell(s: dict[str, Any]) -> str:
     return "none" if s["best_lr"] is None else f"{_lr(s['highest_stable_lr'])} (best {_lr(s['best_lr'])})"
 
 
+def _delta_cell(row: dict[str, Any], base: str, digits: int) -> str:
+    if row["connection"] == base or row.get("delta") is None:
+        return "-"
+    ci = (f" [{row['ci_low']:+.{digits}f}, {row['ci_high']:+.{digits}f}]" if row.get("ci_low") is not None else "")
+    return f"{row['delta']:+.{digits}f}{ci}"
+
+
 def title(result: dict[str, Any]) -> str:
     return (f"{result['model']} on {result['data']}, {result['length']}, seeds 1-{result['axes']['seeds']}")
 
@@ -65,6 +72,12 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
     body = [(r["connection"], str(r["depth"]), _lr(r["lr"]), f"{r['finished']}/{r['runs']}", str(r["diverged"]),
              _metric_cell(r, digits), _num(r["valid_mean"], digits), _num(r["s_per_update"], 2))
             for r in result["rows"]]
+    pairing = result.get("pairing")
+    if pairing:  # paired with the first design in each block (seed) of the same depth and lr
+        base = pairing["baseline"]
+        head += (f"Δ vs {base} [95% CI]", "p Holm", "stalled")
+        body = [(*b, _delta_cell(r, base, digits), "-" if r.get("p_holm") is None else f"{r['p_holm']:.2g}",
+                 str(r.get("stalled", 0))) for b, r in zip(body, result["rows"])]
     if any(r.get("loss_spikes") is not None for r in result["rows"]):  # runs with per-step telemetry
         head += ("loss spikes", "max grad norm")
         body = [(*b, "-" if r.get("loss_spikes") is None else str(r["loss_spikes"]), _num(r.get("max_grad_norm"), 2))
@@ -74,6 +87,13 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
              f"Test {label} ({direction} is better): mean ± std (n − 1) over the seeds that finished; a diverged "
              "run is counted, never averaged in. s/update: training time over updates, mean over finished seeds.",
              _md_table(head, body)]
+    if pairing:
+        parts.append(f"Δ: the paired difference to {pairing['baseline']} at the same depth and lr, block by block "
+                     "(block k: seed k), mean with its 95% CI (Student's t); p Holm: the paired t-test's p with Holm's "
+                     f"correction over the {pairing['holm_m']} rows that have one; stalled: finished within "
+                     "the task's margin of the context-free reference (skiplab.analysis.blocks).")
+        if pairing["unpaired"]:
+            parts.append("WARNING: no same-machine baseline, left out of Δ: " + "; ".join(pairing["unpaired"]))
     ref = result.get("reference")
     if ref:
         parts.append(f"Context-free reference: the {ref['label']} reaches {ref['value']:.{digits}f} test {label}; a "

@@ -10,6 +10,7 @@ are evaluated and labelled, and what a cell of a paper's table becomes for it.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -40,6 +41,9 @@ class Task:
     # no ``skiplab sweep``), and the summary's final validation number with its column header
     depth_options: ClassVar[tuple[str, ...]] = ()
     final_valid: ClassVar[tuple[str, str]] = ("final_valid_loss", "final valid loss")
+    # a finished run within ``stall_margin`` of :meth:`reference` (in the metric's units) stalled (skiplab.analysis.blocks)
+    stall_margin: ClassVar[float | None] = None
+    probes: ClassVar[bool] = False  # the task has :meth:`probe_step` (compare's FLOPs column and matched budgets)
     significance: ClassVar[str] = "Welch's t-test over seeds"  # reproduce's test between a cell and its baseline
     paired: ClassVar[bool] = False  # reproduce tests seed-matched measurements with paired_p instead
 
@@ -60,6 +64,11 @@ class Task:
         run which learned nothing beyond the data's frequencies reaches (the sweep draws it); None where the task
         has none."""
         return None
+
+    def probe_step(self, cfg: Any) -> tuple[Callable[[], None], int]:
+        """One training step of ``cfg``'s model on a random batch of its shape (freshly built, the optimizer the
+        recipe's) and the tokens (or examples) the step takes: what skiplab.tasks.budget counts and times."""
+        raise NotImplementedError
 
     def add_train_arguments(self, p: argparse.ArgumentParser) -> None:
         """``skiplab train <task>``'s options of this task beyond its config's fields (none by default)."""

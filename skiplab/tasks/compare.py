@@ -1,12 +1,21 @@
-"""Compare variants across seeds: every variant x seed is one run, then one table.
+"""Compare variants across seeds in blocks: every variant x seed is one run, then one table that holds as evidence.
 
 A variant is what changes from the base config (skiplab.tasks.variants): a connection, a model spec, or
 both. Runs are labelled by what varied. What the table reports is the task's (skiplab.tasks.base.Task).
 
     OUT/<label>/seed<k>/        a full run directory each (config, metrics, checkpoints, summary)
-    OUT/table.md, table.csv     Table 1 of the rSkip+LN paper's form (see skiplab.analysis.comparison)
+    OUT/table.md, table.csv     the table (skiplab.analysis.blocks): mean ± std, the paired difference to the
+                                baseline (the first variant) with its 95% CI, paired, Welch and Holm-corrected p,
+                                trained / stalled / diverged, parameters, FLOPs per token, time per update
     OUT/curves.png              learning curves, mean ± std over seeds
-    OUT/compare.json            the comparison's config, every run's summary, and the table rows
+    OUT/compare.json            the comparison's config, the budget, every run's summary, blocks and rows
+    OUT/budget.json             --budget flops or time: every variant's updates (skiplab.tasks.budget)
+
+**Blocks.** Seed k of every variant is block k; the runs train block by block (the baseline first in each), so a
+comparison cut short leaves whole blocks behind it, and ``--jobs N`` trains N runs of a block side by side.
+Before a block trains here, its runs already there are checked: a block begun on another machine is refused
+(one line naming the block, the machines and what to do), so that every design keeps a baseline trained on its
+own machine; ``--mixed-blocks`` allows it, and the table's header then names the runs left without a pair.
 
 Runs already finished (or diverged) are skipped, finished runs not yet scored are scored, and runs cut
 short are resumed, so an interrupted comparison continues where it stopped when the same command is
@@ -23,60 +32,79 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import run_dir
-from ..analysis import comparison
+from ..analysis import blocks, comparison
 from ..models import format_model_spec, parse_model_spec
-from . import check_same_run, get, train_or_resume
+from . import budget as budgets
+from . import check_same_run, get
+from .parallel import state, train_missing
 from .variants import Variant, run_name
 
 
-def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool = True) -> list[dict[str, Any]]:
-    """Train ``base`` once per variant and seed 1..``seeds`` under ``base.out``; print and write the table."""
+def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool = True, jobs: int = 1,
+            budget: str = "updates", mixed_blocks: bool = False) -> list[dict[str, Any]]:
+    """Train ``base`` once per variant and seed 1..``seeds`` under ``base.out``, block by block (``jobs`` runs side
+    by side), each variant given ``budget`` (:mod:`skiplab.tasks.budget`); print and write the table."""
     spec = get(task)
-    metric, label = spec.metric, spec.metric_label
-    if not variants or seeds < 1:
-        raise ValueError("give at least one variant and seeds >= 1")
+    if not variants or seeds < 1 or jobs < 1:
+        raise ValueError("give at least one variant, seeds >= 1 and jobs >= 1")
     for v in variants:  # a bad combination fails before any run
         dataclasses.replace(base, **v.changes)
+    budgets.check(spec, base, budget)
     root = Path(base.out)
     root.mkdir(parents=True, exist_ok=True)
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
     t0 = time.time()
+    plan = budgets.plan(spec, base, variants, budget, root)
+    here = run_dir.machine_name(run_dir.environment())
+
+    def config(v: Variant, seed: int) -> Any:
+        steps = {"max_steps": plan[v.label]["max_steps"]} if budget != "updates" else {}
+        return dataclasses.replace(base, **v.changes, **steps, seed=seed, out=str(root / run_name(v.label) / f"seed{seed}"))
+
+    for seed in tqdm(range(1, seeds + 1), desc="compare", unit="block", disable=not progress):
+        block = [config(v, seed) for v in variants]
+        for cfg in block:
+            check_same_run(cfg)
+        todo = [c for c in block if state(c) in ("partial", "missing")]
+        if todo and not mixed_blocks:
+            _check_block(seed, block, here)
+        train_missing([(task, c) for c in todo], workers=jobs, progress=False)
+
     results: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     curves: dict[str, list[list[dict[str, Any]]]] = {v.label: [] for v in variants}
-    columns = {v.label: dict(v.columns) for v in variants}
-    machines: dict[str, set[str]] = {v.label: set() for v in variants}
-    jobs = [(v, k) for v in variants for k in range(1, seeds + 1)]
-    for variant, seed in tqdm(jobs, desc="compare", unit="run", disable=not progress):
-        out = root / run_name(variant.label) / f"seed{seed}"
-        cfg = dataclasses.replace(base, **variant.changes, seed=seed, out=str(out))
-        summary = _existing(out, cfg)
-        if summary is None:
-            summary = train_or_resume(task, cfg, progress)
-        if summary["status"] == "finished" and metric not in summary and spec.score:  # trained, not yet scored
-            summary = spec.score(cfg, summary, progress)
-        results[variant.label].append(summary)
-        if summary["status"] == "finished":
-            curves[variant.label].append(run_dir.read_metrics(out))
-        if spec.cost_columns and (out / "config.json").is_file():
-            stored = run_dir.read_json(out / "config.json")
-            columns[variant.label]["parameters"] = stored["parameters"]
-            machines[variant.label].add(run_dir.machine_name(stored.get("environment", {})))
-            times = [r["train_time_s"] / r["steps"] for r in results[variant.label] if r.get("status") == "finished"]
-            if times:
-                columns[variant.label]["s/update"] = f"{sum(times) / len(times):.2f}"
+    records: list[blocks.RunRecord] = []
+    stored: dict[str, dict[str, Any]] = {}
+    reference = None
+    for v in variants:
+        for seed in range(1, seeds + 1):
+            cfg = config(v, seed)
+            out = Path(cfg.out)
+            summary = run_dir.read_json(out / "summary.json")
+            if summary["status"] == "finished" and spec.metric not in summary and spec.score:  # trained, not scored
+                summary = spec.score(cfg, summary, progress)
+            if summary["status"] == "finished":
+                curves[v.label].append(run_dir.read_metrics(out))
+                if reference is None:
+                    reference = spec.reference(cfg)
+            results[v.label].append(summary)
+            conf = run_dir.read_json(out / "config.json") if (out / "config.json").is_file() else {}
+            stored.setdefault(v.label, conf)
+            steps = summary.get("steps")
+            records.append(blocks.RunRecord(
+                v.label, seed, summary["status"], summary.get(spec.metric), tuple(run_dir.machines(conf)),
+                conf.get("environment", {}).get("git_commit"),
+                summary["train_time_s"] / steps if summary["status"] == "finished" and steps else None,
+                {"loss_spikes": summary.get("loss_spikes"), "max_grad_norm": summary.get("max_grad_norm")}))
 
-    watched = {v.label: [r for r in results[v.label] if r.get("loss_spikes") is not None] for v in variants}
-    if any(watched.values()):  # runs with per-step telemetry: loss spikes per seed, the largest gradient norm
-        for name, runs in watched.items():
-            columns[name]["loss spikes"] = " / ".join(str(r["loss_spikes"]) for r in runs) or "-"
-            columns[name]["max grad norm"] = f"{max(r['max_grad_norm'] for r in runs):.2f}" if runs else "-"
-    if len(set().union(*machines.values())) > 1:  # seconds from different machines: say which is which
-        for name, names in machines.items():
-            columns[name]["machine"] = " + ".join(sorted(names))
-    rows = comparison.summarise(results, metric, columns)
-    table = comparison.markdown(rows, label, spec.decimals)
+    labels = [v.label for v in variants]
+    rows, header = blocks.summarise(records, labels, labels[0], spec.higher_is_better,
+                                    reference["value"] if reference else None, spec.stall_margin)
+    columns = _columns(spec, variants, plan, stored, records, budget)
+    header["reference_label"] = reference["label"] if reference else None
+    header["budget"] = budgets.describe(budget, base, plan, labels[0], here)
+    table = blocks.markdown(rows, header, columns, spec.metric_label, spec.decimals, spec.higher_is_better)
     (root / "table.md").write_text(table + "\n")
-    (root / "table.csv").write_text(comparison.to_csv(rows))
+    (root / "table.csv").write_text(blocks.to_csv(rows, columns))
     data = spec.describe_data(base)
     length = f"{base.epochs} epochs" if getattr(base, "epochs", 0) else f"{base.max_steps} steps"
     specs = (parse_model_spec(dataclasses.replace(base, **v.changes).model) for v in variants)
@@ -86,17 +114,51 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
     comparison.plot_curves(curves, spec.curves, root / "curves.png", title, x=spec.x)
     run_dir.write_json(root / "compare.json", {
         "config": dataclasses.asdict(base), "variants": [dataclasses.asdict(v) for v in variants], "seeds": seeds,
-        "rows": rows, "runs": results, "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
+        "budget": budget, "plan": plan, "header": header, "columns": columns, "rows": rows, "runs": results,
+        "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
     })
-    print(f"{title}; {label} over seeds ({'higher' if spec.higher_is_better else 'lower'} is better)")
+    print(f"{title}; {spec.metric_label} over seeds ({'higher' if spec.higher_is_better else 'lower'} is better)")
     print(table)
     print(f"wrote {root / 'table.md'}, {root / 'table.csv'}, {root / 'curves.png'}")
     return rows
 
 
-def _existing(out: Path, cfg) -> dict[str, Any] | None:
-    """The summary of a run already done as ``cfg`` asks; an error if ``out`` holds a different run."""
-    check_same_run(cfg)
-    if (out / "summary.json").is_file():
-        return run_dir.read_json(out / "summary.json")
-    return None
+def _check_block(seed: int, block: list[Any], here: str) -> None:
+    """An error where block ``seed`` has runs begun on a machine other than ``here`` and runs left to train."""
+    elsewhere = {}
+    for cfg in block:
+        path = Path(cfg.out) / "config.json"
+        if path.is_file():
+            names = run_dir.machines(run_dir.read_json(path))
+            if any(n != here for n in names):
+                elsewhere[Path(cfg.out).parent.name] = " + ".join(names)
+    if elsewhere:
+        begun = ", ".join(f"{k} on {m}" for k, m in elsewhere.items())
+        raise ValueError(f"block seed{seed} was begun on another machine ({begun}); this is {here}: finish it there, "
+                         f"or move its runs (*/seed{seed}) aside to train the whole block here, or give --mixed-blocks "
+                         "(its designs then lack a same-machine baseline; the table names them)")
+
+
+def _columns(spec: Any, variants: list[Variant], plan: dict[str, dict[str, Any]], stored: dict[str, dict[str, Any]],
+             records: list[blocks.RunRecord], budget: str) -> dict[str, dict[str, str]]:
+    """The describing columns of every variant: its own (connection, λ, G / model), then with the task's cost
+    columns its parameters, training FLOPs per token (counted), updates under a matched budget, time per update
+    relative to the baseline's in the same block, and per-step telemetry."""
+    out = {v.label: dict(v.columns) for v in variants}
+    if not spec.cost_columns:
+        return out
+    for v in variants:
+        col = out[v.label]
+        conf = stored.get(v.label, {})
+        if "parameters" in conf:
+            col["parameters"] = f"{conf['parameters']:,}"
+        flops = plan[v.label].get("flops_per_token")
+        if flops:
+            col["MFLOP/token"] = f"{flops / 1e6:.2f}"
+        if budget != "updates":
+            col["updates"] = f"{plan[v.label]['max_steps']:,}"
+        watched = [r for r in records if r.label == v.label and r.extra.get("loss_spikes") is not None]
+        if watched:
+            col["loss spikes"] = " / ".join(str(r.extra["loss_spikes"]) for r in watched)
+            col["max grad norm"] = f"{max(r.extra['max_grad_norm'] for r in watched):.2f}"
+    return out

@@ -24,7 +24,7 @@ from .. import run_dir
 from ..analysis.trained import Examples, Trained
 from ..config import count
 from ..connections import connection
-from ..models import lm_families, with_options
+from ..models import build_model, lm_families, with_options
 from ..models.generate import generate
 from ..text.lm_tokenizer import LM_TOKENIZERS
 from ..text.prepare import PrepareConfig, prepare
@@ -95,6 +95,8 @@ class LMTask(Task):
     cost_columns = True
     compare_connections, compare_seeds, compare_out = ("PreLN", "PostLN", "2rSkip+LN", "SAS"), 2, "runs/compare-lm"
     depth_options, final_valid = ("layers",), ("final_valid_bpb", "final valid bits per byte")
+    stall_margin = 0.5  # bits per byte: a run ending within 0.5 of the unigram model's level learned little
+    probes = True
 
     def families(self) -> list[type]:
         return lm_families()
@@ -124,6 +126,28 @@ class LMTask(Task):
             run_dir.write_json(path, summary)
         value = summary["unigram_test_bpb"]
         return None if value is None else {"label": "unigram model of the training split", "value": value}
+
+    def probe_step(self, cfg: Any) -> tuple[Any, int]:
+        """One update of ``cfg``'s model as ``train lm`` makes it (AdamW of the recipe, clipping), on
+        ``batch_size`` random windows of its context; the vocabulary is its tokenizer's."""
+        mcfg = cfg.model_config(lm.vocabulary(cfg))
+        torch.manual_seed(cfg.seed)
+        model = build_model(mcfg)
+        opt = torch.optim.AdamW(lm.parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.adam_betas),
+                                eps=cfg.adam_eps)
+        tokens = torch.randint(0, mcfg.vocab_size, (cfg.batch_size, mcfg.context + 1),
+                               generator=torch.Generator().manual_seed(0))
+        x, y = tokens[:, :-1], tokens[:, 1:]
+
+        def step() -> None:
+            loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.clip_norm:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
+            opt.step()
+
+        return step, x.numel()
 
     def add_train_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("--branch", default="", metavar="CHECKPOINT",

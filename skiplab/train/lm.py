@@ -252,6 +252,19 @@ def stream(cfg: LMTrainConfig | dict[str, Any], split: str, tok: LMTokenizer, to
     return token_stream(encoded, tok.eot, tok.vocab_size, kept.n_bytes, kept.name, count_words(kept.texts))
 
 
+def vocabulary(cfg: LMTrainConfig) -> int:
+    """The vocabulary size a fresh run of ``cfg`` gets: its prepared folder's tokenizer, the byte tokenizer's, a
+    pretrained tokenizer's, or ``vocab_size`` (token files; a tokenizer trained by the run, at most that size)."""
+    prep = prepared(cfg)
+    if prep is not None:
+        return load_lm_tokenizer(prep.tokenizer_bytes()).vocab_size
+    if cfg.binary or cfg.tokenizer in ("bpe", "unigram"):
+        return cfg.vocab_size
+    if cfg.tokenizer == "bytes":
+        return ByteTokenizer.vocab_size
+    return load_lm_tokenizer(read_pretrained(cfg.tokenizer).to_bytes()).vocab_size
+
+
 def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Matrices (2-D or more: linear layers, embeddings) decayed; vectors and scalars (biases, norms' gains,
     gates' biases, learned skip weights) not."""

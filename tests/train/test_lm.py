@@ -1,8 +1,10 @@
 """Language-model training: the schedule, a tiny model that learns, exact resume, two processes = one with
 accumulation, evaluation, generation, compare and the analyses on LM runs."""
 
+import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -185,28 +187,87 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
     with one_thread():
         assert run(["compare", "lm", *argv]) == 0
     table = (out / "table.md").read_text()
-    assert "bits per byte" in table and "PostLN" in table and "parameters" in table
+    assert "bits per byte" in table and "PostLN" in table and "parameters" in table and "MFLOP/token" in table
+    assert "Budget: equal updates (6 each)." in table and "Status: diverged (non-finite loss), stalled" in table
     summary = json.loads((out / "PostLN" / "seed1" / "summary.json").read_text())  # per-step telemetry's columns
-    row = json.loads((out / "compare.json").read_text())["rows"][1]
-    assert (row["loss spikes"], row["max grad norm"]) == (str(summary["loss_spikes"]), f"{summary['max_grad_norm']:.2f}")
+    written = json.loads((out / "compare.json").read_text())
+    column = written["columns"]["PostLN"]
+    assert (column["loss spikes"], column["max grad norm"]) == (str(summary["loss_spikes"]),
+                                                                 f"{summary['max_grad_norm']:.2f}")
     assert "| loss spikes | max grad norm |" in table
-    mean = json.loads((out / "compare.json").read_text())["rows"][1]["mean"]
+    mean = written["rows"][1]["mean"]
     assert f"{mean:.3f} ± " in table  # three decimals: bits per byte differ in the third
-    summary = json.loads((out / "PostLN" / "seed1" / "summary.json").read_text())
     assert summary["test_bpb"] > 0
-    assert "machine" not in table  # every run on this machine: seconds compare as they are
-    # a run recorded on another machine (collected runs): the table says which seconds came from where
+    first = json.loads((out / "PreLN" / "seed1" / "summary.json").read_text())
+    assert written["header"]["reference"] == first["unigram_test_bpb"] > 0  # the level the stall margin is from
+    assert "WARNING" not in table  # every run on this machine
+    # a run recorded on another machine (collected runs): its block mixes machines, the table says so and leaves
+    # that pair out
     cfg_path = out / "PostLN" / "seed1" / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg["environment"].update(cpu="Intel(R) Xeon(R) Processor", cpu_capability="AVX2", cuda=None)
     cfg_path.write_text(json.dumps(cfg))
     with one_thread():
         assert run(["compare", "lm", *argv]) == 0  # both runs done: only the table is made again
-    rows = json.loads((out / "compare.json").read_text())["rows"]
-    assert rows[1]["machine"] == "Intel Xeon Processor (AVX2)"
     table = (out / "table.md").read_text()
-    assert rows[0]["machine"] not in ("", rows[1]["machine"]) and "| machine" in table
+    assert "WARNING: block seed1 mixes machines" in table
+    assert "WARNING: no same-machine baseline, left out of Δ and the paired p: PostLN seed 1 (Intel Xeon Processor " \
+           "(AVX2); its baseline: " in table
+    assert json.loads((out / "compare.json").read_text())["rows"][1]["pairs"] == 0
     assert "| bits per byte (mean ± std) |" in table  # the metric's name, not a variant's
+
+
+def test_compare_refuses_a_block_begun_on_another_machine(text, tmp_path, capsys):
+    """Block 1's PreLN was trained on another machine: PostLN's run of that block is not trained here (it would
+    lack a same-machine baseline), nothing is written for it; --mixed-blocks trains it and the table flags it."""
+    out = tmp_path / "cmp"
+    base = args(text, out, "--seeds", "1")[2:]
+    with one_thread():
+        assert run(["compare", "lm", *base, "--connections", "PreLN,PostLN"]) == 0
+    shutil.rmtree(out / "PostLN")  # block 1 holds PreLN alone, trained (as the edit below says) on an Intel
+    cfg_path = out / "PreLN" / "seed1" / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["environment"].update(cpu="Intel(R) Xeon(R) Processor", cpu_capability="AVX512", cuda=None)
+    cfg_path.write_text(json.dumps(cfg))
+    capsys.readouterr()
+    with one_thread():
+        assert run(["compare", "lm", *base, "--connections", "PreLN,PostLN"]) == 2
+    err = capsys.readouterr().err
+    assert "block seed1 was begun on another machine (PreLN on Intel Xeon Processor (AVX512))" in err
+    assert "--mixed-blocks" in err and len([line for line in err.splitlines() if "skiplab:" in line]) == 1
+    assert not (out / "PostLN").exists()
+    with one_thread():
+        assert run(["compare", "lm", *base, "--connections", "PreLN,PostLN", "--mixed-blocks"]) == 0
+    assert "WARNING: block seed1 mixes machines" in (out / "table.md").read_text()
+
+
+def test_compare_with_a_flops_budget_gives_costlier_designs_fewer_updates(text, tmp_path):
+    """--budget flops: SAS's counted FLOPs per token exceed PreLN's by 6 x its gate matrices' weights (each
+    weight a multiply-add forward and two backward); it gets round(S · F_PreLN / F_SAS) updates."""
+    from skiplab.models import build_model
+    from skiplab.tasks import budget, get
+    from skiplab.train.lm import LMTrainConfig
+
+    task = get("lm")
+    cfg = LMTrainConfig(model=TINY, corpus="", train_file=str(text / "train.jsonl"),
+                        valid_file=str(text / "valid.jsonl"), batch_size=4)
+    f_pre = budget.flops_per_token(task, dataclasses.replace(cfg, model=TINY.replace(")", ",connection=PreLN)")))
+    sas_cfg = dataclasses.replace(cfg, model=TINY.replace(")", ",connection=SAS)"))
+    f_sas = budget.flops_per_token(task, sas_cfg)
+    model = build_model(sas_cfg.model_config(257))
+    gates = sum(m.weight.numel() for name, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear) and ".conn_" in name)  # the Scaling Gates' layers
+    assert gates > 0 and f_sas - f_pre == pytest.approx(6 * gates)
+    out = tmp_path / "cmp"
+    argv = args(text, out, "--connections", "PreLN,SAS", "--seeds", "1", "--max-steps", "12", "--budget", "flops")[2:]
+    with one_thread():
+        assert run(["compare", "lm", *argv]) == 0
+    plan = json.loads((out / "budget.json").read_text())
+    assert plan["variants"]["PreLN"]["max_steps"] == 12
+    assert plan["variants"]["SAS"]["max_steps"] == round(12 * f_pre / f_sas) < 12
+    assert json.loads((out / "SAS" / "seed1" / "summary.json").read_text())["steps"] == round(12 * f_pre / f_sas)
+    table = (out / "table.md").read_text()
+    assert "Budget: equal training FLOPs" in table and "| updates" in table
 
 
 def test_compare_lm_tokenises_once_for_every_run(text, tmp_path, monkeypatch):

@@ -1,0 +1,267 @@
+"""Blocked comparisons: the statistics behind "design A trains better than design B".
+
+A **block** is one seed of every design of a comparison, trained on one machine: seed k of the baseline and seed
+k of a design share their data order and initial draws where the designs allow it, and their machine's kernels
+and speed. Rows are compared with the baseline block by block, so a comparison whose blocks were trained on
+different machines (a session on an Intel Xeon, the next on an AMD EPYC) compares each design with a baseline of
+its own machine. A run's block is (seed, machine); a design's run whose machine differs from its block's
+baseline run has no pair and is left out of the paired numbers (the table's header says so).
+
+Over a row's B paired blocks, with m_b its metric and m⁰_b the baseline's in block b, d_b = m_b − m⁰_b:
+
+    Δ = (1/B) Σ_b d_b,   s_d = sqrt(Σ_b (d_b − Δ)² / (B − 1))
+    95% CI of Δ:  Δ ± t_{B−1, 0.975} · s_d / √B                  (Student's t interval of a mean difference)
+    paired p:     2 · P(T_{B−1} > |Δ| / (s_d / √B))               (the paired t-test, scipy.stats.ttest_rel)
+    Welch p:      over the row's and the baseline's finished runs, unpaired, unequal variances (Welch 1947)
+
+undefined with fewer than two pairs or no spread in the differences. **Holm's correction** (Holm 1979) over the m
+rows of one table that have a paired p: with p_(1) ≤ … ≤ p_(m) in ascending order,
+
+    p̃_(i) = min(1, max_{j ≤ i} (m − j + 1) · p_(j))
+
+and a row's difference holds at level α when p̃ < α; this controls the chance of any false claim among the m rows
+(the family-wise error rate) at α, whatever the dependence between the rows.
+
+**Run status**: ``diverged`` (its loss stopped being finite), ``stalled`` (finished, but its metric is within the
+task's stated margin of the context-free reference: the unigram model for a language model, chance for a
+classifier; it trained without learning much), or ``trained``. Stalled runs are counted apart and stay in the
+mean and the pairs: a design that stalls in some seeds is worse for it.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from scipy import stats as _scipy
+
+from .comparison import mean_std, welch_p
+
+__all__ = ["RunRecord", "Block", "blocks", "holm", "mean_difference", "paired_p", "status", "summarise"]
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run as a comparison sees it. ``status``: finished, diverged (or partial/missing: not counted);
+    ``machines``: every machine it trained on (a run resumed elsewhere has two)."""
+
+    label: str
+    seed: int
+    status: str
+    value: float | None = None
+    machines: tuple[str, ...] = ()
+    commit: str | None = None
+    s_per_update: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def machine(self) -> str:
+        return " + ".join(self.machines) if self.machines else "unknown"
+
+
+@dataclass
+class Block:
+    """Seed ``seed``'s runs, keyed by label; ``machines`` every machine its runs trained on."""
+
+    seed: int
+    runs: dict[str, RunRecord]
+
+    @property
+    def machines(self) -> list[str]:
+        return sorted({r.machine for r in self.runs.values()})
+
+    @property
+    def commits(self) -> list[str]:
+        return sorted({r.commit for r in self.runs.values() if r.commit})
+
+
+def blocks(records: list[RunRecord]) -> list[Block]:
+    """The records grouped by seed, in seed order."""
+    out: dict[int, Block] = {}
+    for r in records:
+        out.setdefault(r.seed, Block(r.seed, {})).runs[r.label] = r
+    return [out[k] for k in sorted(out)]
+
+
+def status(record: RunRecord, reference: float | None, margin: float | None, higher_is_better: bool) -> str:
+    """``diverged``, ``stalled`` or ``trained`` (module docstring); partial and missing runs are returned as they are."""
+    if record.status != "finished":
+        return record.status
+    if reference is None or margin is None or record.value is None:
+        return "trained"
+    gap = record.value - reference if higher_is_better else reference - record.value
+    return "stalled" if gap < margin else "trained"
+
+
+def mean_difference(diffs: list[float], level: float = 0.95) -> tuple[float, float | None, float | None]:
+    """Δ and its ``level`` confidence interval (Student's t; None with fewer than two differences)."""
+    if not diffs:
+        return math.nan, None, None
+    mean, sd = mean_std(diffs)
+    if len(diffs) < 2:
+        return mean, None, None
+    half = float(_scipy.t.ppf(0.5 + level / 2, len(diffs) - 1)) * sd / math.sqrt(len(diffs))
+    return mean, mean - half, mean + half
+
+
+def paired_p(diffs: list[float]) -> float | None:
+    """Two-sided p of the paired t-test that the mean difference is 0 (None where undefined)."""
+    if len(diffs) < 2 or mean_std(diffs)[1] == 0:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(_scipy.ttest_1samp(diffs, 0.0).pvalue)
+    return None if math.isnan(p) else p
+
+
+def holm(pvalues: list[float | None]) -> list[float | None]:
+    """Holm's step-down adjusted p-values, in the given order (None stays None and is not counted in m)."""
+    present = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
+    m, out, running = len(present), list(pvalues), 0.0
+    for j, (p, i) in enumerate(present):
+        running = max(running, min(1.0, (m - j) * p))
+        out[i] = running
+    return out
+
+
+def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_is_better: bool = False,
+              reference: float | None = None, margin: float | None = None,
+              alpha: float = 0.05) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One row per label of ``order`` (the module's formulas) and what the table's header must say:
+    ``{"blocks": [...], "unpaired": [...], "mixed": bool, "alpha": α, "holm_m": m}``."""
+    by_block = blocks(records)
+    unpaired: list[str] = []
+    rows = []
+    for label in order:
+        mine = [r for r in records if r.label == label]
+        finished = [r.value for r in mine if r.status == "finished" and r.value is not None]
+        mean, std = mean_std(finished)
+        states = [status(r, reference, margin, higher_is_better) for r in mine]
+        diffs, ratios = [], []
+        for b in by_block:
+            run, base = b.runs.get(label), b.runs.get(baseline)
+            if run is None or base is None or label == baseline:
+                continue
+            if run.machine != base.machine:
+                unpaired.append(f"{label} seed {b.seed} ({run.machine}; its baseline: {base.machine})")
+                continue
+            if run.status == "finished" and base.status == "finished" and None not in (run.value, base.value):
+                diffs.append(run.value - base.value)
+            if run.s_per_update and base.s_per_update:
+                ratios.append(run.s_per_update / base.s_per_update)
+        if label == baseline:
+            ratios = [1.0] if any(r.s_per_update for r in mine) else []
+        base_values = [r.value for r in records if r.label == baseline and r.status == "finished"
+                       and r.value is not None]
+        delta, lo, hi = mean_difference(diffs) if label != baseline else (math.nan, None, None)
+        rows.append({
+            "label": label, "runs": len(mine), "trained": states.count("trained"),
+            "stalled": states.count("stalled"), "diverged": states.count("diverged"),
+            "mean": mean, "std": std, "values": {r.seed: r.value for r in mine if r.status == "finished"},
+            "pairs": len(diffs), "delta": delta, "ci_low": lo, "ci_high": hi,
+            "p_paired": paired_p(diffs) if label != baseline else None,
+            "p_welch": welch_p(finished, base_values) if label != baseline else None,
+            "time_ratio": sum(ratios) / len(ratios) if ratios else None,
+        })
+    adjusted = holm([r["p_paired"] for r in rows])
+    for r, p in zip(rows, adjusted):
+        r["p_holm"] = p
+        r["holds"] = p is not None and p < alpha
+    header = {
+        "baseline": baseline, "alpha": alpha, "holm_m": sum(p is not None for p in adjusted),
+        "blocks": [{"seed": b.seed, "machines": b.machines, "commits": b.commits, "runs": len(b.runs),
+                    "baseline": baseline in b.runs} for b in by_block],
+        "unpaired": unpaired, "mixed": any(len(b.machines) > 1 for b in by_block),
+        "reference": reference, "margin": margin,
+    }
+    return rows, header
+
+
+# ---- the table ------------------------------------------------------------------------------------------------
+def _num(value: float | None, decimals: int, sign: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:+.{decimals}f}" if sign else f"{value:.{decimals}f}"
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2g}" if value >= 0.001 else f"{value:.1e}"
+
+
+def header_lines(header: dict[str, Any], metric_label: str) -> list[str]:
+    """What a blocked table says above itself: its blocks and machines, its budget, how runs are classed and what the
+    columns mean, and every warning (a block of two machines, runs without a same-machine baseline)."""
+    base, out = header["baseline"], []
+    by_machine: dict[str, list[int]] = {}
+    for b in header["blocks"]:
+        by_machine.setdefault(" / ".join(b["machines"]), []).append(b["seed"])
+    where = "; ".join(f"{m} (seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))})" for m, s in by_machine.items())
+    commits = sorted({c for b in header["blocks"] for c in b["commits"]})
+    out.append(f"Blocks: {len(header['blocks'])} (block k = seed k of every row); machines: {where}; "
+               f"code: {', '.join(commits) or 'unknown'}.")
+    if header.get("budget"):
+        out.append(header["budget"][0].upper() + header["budget"][1:] + ".")
+    if header.get("reference") is not None:
+        out.append(f"Status: diverged (non-finite loss), stalled (finished within {header['margin']:g} of the "
+                   f"context-free reference, {header.get('reference_label') or 'reference'}: "
+                   f"{header['reference']:.3f}), else trained.")
+    out.append(f"Δ: the paired difference to {base} (row − {base} in the same block), mean over blocks, with its 95% "
+               f"CI (Student's t); p paired: paired t-test; p Welch: unpaired; p Holm: Holm's correction over the "
+               f"{header['holm_m']} rows with a paired p; holds: p Holm < {header['alpha']:g}.")
+    for b in header["blocks"]:
+        if len(b["machines"]) > 1:
+            out.append(f"WARNING: block seed{b['seed']} mixes machines ({', '.join(b['machines'])}).")
+        if not b["baseline"]:
+            out.append(f"WARNING: block seed{b['seed']} has no {base} run: its rows have no pair there.")
+    if header["unpaired"]:
+        out.append("WARNING: no same-machine baseline, left out of Δ and the paired p: " + "; ".join(header["unpaired"]))
+    return out
+
+
+def markdown(rows: list[dict[str, Any]], header: dict[str, Any], columns: dict[str, dict[str, str]],
+             metric_label: str, decimals: int = 2, higher_is_better: bool = False) -> str:
+    """The table with its header lines (:func:`header_lines`) and, after it, which differences hold."""
+    base = header["baseline"]
+    names = list(dict.fromkeys(k for c in columns.values() for k in c))
+    head = [*(("λ" if k == "lambda" else k) for k in names), f"time × {base}", f"{metric_label} (mean ± std)",
+            f"Δ vs {base} [95% CI]", "p paired", "p Welch", "p Holm", "holds", "trained / stalled / diverged"]
+    body = []
+    for r in rows:
+        col = columns.get(r["label"], {})
+        ok = not math.isnan(r["mean"])
+        interval = (f" [{_num(r['ci_low'], decimals, True)}, {_num(r['ci_high'], decimals, True)}]"
+                    if r["ci_low"] is not None else "")
+        body.append([
+            *(str(col.get(k, "-")) for k in names),
+            _num(r["time_ratio"], 3) if r["time_ratio"] is not None else "-",
+            f"{r['mean']:.{decimals}f} ± {r['std']:.{decimals}f}" if ok else "none finished",
+            "-" if r["label"] == base else _num(r["delta"], decimals, True) + interval + f" ({r['pairs']} pairs)",
+            _p(r["p_paired"]), _p(r["p_welch"]), _p(r["p_holm"]),
+            "-" if r["label"] == base else ("yes" if r["holds"] else "no"),
+            f"{r['trained']} / {r['stalled']} / {r['diverged']}"])
+    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731
+    table = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in body]
+    better = [r for r in rows if r["holds"] and (r["delta"] > 0) == higher_is_better]
+    worse = [r for r in rows if r["holds"] and (r["delta"] > 0) != higher_is_better]
+    verdict = (f"Differences that hold after Holm's correction: better than {base}: "
+               f"{', '.join(r['label'] for r in better) or 'none'}; worse: {', '.join(r['label'] for r in worse) or 'none'}.")
+    return "\n".join([*header_lines(header, metric_label), "", *table, "", verdict])
+
+
+def to_csv(rows: list[dict[str, Any]], columns: dict[str, dict[str, str]]) -> str:
+    """The rows with their describing columns, one line each (per-seed values as seed:value pairs)."""
+    names = list(dict.fromkeys(k for c in columns.values() for k in c))
+    buf = io.StringIO()
+    keys = [k for k in rows[0] if k != "values"]
+    writer = csv.writer(buf)
+    writer.writerow([*names, *keys, "values"])
+    for r in rows:
+        col = columns.get(r["label"], {})
+        writer.writerow([*(col.get(k, "") for k in names), *(r[k] for k in keys),
+                         " ".join(f"{s}:{v}" for s, v in r["values"].items())])
+    return buf.getvalue()

@@ -1,0 +1,86 @@
+"""Training the runs a comparison, sweep or table needs: one by one, or side by side in worker processes.
+
+With ``workers`` > 1, that many runs train side by side, each with ``threads // workers`` threads (on a 2-core CPU
+two runs of one thread each keep both cores busy); a worker's output goes to ``<run>.log`` beside the run
+directory. A finished (or diverged) run is kept as it is; one cut short resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from .. import run_dir
+from . import check_same_run, train_or_resume
+
+
+def state(cfg: Any) -> str:
+    """``finished``, ``diverged``, ``partial`` (a checkpoint to resume from) or ``missing``."""
+    out = Path(cfg.out)
+    if (out / "summary.json").is_file():
+        return run_dir.read_json(out / "summary.json")["status"]
+    return "partial" if (out / "last.pt").is_file() else "missing"
+
+
+def train_time(cfg: Any) -> float:
+    """Seconds the run's training took (its summary's ``train_time_s``; 0 when not finished)."""
+    out = Path(cfg.out) / "summary.json"
+    return float(run_dir.read_json(out).get("train_time_s", 0.0)) if out.is_file() else 0.0
+
+
+def check_same(cfg: Any) -> None:
+    """An error when ``cfg.out`` holds a run with other settings (a directory copied in by hand, say)."""
+    check_same_run(cfg, advice="remove it")
+
+
+def _worker(task: str, cfg: Any, threads: int) -> dict[str, Any]:
+    """Train one run in a worker process; its progress bar and any error go to ``<run>.log``, line by line."""
+    torch.set_num_threads(threads)
+    tqdm.set_lock(threading.RLock())  # tqdm's default lock is a process-shared semaphore, left behind at exit
+    log = Path(cfg.out).with_suffix(".log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a", buffering=1) as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
+        return train_or_resume(task, cfg, progress=True)
+
+
+def train_missing(jobs: list[tuple[str, Any]], workers: int = 1, threads: int | None = None,
+                  progress: bool = True) -> dict[str, dict[str, Any]]:
+    """Train every run of ``jobs`` ((task, placed config)) not yet finished; return run dir -> summary."""
+    todo = [(t, c) for t, c in jobs if state(c) in ("partial", "missing")]
+    for _, c in todo:
+        check_same(c)
+    bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not progress or not todo)
+    if workers <= 1 or len(todo) <= 1:
+        for task, cfg in todo:
+            bar.set_postfix_str(Path(cfg.out).parent.name)
+            train_or_resume(task, cfg, progress)
+            bar.update()
+    else:
+        threads = threads or max(1, (os.cpu_count() or 1) // workers)
+        pool = multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=1)
+        try:
+            pending = [(pool.apply_async(_worker, (t, c, threads)), c) for t, c in todo]
+            for handle, cfg in pending:
+                try:
+                    handle.get()
+                except Exception as exc:  # a run's own error, named with its log
+                    log = Path(cfg.out).with_suffix(".log")
+                    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                    raise RuntimeError(f"run {cfg.out} failed: {first} (its output: {log})") from exc
+                bar.update()
+            pool.close()
+        finally:
+            pool.terminate()  # an error or an interrupt here stops the other runs too (each resumes later)
+            pool.join()
+    bar.close()
+    sys.stdout.flush()
+    return {c.out: run_dir.read_json(Path(c.out) / "summary.json") for _, c in jobs
+            if (Path(c.out) / "summary.json").is_file()}

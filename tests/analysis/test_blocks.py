@@ -1,0 +1,106 @@
+"""The blocked comparison's statistics against hand computation and scipy, and its table's warnings."""
+
+import math
+
+import pytest
+from scipy import stats
+
+from skiplab.analysis.blocks import RunRecord, holm, markdown, mean_difference, paired_p, status, summarise
+
+
+def test_confidence_interval_of_a_difference_by_hand():
+    # d = 1, 2, 3: mean 2, s_d = 1, t_{2, 0.975} = 4.302653, half width 4.302653 / sqrt(3) = 2.484138
+    mean, lo, hi = mean_difference([1.0, 2.0, 3.0])
+    assert mean == 2.0
+    assert lo == pytest.approx(2.0 - 2.484138, abs=1e-6) and hi == pytest.approx(2.0 + 2.484138, abs=1e-6)
+    assert mean_difference([0.5]) == (0.5, None, None)  # one pair: no interval
+    assert math.isnan(mean_difference([])[0])
+
+
+def test_paired_p_by_hand_and_against_scipy():
+    # t = 2 / (1 / sqrt 3) = 3.4641 with 2 degrees of freedom: p = 2 (1 - F_t2(3.4641)) = 1 - 3.4641 / sqrt(2 + 12)
+    # (the t distribution with 2 df has F(t) = 1/2 + t / (2 sqrt(2 + t²)))
+    assert paired_p([1.0, 2.0, 3.0]) == pytest.approx(1 - 3.4641016 / math.sqrt(14), abs=1e-6)
+    a, b = [2.71, 2.80, 2.75, 2.90, 2.66], [2.78, 2.84, 2.74, 2.99, 2.70]
+    assert paired_p([x - y for x, y in zip(a, b)]) == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-12)
+    assert paired_p([0.1]) is None and paired_p([0.2, 0.2]) is None  # too few, no spread
+
+
+def test_holm_order_by_hand():
+    # m = 3: sorted 0.01, 0.03, 0.04 -> 3·0.01 = 0.03, 2·0.03 = 0.06, max(0.06, 1·0.04) = 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([None, 0.02, 0.5, None]) == [None, pytest.approx(0.04), pytest.approx(0.5)] + [None]  # m = 2
+    assert holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([]) == []
+
+
+def test_status_trained_stalled_diverged():
+    run = lambda v, s="finished": RunRecord("x", 1, s, v)  # noqa: E731
+    assert status(run(2.7), 4.8, 0.5, False) == "trained"
+    assert status(run(4.5), 4.8, 0.5, False) == "stalled"  # 0.3 below the unigram level: within the margin
+    assert status(run(5.1), 4.8, 0.5, False) == "stalled"
+    assert status(run(None, "diverged"), 4.8, 0.5, False) == "diverged"
+    assert status(run(12.0), 10.0, 5.0, True) == "stalled"  # higher is better: 2 above chance
+    assert status(run(2.7), None, None, False) == "trained"  # no reference: nothing is called stalled
+
+
+def _records(machines=None):
+    machines = machines or {}
+    values = {"A": [2.70, 2.80, 2.75], "B": [2.60, 2.72, 2.66], "C": [2.90, 2.80, 2.95]}
+    return [RunRecord(label, seed, "finished", v, (machines.get((label, seed), "AMD EPYC (AVX2)"),), "abc1234",
+                      1.0 if label == "A" else 1.5)
+            for label, vs in values.items() for seed, v in enumerate(vs, 1)]
+
+
+def test_summarise_pairs_within_blocks():
+    rows, header = summarise(_records(), ["A", "B", "C"], "A", reference=4.8, margin=0.5)
+    b = rows[1]
+    diffs = [2.60 - 2.70, 2.72 - 2.80, 2.66 - 2.75]
+    assert b["pairs"] == 3 and b["delta"] == pytest.approx(sum(diffs) / 3)
+    assert b["p_paired"] == pytest.approx(stats.ttest_rel([2.60, 2.72, 2.66], [2.70, 2.80, 2.75]).pvalue)
+    assert b["p_welch"] == pytest.approx(stats.ttest_ind([2.60, 2.72, 2.66], [2.70, 2.80, 2.75],
+                                                         equal_var=False).pvalue)
+    ps = [rows[1]["p_paired"], rows[2]["p_paired"]]
+    assert [rows[1]["p_holm"], rows[2]["p_holm"]] == pytest.approx(holm(ps))
+    assert b["time_ratio"] == pytest.approx(1.5) and rows[0]["time_ratio"] == 1.0
+    assert rows[0]["p_paired"] is None and math.isnan(rows[0]["delta"])
+    assert (b["trained"], b["stalled"], b["diverged"]) == (3, 0, 0)
+    assert header["unpaired"] == [] and not header["mixed"] and header["holm_m"] == 2
+
+
+def test_a_table_of_two_machines_without_per_machine_baselines_is_flagged():
+    """Block 3's B ran on an Intel while its baseline A ran on the AMD: B's pair there is left out and the header
+    says so; a block whose runs span two machines is named."""
+    records = _records({("B", 3): "Intel Xeon Processor (AVX512)"})
+    rows, header = summarise(records, ["A", "B", "C"], "A")
+    assert rows[1]["pairs"] == 2 and rows[2]["pairs"] == 3
+    assert header["mixed"] and header["unpaired"] == [
+        "B seed 3 (Intel Xeon Processor (AVX512); its baseline: AMD EPYC (AVX2))"]
+    table = markdown(rows, header, {k: {"connection": k} for k in "ABC"}, "bits per byte", 3)
+    assert "WARNING: block seed3 mixes machines (AMD EPYC (AVX2), Intel Xeon Processor (AVX512))" in table
+    assert "WARNING: no same-machine baseline, left out of Δ and the paired p: B seed 3" in table
+    # a per-machine baseline in every block: nothing to flag, whatever the machines
+    records = _records({(k, 3): "Intel Xeon Processor (AVX512)" for k in "ABC"})
+    rows, header = summarise(records, ["A", "B", "C"], "A")
+    table = markdown(rows, header, {k: {"connection": k} for k in "ABC"}, "bits per byte", 3)
+    assert "WARNING" not in table and rows[1]["pairs"] == 3
+    assert "AMD EPYC (AVX2) (seeds 1, 2); Intel Xeon Processor (AVX512) (seed 3)" in table
+
+
+def test_a_block_without_its_baseline_is_said():
+    records = [r for r in _records() if not (r.label == "A" and r.seed == 2)]
+    rows, header = summarise(records, ["A", "B", "C"], "A")
+    assert rows[1]["pairs"] == 2
+    table = markdown(rows, header, {k: {"connection": k} for k in "ABC"}, "bits per byte", 3)
+    assert "WARNING: block seed2 has no A run" in table
+
+
+def test_markdown_says_which_differences_hold():
+    values = {"A": [2.70, 2.80, 2.75, 2.72, 2.78], "B": [2.60, 2.71, 2.64, 2.63, 2.69],
+              "C": [2.71, 2.79, 2.77, 2.71, 2.80]}
+    records = [RunRecord(k, s, "finished", v, ("m",)) for k, vs in values.items() for s, v in enumerate(vs, 1)]
+    rows, header = summarise(records, ["A", "B", "C"], "A")
+    assert rows[1]["holds"] and not rows[2]["holds"]
+    table = markdown(rows, header, {k: {"connection": k} for k in "ABC"}, "bits per byte", 3)
+    assert "better than A: B; worse: none" in table
+    assert "| -0.096 [" in table and "(5 pairs)" in table  # d = -0.10, -0.09, -0.11, -0.09, -0.09
