@@ -72,16 +72,16 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
     body = [(r["connection"], str(r["depth"]), _lr(r["lr"]), f"{r['finished']}/{r['runs']}", str(r["diverged"]),
              _metric_cell(r, digits), _num(r["valid_mean"], digits), _num(r["s_per_update"], 2))
             for r in result["rows"]]
+    if any(r.get("loss_spikes") is not None for r in result["rows"]):  # runs with per-step telemetry
+        head += ("loss spikes", "max grad norm")
+        body = [(*b, "-" if r.get("loss_spikes") is None else str(r["loss_spikes"]), _num(r.get("max_grad_norm"), 2))
+                for b, r in zip(body, result["rows"])]
     pairing = result.get("pairing")
     if pairing:  # paired with the first design in each block (seed) of the same depth and lr
         base = pairing["baseline"]
         head += (f"Δ vs {base} [95% CI]", "p Holm", "stalled")
         body = [(*b, _delta_cell(r, base, digits), "-" if r.get("p_holm") is None else f"{r['p_holm']:.2g}",
                  str(r.get("stalled", 0))) for b, r in zip(body, result["rows"])]
-    if any(r.get("loss_spikes") is not None for r in result["rows"]):  # runs with per-step telemetry
-        head += ("loss spikes", "max grad norm")
-        body = [(*b, "-" if r.get("loss_spikes") is None else str(r["loss_spikes"]), _num(r.get("max_grad_norm"), 2))
-                for b, r in zip(body, result["rows"])]
     direction = "higher" if result["higher_is_better"] else "lower"
     parts = [f"### Sweep: {title(result)}",
              f"Test {label} ({direction} is better): mean ± std (n − 1) over the seeds that finished; a diverged "
