@@ -41,7 +41,7 @@ from ..connections.norms import make_norm
 from ..models import model_config
 from ..text import Tokenizer, encode_parallel, load_corpus, make_batches
 from ..train.telemetry import Telemetry
-from ..translate.search import beam_search
+from ..decoding import beam_search
 from ..models.generate import generate
 from .steps import (MTBatch, RecomputingDecoder, TorchDecoder, TorchTransformer, add_bandwidth, build, loop_step,
                     connection_output_elements, image_step, lm_step, matmul_rate, mt_step, step_flops)

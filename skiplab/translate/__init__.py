@@ -1,7 +1,7 @@
 """Machine translation decoding and scoring.
 
-:mod:`~skiplab.translate.search`: greedy and batched beam search over any :class:`Seq2SeqDecoder`
-(encode once, one cached ``step`` per position). :mod:`~skiplab.translate.metrics`: sacrebleu BLEU and
+The searches are :mod:`skiplab.decoding`'s (greedy and batched beam search over any :class:`Seq2SeqDecoder`,
+shared with captioning), re-exported here. :mod:`~skiplab.translate.metrics`: sacrebleu BLEU and
 chrF with their signatures, tokenised BLEU as the papers report it, both forms of a test set, and Koehn's
 paired bootstrap resampling.
 """
@@ -17,7 +17,7 @@ from .metrics import (
     score_from_stats,
     sentence_stats,
 )
-from .search import (
+from ..decoding import (
     BOS,
     EOS,
     PAD,

@@ -17,7 +17,7 @@ from ..device import pick_device
 from ..models import EncoderDecoder, model_from_checkpoint
 from ..text import Tokenizer, load_split, make_batches
 from .metrics import BleuForms, bleu_forms, score_forms
-from .search import beam_search
+from ..decoding import beam_search
 
 
 @dataclass

@@ -8,7 +8,7 @@ import torch
 
 from skiplab.models import DepthWiseLSTMTransformer, build_model, model_config
 from skiplab.models.dwlstm import DepthWiseLSTM, LSTMGates, LSTMHidden
-from skiplab.translate.search import beam_search, greedy_search
+from skiplab.decoding import beam_search, greedy_search
 from tests.models.test_transformer import full_and_incremental
 from tests.noise import assert_within_noise, noise
 
