@@ -122,6 +122,17 @@ def test_image_rows_carry_welch_and_mt_rows_a_bootstrap_per_seed(smoke):
     assert t2["Baseline"]["runs"] == t2["1xSkip+LN"]["runs"] == t2["1rSkip+LN"]["runs"]
     p = t2["2rSkip+LN"]["p"]
     assert t2["2rSkip+LN"]["test"].startswith("paired bootstrap") and len(p) == 2 and all(0 <= x <= 1 for x in p)
+    # the seed-matched pairs' t-test with Holm's correction over the table's cells that have one
+    from skiplab.analysis.blocks import holm, paired_p
+
+    for c in t1.values():
+        if c.get("available") and c["row"] != "1xSkip" and "p_paired" in c:
+            pairs = [a - b for a, b in zip(c["values"], t1["1xSkip"]["values"])]
+            assert c["p_paired"] == paired_p(pairs)
+    ps = [c.get("p_paired") for c in smoke["results"]["000-table1"]["cells"]]
+    assert [c.get("p_holm") for c in smoke["results"]["000-table1"]["cells"]] == holm(ps)
+    md = (smoke["out"] / "smoke" / "000-table1" / "table.md").read_text()
+    assert ("p paired, Holm" in md) == any(p is not None for p in ps)
     # accuracy tables report 100 - error of the same runs
     acc = {c["row"]: c for c in smoke["results"]["001-table7"]["cells"]}["x+F (Baseline)"]
     assert acc["values"] == pytest.approx([100 - v for v in t1["1xSkip"]["values"][:1]])

@@ -188,6 +188,11 @@ def _num(value: float | None, decimals: int, sign: bool = False) -> str:
     return f"{value:+.{decimals}f}" if sign else f"{value:.{decimals}f}"
 
 
+def _cell(value: Any) -> str:
+    """A describing column's value: an int with thousands separators, anything else as it is."""
+    return f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value)
+
+
 def _p(value: float | None) -> str:
     return "-" if value is None else f"{value:.2g}" if value >= 0.001 else f"{value:.1e}"
 
@@ -236,7 +241,7 @@ def markdown(rows: list[dict[str, Any]], header: dict[str, Any], columns: dict[s
         interval = (f" [{_num(r['ci_low'], decimals, True)}, {_num(r['ci_high'], decimals, True)}]"
                     if r["ci_low"] is not None else "")
         body.append([
-            *(str(col.get(k, "-")) for k in names),
+            *(_cell(col.get(k, "-")) for k in names),
             _num(r["time_ratio"], 3) if r["time_ratio"] is not None else "-",
             f"{r['mean']:.{decimals}f} ± {r['std']:.{decimals}f}" if ok else "none finished",
             "-" if r["label"] == base else _num(r["delta"], decimals, True) + interval + f" ({r['pairs']} pairs)",

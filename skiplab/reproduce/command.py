@@ -31,6 +31,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import run_dir
+from ..analysis import blocks
 from ..analysis import comparison
 from ..analysis.linearity import linearity
 from ..config import parse_list
@@ -186,6 +187,9 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         cells = []
         for r in tqdm(resolved, desc=f"{t.id} cells", unit="cell", disable=not progress or not needed):
             cells.append(_cell_result(t, r, sc, seeds, root, resolved, progress))
+        for c, p in zip(cells, blocks.holm([c.get("p_paired") for c in cells])):
+            if p is not None:
+                c["p_holm"] = p
         result = {
             "table": t.id, "source": t.source, "title": t.title, "metric": t.metric,
             "higher_is_better": t.higher_is_better, "ours_metric": _ours_metric(t, resolved), "scale": sc.name,
@@ -267,8 +271,11 @@ def _cell_result(t: Table, r: Resolved, sc: Scale, seeds: int, root: Path, resol
     task = get_task(r.task)
     if t.probes:
         return {**out, "delta": delta, "p": None, "test": PROBE_TEST}
-    if not task.paired:
-        return {**out, "delta": delta, "p": stats.welch_p(values, base_values), "test": task.significance}
+    if not task.paired:  # Welch over the seeds, and the seed-matched pairs' t-test (Holm-corrected per table)
+        pairs = [a["value"] - b["value"] for a, b in zip(per_seed, base_seeds)
+                 if a and b and a.get("value") is not None and b.get("value") is not None]
+        return {**out, "delta": delta, "p": stats.welch_p(values, base_values), "p_paired": blocks.paired_p(pairs),
+                "test": task.significance}
     ps = [task.paired_p(a, b, _seeded(r, k, root), _seeded(base, k, root))
           for k, (a, b) in enumerate(zip(per_seed, base_seeds), start=1)]
     return {**out, "delta": delta, "p": ps, "test": task.significance}

@@ -52,11 +52,12 @@ def _units_differ(result: dict[str, Any]) -> bool:
 
 def head(result: dict[str, Any]) -> tuple[str, ...]:
     """The table's header; where the units differ, each number column names its own."""
+    holm = ("p paired, Holm",) if _holm(result) else ()
     if not _units_differ(result):
-        return HEAD
+        return HEAD + holm
     paper, ours_ = result["metric"], result["ours_metric"]
     return ("row", "column", f"paper: {paper}", f"ours: {ours_}, mean ± std (seeds)", f"Δ paper ({paper})",
-            f"Δ ours ({ours_})", "p", "baseline")
+            f"Δ ours ({ours_})", "p", "baseline", *holm)
 
 
 def source(result: dict[str, Any]) -> str:
@@ -65,12 +66,18 @@ def source(result: dict[str, Any]) -> str:
     return f"`shared/papers/{src}`" if src.endswith(".txt") else src
 
 
+def _holm(result: dict[str, Any]) -> bool:
+    """Some cell has a seed-paired p, Holm-corrected over the table (the table then shows the corrected p)."""
+    return any(c.get("p_holm") is not None for c in result["cells"])
+
+
 def rows(result: dict[str, Any]) -> list[tuple[str, ...]]:
     digits = 3 if result.get("ours_metric") == "bits per byte" else 2  # bits per byte differ in the third decimal
     out = []
     for c in result["cells"]:
         out.append((c["row"], c["column"], _num(c["paper"]), ours(c, digits), _signed(c.get("paper_delta")),
-                    _signed(c.get("delta"), digits), _p(c.get("p")), c["baseline"]))
+                    _signed(c.get("delta"), digits), _p(c.get("p")), c["baseline"],
+                    *((_p(c.get("p_holm")),) if _holm(result) else ())))
     return out
 
 
@@ -94,7 +101,10 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
              f"Scale `{result['scale']}`: {result['scale_about']}; seeds 1-{result['seeds']}.",
              _md_table(head(result), rows(result)),
              "Δ: the row's mean minus its baseline row's in the same column (the paper's numbers and ours); "
-             f"p: {'; '.join(tests) if tests else 'no test (one side has no runs or seeds to compare)'}."]
+             f"p: {'; '.join(tests) if tests else 'no test (one side has no runs or seeds to compare)'}."
+             + (" p paired, Holm: the t-test of the seed-matched differences (seed k of the row minus seed k of its "
+                "baseline), with Holm's correction over the table's cells that have one (skiplab.analysis.blocks)."
+                if _holm(result) else "")]
     if brief:
         return "\n\n".join(parts)
     if result["settings"]:
@@ -117,14 +127,15 @@ def csv(result: dict[str, Any]) -> str:
     buf = io.StringIO()
     w = _csv.writer(buf)
     w.writerow(["table", "scale", "row", "column", "paper", "mean", "std", "n", "values", "paper_delta", "delta", "p",
-                "test", "baseline", "available", "paper_metric", "ours_metric"])
+                "test", "baseline", "available", "paper_metric", "ours_metric", "p_paired", "p_holm"])
     for c in result["cells"]:
         p = c.get("p")
         w.writerow([result["table"], result["scale"], c["row"], c["column"], c["paper"], c.get("mean"), c.get("std"),
                     c.get("n"), " ".join("" if v is None else f"{v:.4f}" for v in c.get("values") or []),
                     c.get("paper_delta"), c.get("delta"),
                     " ".join(str(x) for x in p) if isinstance(p, list) else p, c.get("test"), c["baseline"],
-                    c.get("why") or "yes", result["metric"], result.get("ours_metric", result["metric"])])
+                    c.get("why") or "yes", result["metric"], result.get("ours_metric", result["metric"]),
+                    c.get("p_paired"), c.get("p_holm")])
     return buf.getvalue()
 
 

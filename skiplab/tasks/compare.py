@@ -151,7 +151,10 @@ def _columns(spec: Any, variants: list[Variant], plan: dict[str, dict[str, Any]]
         col = out[v.label]
         conf = stored.get(v.label, {})
         if "parameters" in conf:
-            col["parameters"] = f"{conf['parameters']:,}"
+            col["parameters"] = conf["parameters"]  # an int: the table shows it with thousands separators
+        times = [r.s_per_update for r in records if r.label == v.label and r.s_per_update]
+        if times:  # seconds on the machines that trained it (time × baseline compares across machines)
+            col["s/update"] = f"{sum(times) / len(times):.2f}"
         flops = plan[v.label].get("flops_per_token")
         if flops:
             col["MFLOP/token"] = f"{flops / 1e6:.2f}"
