@@ -98,8 +98,10 @@ def plan(task: Any, base: Any, variants: list[Variant], budget: str, root: Path)
     return out
 
 
-def describe(budget: str, base: Any, plan_: dict[str, dict[str, Any]], baseline: str, machine: str = "") -> str:
-    """The line a table's header gives its budget."""
+def describe(budget: str, base: Any, plan_: dict[str, dict[str, Any]], baseline: str, root: Path) -> str:
+    """The line a table's header gives its budget (a time budget names the machine budget.json was measured on)."""
+    path = root / "budget.json"
+    machine = run_dir.machine_name(run_dir.read_json(path).get("environment", {})) if path.is_file() else ""
     if budget == "updates":
         epochs = getattr(base, "epochs", 0)
         return f"budget: equal length ({epochs:,} epochs each)" if epochs else \

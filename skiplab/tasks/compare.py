@@ -101,7 +101,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
                                     reference["value"] if reference else None, spec.stall_margin)
     columns = _columns(spec, variants, plan, stored, records, budget)
     header["reference_label"] = reference["label"] if reference else None
-    header["budget"] = budgets.describe(budget, base, plan, labels[0], here)
+    header["budget"] = budgets.describe(budget, base, plan, labels[0], root)
     table = blocks.markdown(rows, header, columns, spec.metric_label, spec.decimals, spec.higher_is_better)
     (root / "table.md").write_text(table + "\n")
     (root / "table.csv").write_text(blocks.to_csv(rows, columns))

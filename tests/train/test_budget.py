@@ -45,6 +45,8 @@ def test_time_budget_gives_the_slower_design_fewer_updates(tmp_path, monkeypatch
     assert plan["b"]["max_steps"] == round(100 / plan["b"]["time_ratio"])
     stored = json.loads((tmp_path / "budget.json").read_text())
     assert stored["budget"] == "time" and stored["variants"]["b"] == plan["b"]
+    line = budget.describe("time", Config(), plan, "a", tmp_path)  # the machine budget.json was measured on
+    assert line.startswith("budget: equal wall-clock on " + run_dir.machine_name(stored["environment"]))
     # read back as written (the ratios are the machine's that planned it), not measured again
     monkeypatch.setattr(budget, "time_ratio", lambda *a, **k: pytest.fail("measured again"))
     assert budget.plan(FakeTask(), Config(), _variants(), "time", tmp_path) == plan
