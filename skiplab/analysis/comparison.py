@@ -92,8 +92,9 @@ def draw_curves(axes: list[Any], curves: dict[str, list[list[dict[str, Any]]]], 
             epochs = [runs[0][e][x] for e in range(length)]
             m = [s[0] for s in stats]
             sd = [s[1] for s in stats]
-            ax.plot(epochs, m, label=spec, color=f"C{i}")
-            ax.fill_between(epochs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=f"C{i}", alpha=0.2)
+            color, style = f"C{i % 10}", ("-", "--", ":")[i // 10 % 3]  # past ten designs: the colours again, dashed
+            ax.plot(epochs, m, label=spec, color=color, linestyle=style)
+            ax.fill_between(epochs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=color, alpha=0.2)
         ax.set_xlabel(x)
         ax.set_ylabel(key.replace("_", " "))
         if key.endswith("ppl"):  # perplexity spans orders of magnitude early in training
