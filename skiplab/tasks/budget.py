@@ -42,8 +42,9 @@ def check(task: Any, base: Any, budget: str) -> None:
 
 
 def flops_per_token(task: Any, cfg: Any) -> float:
-    """Training FLOPs per token of ``cfg``'s model, counted over one step (forward and backward products)."""
-    step, tokens = task.probe_step(cfg)
+    """Training FLOPs per token of ``cfg``'s model, counted over one step (forward and backward products) of one
+    example: the count per token does not depend on the batch, so a large model is not run on a whole batch."""
+    step, tokens = task.probe_step(dataclasses.replace(cfg, batch_size=1) if hasattr(cfg, "batch_size") else cfg)
     return counted_flops(step) / tokens
 
 
