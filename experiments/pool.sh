@@ -7,7 +7,8 @@
 # Usage: experiments/pool.sh [OUT] [SEEDS]      (default runs/pool, 5)
 #   RECORDED=docs/results/lm/pool puts the recorded runs' small files back into OUT first (they are not trained
 #   again); afterwards: experiments/collect_runs.sh OUT docs/results/lm/pool
-#   DESIGNS=... a subset (PreLN, the baseline, first)
+#   DESIGNS=... a subset (PreLN, the baseline, first); DEVICE=cuda and JOBS=N train a block on a GPU, N runs side by
+#   side (bf16 autocast, skiplab's default on CUDA; the block's PreLN is trained there too)
 set -euo pipefail
 out=${1:-runs/pool}
 seeds=${2:-5}
@@ -18,4 +19,5 @@ mkdir -p "$out"
 "$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out"
 "$skiplab" compare lm --model "gpt-mini(context=128)" --corpus pydocs --data-dir "$data" --tokenizer bytes \
     --batch-size 16 --max-steps "${STEPS:-600}" --warmup 60 --lr 1e-3 --min-lr 1e-4 --eval-every 100 \
-    --valid-tokens 50000 --device cpu --connections "$designs" --seeds "$seeds" --jobs 2 --out "$out"
+    --valid-tokens 50000 --device "${DEVICE:-cpu}" --connections "$designs" --seeds "$seeds" --jobs "${JOBS:-2}" \
+    --out "$out"

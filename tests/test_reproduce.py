@@ -330,3 +330,32 @@ def test_deltas_figure_draws_no_bar_for_a_row_not_run(tmp_path, monkeypatch):
     assert [b.get_height() for b in paper] == [1.0, -0.5]  # the paper's bars: both rows other than the baseline
     assert [b.get_height() for b in ours] == [1.5]  # ours: only the row that ran, with its error bar
     assert [t.get_text().strip() for t in ax.texts] == ["not run"]
+
+
+def test_the_table_names_the_machines_its_runs_trained_on(smoke, tmp_path):
+    """"Made with" names where the runs were trained (from their config.json), not only where the table was
+    made: a GPU run, a run resumed on another machine (counted for both), an unfinished run (not counted)."""
+    from skiplab import run_dir
+
+    here = run_dir.machine_name(run_dir.environment())
+    made = smoke["results"]["000-table1"]
+    assert set(made["run_machines"]) == {here}
+    used = {r for c in made["cells"] if c["available"] for r in c["runs"]}  # cells may share runs
+    assert made["run_machines"][here]["runs"] == len(used)
+    gpu = {"cuda": "NVIDIA H100 80GB HBM3", "cpu": "Intel Xeon", "git_commit": "abc1234"}
+    cpu = {"cpu": "AMD EPYC", "cpu_capability": "AVX512", "git_commit": "def5678"}
+    dirs = []
+    for k, (env, resumed, finished) in enumerate(((gpu, [], True), (gpu, [{"at": 300, "environment": cpu}], True),
+                                                  (cpu, [], False))):
+        d = tmp_path / f"run{k}" / "seed1"
+        d.mkdir(parents=True)
+        run_dir.write_json(d / "config.json", {"environment": env, "resumed_on": resumed})
+        if finished:
+            run_dir.write_json(d / "summary.json", {"status": "finished"})
+        dirs.append(d)
+    seen = reproduce_mod.run_machines(dirs)
+    assert seen == {"NVIDIA H100 80GB HBM3": {"runs": 2, "commits": ["abc1234"]},
+                    "AMD EPYC (AVX512)": {"runs": 1, "commits": ["def5678"]}}
+    md = report.markdown({**made, "run_machines": seen})
+    assert ("Runs trained on: NVIDIA H100 80GB HBM3 (2 runs, code abc1234); AMD EPYC (AVX512) (1 runs, code "
+            "def5678). Table made on " + here) in md

@@ -201,6 +201,7 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
             "train_commands": sorted({report.train_command(task, cfg) for task, cfg in needed}),
             "train_time_s": sum(runs.train_time(c) for _, c in needed),
             "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
+            "run_machines": run_machines([Path(c.out) for _, c in needed]),
         }
         table_dir = Path(out) / sc.name / t.id
         table_dir.mkdir(parents=True, exist_ok=True)
@@ -218,6 +219,24 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         print(f"wrote {', '.join(str(p) for p in [table_dir / 'table.md', table_dir / 'table.csv', table_dir / 'table.json', *figures])}")
         written.append(result)
     return written
+
+
+def run_machines(dirs: list[Path]) -> dict[str, dict[str, Any]]:
+    """Where a table's runs were trained, from each finished run's config.json: machine name -> its number of runs
+    and the code versions they name (a run resumed elsewhere counts for every machine it trained on)."""
+    seen: dict[str, dict[str, Any]] = {}
+    for d in dirs:
+        if not (d / "summary.json").is_file() or not (d / "config.json").is_file():
+            continue
+        stored = run_dir.read_json(d / "config.json")
+        envs = [stored.get("environment", {}), *(e["environment"] for e in stored.get("resumed_on", []))]
+        for name in run_dir.machines(stored):
+            entry = seen.setdefault(name, {"runs": 0, "commits": []})
+            entry["runs"] += 1
+            for e in envs:
+                if run_dir.machine_name(e) == name and e.get("git_commit") and e["git_commit"] not in entry["commits"]:
+                    entry["commits"].append(e["git_commit"])
+    return seen
 
 
 def _ours_metric(t: Table, resolved: list[Resolved]) -> str:

@@ -9,6 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from .. import run_dir
 from ..analysis.report import pyplot
 from .scales import GPU_BASIS
 
@@ -113,9 +114,12 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
         if text:
             parts.append(f"{title}: {text}")
     env = result.get("environment") or {}
-    machine = f" Machine: {env['cpu']} ({env['cpu_capability']} kernels), torch {env['torch']}." if "cpu" in env else ""
+    made = f" Table made on {run_dir.machine_name(env)}, torch {env['torch']}." if "cpu" in env else ""
+    trained = "; ".join(f"{name} ({v['runs']} runs, code {', '.join(v['commits']) or 'unknown'})"
+                        for name, v in (result.get("run_machines") or {}).items())
     runs_line = (f"Wall time of this invocation {duration(result['wall_time_s'])}; the runs' own training time "
-                 f"{duration(result['train_time_s'])} in all (one thread each where two ran side by side).{machine}")
+                 f"{duration(result['train_time_s'])} in all (summed over runs, side by side or not)."
+                 + (f" Runs trained on: {trained}." if trained else "") + made)
     parts.append("Made with:\n\n```bash\n" + result["command"] + "\n```\n\n" + runs_line)
     if result["train_commands"]:
         parts.append("Each run on its own (K = 1 .. seeds):\n\n```bash\n"
