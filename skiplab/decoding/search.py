@@ -66,9 +66,16 @@ def max_lengths(src: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
     """Per-sentence cap on generated tokens (EOS included): ``int(a * |x| + b)``, |x| = non-PAD source tokens.
 
     Same rule as fairseq's ``--max-len-a/--max-len-b``; int() truncates, e.g. a=1.5, |x|=3, b=0 gives 4.
+    A source that is not a (B, S) tensor of token ids (images, features: a captioner's) has no length: the
+    cap is ``b`` alone, and ``a`` must be 0.
     """
     if max_len_a < 0 or max_len_b < 0:
         raise ValueError(f"max_len_a and max_len_b must be >= 0, got {max_len_a} and {max_len_b}")
+    if src.dim() != 2 or src.is_floating_point():
+        if max_len_a:
+            raise ValueError(f"a source of shape {tuple(src.shape)} is not token ids: give max_len_a = 0 "
+                             f"(the cap is max_len_b alone), got {max_len_a}")
+        return torch.full((src.shape[0],), max_len_b, dtype=torch.long)
     src_len = (src != PAD).sum(dim=1).double()
     return (max_len_a * src_len + max_len_b).floor().long()
 

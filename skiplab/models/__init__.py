@@ -5,6 +5,7 @@
     seq2seq         the encoder-decoder shell: embedding, positions, tied output, incremental decoding
     linear          the translation families' linear layers: Xavier-uniform, stacked ones slice by slice
     transformer     the residual Transformer family (a connection on every sub-layer)
+    captioner       the Transformer captioner: an image trunk or features before the residual Transformer
     gpt             the decoder-only language model family (a connection on every sub-layer)
     dwlstm          the depth-wise LSTM Transformer family (no residual connections)
     presets         presets as data, the model spec ``name(field=value, ...)``, ``build_model``
@@ -19,6 +20,7 @@ from .presets import (
     FAMILIES,
     PRESETS,
     build_model,
+    caption_families,
     family_of,
     format_model_spec,
     lm_families,
@@ -31,8 +33,9 @@ from .presets import (
 )
 from .seq2seq import DecoderState, EncoderDecoder, Memory, Seq2SeqConfig
 from .transformer import Transformer, TransformerConfig
+from .captioner import Captioner, CaptionerConfig
 
-__all__ = ["FAMILIES", "GPT", "GPTConfig", "PRESETS", "DecoderState", "DepthWiseLSTMConfig", "DepthWiseLSTMTransformer", "EncoderDecoder",
+__all__ = ["FAMILIES", "Captioner", "CaptionerConfig", "caption_families", "GPT", "GPTConfig", "PRESETS", "DecoderState", "DepthWiseLSTMConfig", "DepthWiseLSTMTransformer", "EncoderDecoder",
            "Memory", "PreActBlock", "PreActResNet", "PreActResNetConfig", "Seq2SeqConfig", "Transformer",
            "TransformerConfig", "build_model", "family_of", "format_model_spec", "lm_families", "model_config", "model_from_checkpoint", "options_of",
            "parse_model_spec", "seq2seq_families", "with_options"]

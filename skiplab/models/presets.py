@@ -21,6 +21,7 @@ from .gpt import GPT, GPTConfig
 from .preact_resnet import PreActResNet, PreActResNetConfig
 from .seq2seq import Seq2SeqConfig
 from .transformer import Transformer, TransformerConfig
+from .captioner import Captioner, CaptionerConfig
 
 # config class -> the model it builds
 FAMILIES: dict[type, type[nn.Module]] = {
@@ -28,6 +29,7 @@ FAMILIES: dict[type, type[nn.Module]] = {
     TransformerConfig: Transformer,
     DepthWiseLSTMConfig: DepthWiseLSTMTransformer,
     GPTConfig: GPT,
+    CaptionerConfig: Captioner,
 }
 
 _BASE = dict(d_model=512, ffn_dim=2048, heads=8, encoder_layers=6, decoder_layers=6, dropout=0.1, attention_dropout=0.1)
@@ -78,6 +80,15 @@ PRESETS: dict[str, tuple[type, dict[str, Any]]] = {
     # 16,384 outputs, two halves of 8,192), rope, no biases, weight tying, sequences of 2,048, embedding_size
     # 50,304 (the GPT-NeoX tokenizer's 50,280 ids padded); its LayerNorm has no gain or bias (skiplab's PreLN has);
     # norm=LN, so the hyper-connections paper's designs (HC, mHC) build LayerNorm on it
+    # Transformer captioners (skiplab.models.captioner). The SAS paper (Section 4.3) gives no configuration for its
+    # MSCOCO model: captioner-base is the usual COCO captioner, Base width with 3 layers a side over precomputed
+    # region features (2048-d, bottom-up attention's), as the M² Transformer and many COCO captioners build it;
+    # captioner-small reads the pixels of fashion-mnist-scenes (64 x 64 grey) through a PreAct trunk, CPU-sized
+    "captioner-base": (CaptionerConfig, dict(_BASE, encoder_layers=3, decoder_layers=3, input="features",
+                                             feature_dim=2048)),
+    "captioner-small": (CaptionerConfig, dict(d_model=128, ffn_dim=512, heads=4, encoder_layers=2, decoder_layers=2,
+                                              dropout=0.1, attention_dropout=0.1, input="pixels", channels=1,
+                                              image_size=64, trunk_width=16, trunk_blocks=1)),
     "olmo-1b": (GPTConfig, dict(vocab_size=50304, d_model=2048, heads=16, layers=16, ffn_dim=8192, mlp="swiglu",
                                 positions="rope", context=2048, bias=False, tie=True, connection="PreLN", norm="LN")),
 }
@@ -188,4 +199,9 @@ def lm_families() -> list[type]:
 
 def seq2seq_families() -> list[type]:
     """The config classes of the translation families (their fields are the MT command line's model options)."""
-    return [cls for cls in FAMILIES if issubclass(cls, Seq2SeqConfig)]
+    return [cls for cls in FAMILIES if issubclass(cls, Seq2SeqConfig) and not issubclass(cls, CaptionerConfig)]
+
+
+def caption_families() -> list[type]:
+    """The config classes of the captioning families (their fields are the caption command line's model options)."""
+    return [CaptionerConfig]

@@ -1,4 +1,5 @@
-"""The residual Transformer family (Vaswani et al. 2017) with a skiplab connection on every sub-layer.
+"""The residual Transformer family (Vaswani et al. 2017) with a skiplab connection on every sub-layer
+(one spec for both stacks, or ``encoder_connection`` / ``decoder_connection`` for each).
 
     encoder layer:  x <- conn(x, SelfAttn) ; x <- conn(x, FFN)
     decoder layer:  x <- conn(x, CausalSelfAttn) ; x <- conn(x, CrossAttn(memory)) ; x <- conn(x, FFN)
@@ -38,12 +39,22 @@ class TransformerConfig(Seq2SeqConfig):
     norm: str = field(default="LN", metadata={
         "help": "the model's norm kind, LN or RMS: a connection whose spec names no norm takes it",
         "older_runs": "LN"})
+    encoder_connection: str = field(default="", metadata={
+        "help": "the encoder's sub-layers' connection ('' = --connection)", "older_runs": ""})
+    decoder_connection: str = field(default="", metadata={
+        "help": "the decoder's sub-layers' connection ('' = --connection)", "older_runs": ""})
 
     def __post_init__(self):
         super().__post_init__()
         if self.norm not in MODEL_NORMS:
             raise ValueError(f"norm must be one of {', '.join(MODEL_NORMS)}, got {self.norm!r}")
-        parse_spec(self.connection)
+        for spec in (self.connection, self.encoder_connection, self.decoder_connection):
+            if spec:
+                parse_spec(spec)
+
+    def stack_connection(self, stack: str) -> str:
+        """The connection of the ``encoder``'s or ``decoder``'s sub-layers: its own field, else ``connection``."""
+        return {"encoder": self.encoder_connection, "decoder": self.decoder_connection}[stack] or self.connection
 
 
 class FeedForward(nn.Sequential):
@@ -65,8 +76,9 @@ class EncoderLayer(nn.Module):
         d = cfg.d_model
         self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
         self.ffn = FeedForward(d, cfg.ffn_dim)
-        self.conn_attn = connection(cfg.connection, d, place=place(cfg, "encoder", layer, 1, "attn"), norm=cfg.norm)
-        self.conn_ffn = connection(cfg.connection, d, place=place(cfg, "encoder", layer, 2, "ffn"), norm=cfg.norm)
+        spec = cfg.stack_connection("encoder")
+        self.conn_attn = connection(spec, d, place=place(cfg, "encoder", layer, 1, "attn"), norm=cfg.norm)
+        self.conn_ffn = connection(spec, d, place=place(cfg, "encoder", layer, 2, "ffn"), norm=cfg.norm)
         self.drop = nn.Dropout(cfg.dropout)
 
     def init_branches(self) -> None:
@@ -85,9 +97,10 @@ class DecoderLayer(nn.Module):
         self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
         self.cross_attn = CrossAttention(d, cfg.heads, cfg.attention_dropout)
         self.ffn = FeedForward(d, cfg.ffn_dim)
-        self.conn_self = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 1, "attn"), norm=cfg.norm)
-        self.conn_cross = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 2, "cross"), norm=cfg.norm)
-        self.conn_ffn = connection(cfg.connection, d, place=place(cfg, "decoder", layer, 3, "ffn"), norm=cfg.norm)
+        spec = cfg.stack_connection("decoder")
+        self.conn_self = connection(spec, d, place=place(cfg, "decoder", layer, 1, "attn"), norm=cfg.norm)
+        self.conn_cross = connection(spec, d, place=place(cfg, "decoder", layer, 2, "cross"), norm=cfg.norm)
+        self.conn_ffn = connection(spec, d, place=place(cfg, "decoder", layer, 3, "ffn"), norm=cfg.norm)
         self.drop = nn.Dropout(cfg.dropout)
 
     def init_branches(self) -> None:
@@ -104,18 +117,19 @@ class DecoderLayer(nn.Module):
         return self.conn_ffn(x, lambda h: self.drop(self.ffn(h)))
 
 
-def stack_input(cfg: TransformerConfig) -> nn.Module:
+def stack_input(cfg: TransformerConfig, stack: str) -> nn.Module:
     """The module each stack begins with, asked of the design; the shell's embeddings already carry √d."""
-    return input_norm(cfg.connection, cfg.d_model, norm=cfg.norm, embed_scale=math.sqrt(cfg.d_model))
+    return input_norm(cfg.stack_connection(stack), cfg.d_model, norm=cfg.norm, embed_scale=math.sqrt(cfg.d_model))
 
 
 class ResidualEncoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg, i + 1) for i in range(cfg.encoder_layers))
-        self.across = Across(cfg.connection, cfg.encoder_layers)  # designs across the layers (+ValueRes, +UNet)
-        self.input_norm = stack_input(cfg)
-        self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.encoder_layers, norm=cfg.norm)
+        spec = cfg.stack_connection("encoder")
+        self.across = Across(spec, cfg.encoder_layers)  # designs across the layers (+ValueRes, +UNet)
+        self.input_norm = stack_input(cfg, "encoder")
+        self.norm = final_norm(spec, cfg.d_model, layers=cfg.encoder_layers, norm=cfg.norm)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
         x, run = self.input_norm(x), self.across.start()
@@ -129,9 +143,10 @@ class ResidualDecoder(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg, i + 1) for i in range(cfg.decoder_layers))
-        self.across = Across(cfg.connection, cfg.decoder_layers)
-        self.input_norm = stack_input(cfg)
-        self.norm = final_norm(cfg.connection, cfg.d_model, layers=cfg.decoder_layers, norm=cfg.norm)
+        spec = cfg.stack_connection("decoder")
+        self.across = Across(spec, cfg.decoder_layers)
+        self.input_norm = stack_input(cfg, "decoder")
+        self.norm = final_norm(spec, cfg.d_model, layers=cfg.decoder_layers, norm=cfg.norm)
 
     def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         return [layer.cross_attn.project_kv(memory) for layer in self.layers]

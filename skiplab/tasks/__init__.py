@@ -2,6 +2,7 @@
 
     image   image classification (skiplab.tasks.image)
     mt      machine translation (skiplab.tasks.mt)
+    caption image captioning (skiplab.tasks.caption)
     lm      language modelling (skiplab.tasks.lm)
 
 A new task is one module with a :class:`Task` subclass, added to :data:`TASKS` here.
@@ -17,12 +18,13 @@ from .. import run_dir
 from ..analysis.trained import Trained
 from ..models import model_from_checkpoint
 from .base import Task
+from .caption import CaptionTask
 from .image import ImageTask
 from .lm import LMTask
 from .mt import MTTask
 from .variants import Variant, connection_variants, model_variants, run_name
 
-TASKS: dict[str, Task] = {t.name: t for t in (ImageTask(), MTTask(), LMTask())}
+TASKS: dict[str, Task] = {t.name: t for t in (ImageTask(), MTTask(), LMTask(), CaptionTask())}
 
 
 def get(name: str) -> Task:

@@ -188,6 +188,19 @@ class Vocabulary:
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
 
+    def to_bytes(self) -> bytes:
+        """What :meth:`save` writes, as bytes (a caption run's checkpoints hold it)."""
+        data = {"format": VOCAB_FORMAT, "min_count": self.min_count, "words": self.words}
+        return json.dumps(data, ensure_ascii=False).encode("utf-8")
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Vocabulary:
+        """The inverse of :meth:`to_bytes`."""
+        obj = json.loads(data.decode("utf-8"))
+        if not isinstance(obj, dict) or obj.get("format") != VOCAB_FORMAT:
+            raise ValueError(f"not a caption vocabulary (no \"format\": \"{VOCAB_FORMAT}\")")
+        return cls(obj["words"], obj.get("min_count", 5))
+
     def __repr__(self) -> str:
         return f"Vocabulary({len(self)} words, min_count={self.min_count})"
 

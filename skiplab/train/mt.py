@@ -30,12 +30,13 @@ import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from ..models import PRESETS, Seq2SeqConfig, build_model, family_of, model_config
+from ..models import PRESETS, Seq2SeqConfig, build_model, family_of, model_config, seq2seq_families
 from ..text import Tokenizer, encode_parallel, filter_long, load_split, make_batches
 from ..text.corpus import Parallel
 from .. import distributed, run_dir
@@ -48,26 +49,9 @@ from .recipe_mt import SCHEDULES, inverse_sqrt_lr, label_smoothed_loss, peak_lr
 
 
 @dataclass(frozen=True)
-class MTTrainConfig:
-    """Everything that decides a translation run; saved as config.json beside its results."""
+class Seq2SeqRecipe:
+    """The Transformer recipe's settings, shared by every encoder-decoder task (translation, captioning)."""
 
-    model: str = field(default="transformer-small", metadata={
-        "help": "model spec: a preset, optionally with options, e.g. dwlstm-small(share=all) or "
-                "transformer-small(connection=2rSkip+LN); the model options below add to it"})
-    corpus: str = field(default="multi30k", metadata={
-        "help": "corpus spec: multi30k, iwslt15-en-vi, wmt14-en-de (valid newstest2013; "
-                "wmt14-en-de(valid=newstest2012+newstest2013) for both years), or '' to use --*-prefix files"})
-    data_dir: str = field(default="", metadata={"help": "where the corpus files are ('' = the default place)"})
-    train_prefix: str = field(default="", metadata={"help": "with --corpus '': PREFIX.SRC / PREFIX.TGT for training"})
-    valid_prefix: str = field(default="", metadata={"help": "with --corpus '': validation files"})
-    test_prefix: str = field(default="", metadata={"help": "with --corpus '': test files"})
-    src: str = field(default="en", metadata={"help": "source language"})
-    tgt: str = field(default="de", metadata={"help": "target language"})
-    train_subset: int = field(default=0, metadata={"min": 0, "help": "train on the first N pairs (0 = all)"})
-    vocab_size: int = field(default=8000, metadata={"min": 1, "help": "joint subword vocabulary size (an upper bound)"})
-    subword: str = field(default="bpe", metadata={"help": "sentencepiece model type: bpe or unigram"})
-    max_len: int = field(default=256, metadata={"min": 1, "help": "drop training pairs with a side longer than this (tokens)"})
-    max_tokens: int = field(default=4096, metadata={"min": 1, "help": "tokens per batch (padding included)"})
     update_freq: int = field(default=1, metadata={"min": 1, "help": "batches accumulated per update"})
     schedule: str = field(default="inverse_sqrt", metadata={
         "help": "learning-rate schedule: inverse_sqrt (linear warm-up to --lr, then ∝ step^-0.5) or vaswani "
@@ -114,11 +98,37 @@ class MTTrainConfig:
                              f"got {self.warmup}")
         if len(self.adam_betas) != 2:
             raise ValueError(f"adam_betas takes two values, got {self.adam_betas}")
+
+
+@dataclass(frozen=True)
+class MTTrainConfig(Seq2SeqRecipe):
+    """Everything that decides a translation run; saved as config.json beside its results."""
+
+    model: str = field(default="transformer-small", metadata={
+        "help": "model spec: a preset, optionally with options, e.g. dwlstm-small(share=all) or "
+                "transformer-small(connection=2rSkip+LN); the model options below add to it"})
+    corpus: str = field(default="multi30k", metadata={
+        "help": "corpus spec: multi30k, iwslt15-en-vi, wmt14-en-de (valid newstest2013; "
+                "wmt14-en-de(valid=newstest2012+newstest2013) for both years), or '' to use --*-prefix files"})
+    data_dir: str = field(default="", metadata={"help": "where the corpus files are ('' = the default place)"})
+    train_prefix: str = field(default="", metadata={"help": "with --corpus '': PREFIX.SRC / PREFIX.TGT for training"})
+    valid_prefix: str = field(default="", metadata={"help": "with --corpus '': validation files"})
+    test_prefix: str = field(default="", metadata={"help": "with --corpus '': test files"})
+    src: str = field(default="en", metadata={"help": "source language"})
+    tgt: str = field(default="de", metadata={"help": "target language"})
+    train_subset: int = field(default=0, metadata={"min": 0, "help": "train on the first N pairs (0 = all)"})
+    vocab_size: int = field(default=8000, metadata={"min": 1, "help": "joint subword vocabulary size (an upper bound)"})
+    subword: str = field(default="bpe", metadata={"help": "sentencepiece model type: bpe or unigram"})
+    max_len: int = field(default=256, metadata={"min": 1, "help": "drop training pairs with a side longer than this (tokens)"})
+    max_tokens: int = field(default=4096, metadata={"min": 1, "help": "tokens per batch (padding included)"})
+
+    def __post_init__(self):
+        super().__post_init__()
         if not self.corpus and not (self.train_prefix and self.valid_prefix):
             raise ValueError("with --corpus '' give --train-prefix and --valid-prefix")
-        if not issubclass(family_of(self.model), Seq2SeqConfig):
+        if family_of(self.model) not in seq2seq_families():
             raise ValueError(f"{self.model} is not a translation model; known: "
-                             f"{', '.join(n for n, (c, _) in PRESETS.items() if issubclass(c, Seq2SeqConfig))}")
+                             f"{', '.join(n for n, (c, _) in PRESETS.items() if c in seq2seq_families())}")
         positions = self.model_config(100).max_positions  # a bad spec or option fails here, before anything is written
         if self.max_len > positions:
             raise ValueError(f"--max-len {self.max_len} is more than the model's positions cover (max_positions "
@@ -156,34 +166,84 @@ def validate(model, batches, eps: float, device, amp: bool,
     return {"valid_loss": loss / tokens, "valid_nll": nll / tokens, "valid_ppl": math.exp(min(nll / tokens, 50))}
 
 
+@dataclass
+class Seq2SeqData:
+    """What the encoder-decoder loop trains on, whatever the source side is (sentences, images, features).
+
+    A batch has ``src``, ``tgt_in`` (BOS + y), ``tgt_out`` (y + EOS), ``ntokens`` (its non-PAD targets) and
+    ``to(device)``; ``batches(shuffle, generator)`` is one epoch's, drawn from ``generator`` alone (so a resumed
+    run redraws an epoch's order from its starting RNG state)."""
+
+    name: str  # the training data, for the first line and config.json
+    vocab_size: int
+    vocab: bytes  # the target vocabulary (a subword model, a word list) stored in every checkpoint as "tokenizer"
+    batches: Callable[[bool, torch.Generator | None], list[Any]]
+    valid: list[Any]  # validation batches
+    example: tuple[Any, Any]  # (src, tgt_in) of one example: DDP's first call
+    info: dict[str, Any]  # config.json's "data"
+    said: str  # the first line of a fresh run
+
+
+class MTSource:
+    """Parallel text through a joint subword model: the translation task's :class:`Seq2SeqData`."""
+
+    def __init__(self, cfg: MTTrainConfig, group: distributed.Group):
+        self.cfg = cfg
+        where = dataclasses.asdict(cfg)
+        # rank 0 reads (downloads what is missing) first
+        self.train_data, self.valid_data = group.main_first(lambda: (load_split(where, "train"),
+                                                                    load_split(where, "valid")))
+        if cfg.train_subset:
+            self.train_data = Parallel(self.train_data.src[: cfg.train_subset], self.train_data.tgt[: cfg.train_subset],
+                                       self.train_data.name)
+
+    def prepare(self, run: Run, group: distributed.Group, ckpt: dict[str, Any] | None) -> Seq2SeqData:
+        cfg, train_data, valid_data = self.cfg, self.train_data, self.valid_data
+        if ckpt:
+            tok = Tokenizer.from_bytes(ckpt["tokenizer"])
+        else:  # rank 0 trains the tokenizer (its files go in the run directory) and hands it to every rank
+            spm = group.on_main(lambda: Tokenizer.train(train_data.src + train_data.tgt, run.out / "spm",
+                                                        cfg.vocab_size, cfg.subword).to_bytes())
+            tok = Tokenizer.from_bytes(spm)
+        train_src, train_tgt = encode_parallel(tok, train_data)
+        kept, dropped = filter_long(train_src, train_tgt, cfg.max_len)
+        valid_src, valid_tgt = encode_parallel(tok, valid_data)
+        valid_kept, _ = filter_long(valid_src, valid_tgt, cfg.max_len)
+        example = torch.tensor([[Tokenizer.UNK, Tokenizer.EOS]])
+        return Seq2SeqData(
+            train_data.name, tok.vocab_size, tok.to_bytes(),
+            lambda shuffle, gen: make_batches(train_src, train_tgt, cfg.max_tokens, kept, shuffle=shuffle,
+                                              generator=gen),
+            make_batches(valid_src, valid_tgt, cfg.max_tokens, valid_kept), (example, example),
+            {"train": train_data.name, "train_pairs": len(kept), "dropped_long": dropped, "valid": valid_data.name,
+             "valid_pairs": len(valid_data), "vocab_size": tok.vocab_size},
+            f"{train_data.name}: {len(kept)} training pairs, {dropped} dropped as longer than {cfg.max_len} "
+            f"tokens; vocabulary {tok.vocab_size}")
+
+
 def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
-    """Train as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return the summary."""
+    """Train a translation run as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return
+    the summary."""
+    return train_seq2seq(cfg, "mt", MTSource, resume, overwrite, progress)
+
+
+def train_seq2seq(cfg: Any, kind: str, source: Callable[[Any, distributed.Group], Any], resume: bool = False,
+                  overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+    """The loop of every encoder-decoder task: ``source(cfg, group)`` reads the data (before anything is
+    written) and its ``prepare(run, group, checkpoint)`` gives the :class:`Seq2SeqData`; ``kind`` is the
+    checkpoints' task."""
     group, device = distributed.setup(pick_device(cfg.device))
-    where = dataclasses.asdict(cfg)
-    # rank 0 reads (downloads what is missing) first
-    train_data, valid_data = group.main_first(lambda: (load_split(where, "train"), load_split(where, "valid")))
-    if cfg.train_subset:
-        train_data = Parallel(train_data.src[: cfg.train_subset], train_data.tgt[: cfg.train_subset], train_data.name)
-    run = Run(cfg, "mt", group, device, resume=resume, overwrite=overwrite)
+    loaded = source(cfg, group)
+    run = Run(cfg, kind, group, device, resume=resume, overwrite=overwrite)
     amp = run.amp
 
     ckpt = run.resume(extendable=BUDGET)
-    if ckpt:
-        if (cfg.max_steps and cfg.max_steps < ckpt["step"]) or (cfg.epochs and cfg.epochs < ckpt["epoch"]):
-            raise run_dir.RunDirError(f"{run.out} has already trained {ckpt['step']} updates ({ckpt['epoch']} epochs); "
-                                      "a resumed run can only be given a larger budget")
-        tok = Tokenizer.from_bytes(ckpt["tokenizer"])
-    else:  # rank 0 trains the tokenizer (its files go in the run directory) and hands it to every rank
-        spm = group.on_main(lambda: Tokenizer.train(train_data.src + train_data.tgt, run.out / "spm", cfg.vocab_size,
-                                                    cfg.subword).to_bytes())
-        tok = Tokenizer.from_bytes(spm)
-    train_src, train_tgt = encode_parallel(tok, train_data)
-    kept, dropped = filter_long(train_src, train_tgt, cfg.max_len)
-    valid_src, valid_tgt = encode_parallel(tok, valid_data)
-    valid_kept, _ = filter_long(valid_src, valid_tgt, cfg.max_len)
-    valid_batches = make_batches(valid_src, valid_tgt, cfg.max_tokens, valid_kept)
+    if ckpt and ((cfg.max_steps and cfg.max_steps < ckpt["step"]) or (cfg.epochs and cfg.epochs < ckpt["epoch"])):
+        raise run_dir.RunDirError(f"{run.out} has already trained {ckpt['step']} updates ({ckpt['epoch']} epochs); "
+                                  "a resumed run can only be given a larger budget")
+    data = loaded.prepare(run, group, ckpt)
 
-    mcfg = cfg.model_config(tok.vocab_size)
+    mcfg = cfg.model_config(data.vocab_size)
     peak = peak_lr(cfg.schedule, cfg.lr, mcfg.d_model, cfg.warmup)  # both schedules: inverse_sqrt_lr's curve
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg).to(device)
@@ -192,39 +252,36 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
     if cfg.sync_bn and group.active:
         distributed.sync_batch_norm(model)
     net = run.compile(model, dynamic=True)  # validates; ``model`` keeps plain names
-    example = torch.tensor([[Tokenizer.UNK, Tokenizer.EOS]], device=device)
-    train_net = distributed.data_parallel(net, group, example, example)  # trains
+    train_net = distributed.data_parallel(net, group, *(t.to(device) for t in data.example))  # trains
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=tuple(cfg.adam_betas), eps=cfg.adam_eps,
                             weight_decay=cfg.weight_decay)
     run.attach(model, mcfg, opt)
     gen = torch.Generator().manual_seed(cfg.seed)  # batch order, the same on every rank
     step, epoch, batch_pos, best = 0, 0, 0, math.inf
     epoch_rng = gen.get_state()
+    valid_batches = data.valid
 
     if ckpt:
         run.restore(ckpt, key="step")
         step, epoch, batch_pos, best = ckpt["step"], ckpt["epoch"], ckpt["batch_pos"], ckpt["best_valid_loss"]
         epoch_rng = ckpt["rng"]["epoch"]
     else:
-        run.say(f"{train_data.name}: {len(kept)} training pairs, {dropped} dropped as longer than {cfg.max_len} "
-                f"tokens; vocabulary {tok.vocab_size}")
-        first = make_batches(train_src, train_tgt, cfg.max_tokens, kept)[0].to(device)  # unshuffled: no draw
+        run.say(data.said)
+        first = data.batches(False, None)[0].to(device)  # unshuffled: no draw
         run.profile(model, lambda: model(first.src, first.tgt_in))
-        run.write_config({
-            "schedule": {"name": cfg.schedule, "peak_lr": peak, "warmup": cfg.warmup},
-            "data": {"train": train_data.name, "train_pairs": len(kept), "dropped_long": dropped,
-                     "valid": valid_data.name, "valid_pairs": len(valid_data), "vocab_size": tok.vocab_size}})
+        run.write_config({"schedule": {"name": cfg.schedule, "peak_lr": peak, "warmup": cfg.warmup},
+                          "data": data.info})
 
     span = cfg.update_freq * group.world_size  # batches per update, over all ranks
     mine = slice(group.rank * cfg.update_freq, (group.rank + 1) * cfg.update_freq)  # this rank's of an update's
-    batches_per_epoch = len(make_batches(train_src, train_tgt, cfg.max_tokens, kept))
+    batches_per_epoch = len(data.batches(False, None))
     total = cfg.max_steps or cfg.epochs * (batches_per_epoch // span)  # a partial last group is dropped
     bar = tqdm(total=total, initial=step, desc=Path(cfg.out).name, unit="step", disable=not (progress and group.main))
     window = {"loss": 0.0, "tokens": 0, "time": time.time()}
     model.train()
     while step < total:
         gen.set_state(epoch_rng)  # the epoch's batch order follows from its starting RNG state alone
-        order = make_batches(train_src, train_tgt, cfg.max_tokens, kept, shuffle=True, generator=gen)
+        order = data.batches(True, gen)
         next_epoch_rng = gen.get_state()
         while batch_pos + span <= len(order) and step < total:
             update = order[batch_pos : batch_pos + span]
@@ -273,7 +330,7 @@ def train(cfg: MTTrainConfig, resume: bool = False, overwrite: bool = False, pro
                 if batch_pos + span > len(order):  # the epoch is over: a resume starts the next
                     epoch, batch_pos, epoch_rng = epoch + 1, 0, next_epoch_rng
                 state = run.checkpoint(record, rng={"epoch": epoch_rng}, step=step, epoch=epoch, batch_pos=batch_pos,
-                                       best_valid_loss=best, tokenizer=tok.to_bytes())
+                                       best_valid_loss=best, tokenizer=data.vocab)
                 run.save(state, improved, step=step, keep=cfg.keep_checkpoints)
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}", valid=f"{record['valid_loss']:.3f}",
                                 ppl=f"{record['valid_ppl']:.1f}")

@@ -1,0 +1,172 @@
+"""Image captioning: the Transformer captioner (skiplab.models.captioner) trained with the translation recipe and
+loop (skiplab.train.caption), decoded with beam search (skiplab.decoding) and scored with the COCO caption metrics
+(skiplab.interop.coco_eval).
+
+Blocks are the encoder and decoder layers, ``encoder.i`` / ``decoder.i`` (the analyses of a translation run take a
+captioning run too); compare's metric is the test CIDEr (the toolkit's CIDEr-D, x 100 as papers print it) of the
+average of the last (up to) 5 checkpoints with beam 3, higher is better; BLEU-4, METEOR (where Java runs) and
+ROUGE-L go beside it in the summary. L_n is the sum of caption n's word cross-entropies.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from tqdm import tqdm
+
+from .. import run_dir
+from ..analysis.trained import Examples, Trained
+from ..config import count
+from ..decoding import beam_search
+from ..device import pick_device
+from ..models import caption_families, model_from_checkpoint
+from ..text.captions import Vocabulary
+from ..train import caption
+from .base import Task
+
+PAD = Vocabulary.PAD
+BEAM = 3  # compare's and score's beam (self-critical.pytorch's and the M² Transformer's evaluation beam)
+AVERAGE = 5
+# summary key -> the toolkit's metric, x 100 as captioning papers print them
+SCORES = {"test_bleu4": "Bleu_4", "test_meteor": "METEOR", "test_rouge_l": "ROUGE_L", "test_cider": "CIDEr"}
+
+
+class CaptionTrained(Trained):
+    kind = "caption"
+    splits = caption.SPLITS
+    stacks = {"encoder": "encoder.layers", "decoder": "decoder.layers"}
+    metric, metric_title, higher_is_better = "cider", "CIDEr", True
+
+    def losses(self, ex: Examples, output: Tensor) -> Tensor:
+        nll = F.cross_entropy(output.float().transpose(1, 2), ex.target, ignore_index=PAD, reduction="none")
+        return nll.sum(1)
+
+    def units(self, ex: Examples) -> Tensor:
+        """Real target words: training normalises per word."""
+        return (ex.target != PAD).sum()
+
+    def examples(self, split: str, count: int, seed: int = 0, batch: int = 50, max_tokens: int = 0,
+                 data_dir: str = "", shuffle: bool = False) -> Iterator[Examples]:
+        """(image, caption) pairs of ``count`` images of ``split`` (every caption of each), ``batch`` at a time."""
+        self.check_split(split)
+        where = {**self.config, **({"data_dir": data_dir} if data_dir else {})}
+        data = caption.load_split(where, split)
+        vocab = Vocabulary.from_bytes(self.checkpoint["tokenizer"])
+        ids = caption.encode_captions(vocab, data, self.config["max_caption_len"])
+        gen = torch.Generator().manual_seed(seed)
+        keep = sorted(torch.randperm(len(data), generator=gen)[:count].tolist())
+        picked = caption.Split(data.name, [data.ids[i] for i in keep], [data.raw[i] for i in keep],
+                               [data.tokens[i] for i in keep], lambda k: data.load(keep[k]))  # noqa: B023
+        for b in caption.pair_batches(picked, [ids[i] for i in keep], batch, shuffle, gen):
+            b = b.to("cpu")
+            encoder_mask = self.model.image_sequence(b.src)[1][:, 0, 0]  # (B, S): grid cells or real regions
+            yield Examples((b.src, b.tgt_in), b.tgt_out, {"encoder": encoder_mask, "decoder": b.tgt_in != PAD})
+
+    @torch.no_grad()
+    def score_test(self, beam: int, progress: bool) -> tuple[float, int, dict[str, float]]:
+        """Test CIDEr with beam search (the run's model as loaded), BLEU-4, METEOR and ROUGE-L beside it."""
+        result = describe_split(self.model, Vocabulary.from_bytes(self.checkpoint["tokenizer"]), self.config,
+                                "test", beam, torch.device("cpu"), progress)
+        return result["CIDEr"], result["images"], {k: result[v] for k, v in SCORES.items() if k != "test_cider"}
+
+
+def load_model(path: str | Path, average: int = 0, device: str = "auto") -> tuple[Any, Vocabulary, dict[str, Any]]:
+    """A captioning run's model (the average of its last ``average`` step checkpoints where > 1) in evaluation mode,
+    its vocabulary and its checkpoint."""
+    ckpt = (run_dir.average_checkpoints(path, average, kind="caption")[0] if average > 1
+            else run_dir.load_checkpoint(path, kind="caption"))
+    model = model_from_checkpoint(ckpt, path)
+    try:
+        vocab = Vocabulary.from_bytes(ckpt["tokenizer"])
+    except (KeyError, ValueError) as err:
+        raise run_dir.RunDirError(f"{path}: no usable caption vocabulary in the checkpoint ({err})") from None
+    if len(vocab) != model.cfg.vocab_size:
+        raise run_dir.RunDirError(f"{path}: the vocabulary has {len(vocab)} words, the model {model.cfg.vocab_size}")
+    return model.to(pick_device(device)).eval(), vocab, ckpt
+
+
+@torch.no_grad()
+def describe_split(model: Any, vocab: Vocabulary, config: dict[str, Any], split: str, beam: int = BEAM,
+                   device: torch.device | None = None, progress: bool = False, batch: int = 50,
+                   max_len: int = 0) -> dict[str, Any]:
+    """Captions of every image of ``split`` by beam search (beam 1: greedy), scored against the split's
+    references with the COCO metrics: {"captions": {image id: caption}, Bleu_1..4, METEOR, ROUGE_L, CIDEr (x 100;
+    a metric that cannot run here is a string saying why), "images", "tokenizer"}."""
+    device = device or next(model.parameters()).device
+    data = caption.load_split(config, split)
+    limit = max_len or config["max_caption_len"] + 1  # the words and EOS
+    captions: dict[int, str] = {}
+    for start in tqdm(range(0, len(data), batch), desc=f"caption {split}", unit="batch", disable=not progress):
+        index = list(range(start, min(start + batch, len(data))))
+        src = caption.stack_sources([data.load(i) for i in index]).to(device)
+        hyps = beam_search(model, src, beam=beam, max_len_a=0, max_len_b=limit)
+        for i, h in zip(index, hyps):
+            captions[data.ids[i]] = vocab.decode(h[0].tokens)
+    from ..interop import coco_eval
+
+    refs = {data.ids[i]: data.raw[i] for i in range(len(data))}
+    scores = coco_eval.score(refs, captions, metrics=("BLEU", "METEOR", "ROUGE_L", "CIDEr"))
+    scaled = {k: (v * 100 if isinstance(v, float) else v) for k, v in scores.items() if k not in ("per_image",)}
+    return {"split": data.name, "images": len(data), "beam": beam, **scaled, "captions": captions}
+
+
+def evaluate_run(path: str | Path, split: str = "test", average: int = 0, beam: int = BEAM, data_dir: str = "",
+                 device: str = "auto", progress: bool = True) -> dict[str, Any]:
+    """A run's captions of ``split`` and their scores; the captions are written beside the run as
+    ``<split>.beam<k>[.avg<n>].captions.json`` ({image id: caption})."""
+    model, vocab, ckpt = load_model(path, average, device)
+    config = {**ckpt["config"], **({"data_dir": data_dir} if data_dir else {})}
+    result = describe_split(model, vocab, config, split, beam, progress=progress)
+    run = Path(path) if Path(path).is_dir() else Path(path).parent
+    out = run / f"{split}.beam{beam}{f'.avg{average}' if average > 1 else ''}.captions.json"
+    run_dir.write_json(out, {str(k): v for k, v in result.pop("captions").items()})
+    return {"model": ckpt["config"]["model"], "step": ckpt["step"], "averaged": ckpt.get("averaged"), **result,
+            "captions": str(out)}
+
+
+class CaptionTask(Task):
+    name = "caption"
+    help = "image captioning (Transformer captioner, the translation recipe)"
+    config = caption.CaptionTrainConfig
+    trained = CaptionTrained
+    metric, metric_label, higher_is_better = "test_cider", "CIDEr", True
+    curves = ("train_loss", "valid_loss")
+    cost_columns = True
+    compare_connections, compare_seeds, compare_out = ("PostLN", "SAS", "2rSkip+LN"), 3, "runs/compare-caption"
+
+    def families(self) -> list[type]:
+        return caption_families()
+
+    def train(self, cfg: Any, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+        return caption.train(cfg, resume=resume, overwrite=overwrite, progress=progress)
+
+    def score(self, cfg: Any, summary: dict[str, Any], progress: bool) -> dict[str, Any]:
+        """Score the test split with the average of the last (up to) 5 checkpoints, beam 3, into the summary."""
+        average = min(AVERAGE, len(run_dir.step_checkpoints(Path(cfg.out))))
+        result = evaluate_run(cfg.out, "test", average=average, beam=BEAM, device=cfg.device, progress=progress)
+        summary = dict(summary, **{k: result[v] for k, v in SCORES.items()}, averaged=average,
+                       caption_tokenizer=result["tokenizer"])
+        run_dir.write_json(Path(cfg.out) / "summary.json", summary)
+        return summary
+
+    def data_name(self, cfg: Any) -> str:
+        return cfg.dataset or Path(cfg.captions).stem
+
+    def add_eval_arguments(self, p: argparse.ArgumentParser) -> None:
+        p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
+        p.add_argument("--average", type=count(0), default=0,
+                       help="average the run's last N step checkpoints (default: 0, off)")
+        p.add_argument("--beam", type=count(1), default=BEAM, help=f"beam size; 1 is greedy search (default: {BEAM})")
+        p.add_argument("--split", default="test", choices=("valid", "test"), help="which split (default: test)")
+        p.add_argument("--data-dir", default="", help="where the data are, if not where the run found them")
+        p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+
+    def evaluate(self, args: argparse.Namespace) -> dict[str, Any]:
+        """BLEU-1..4, METEOR, ROUGE-L and CIDEr of a captioning run on a split; the captions written beside it."""
+        return evaluate_run(args.checkpoint, args.split, args.average, args.beam, args.data_dir, args.device)

@@ -1,0 +1,268 @@
+"""Image captioning with any connection: the translation recipe and loop (skiplab.train.mt) over images.
+
+A caption run is a translation run whose source side is an image: the same Adam (0.9, 0.98), inverse-square-root
+schedule after a warm-up, label-smoothed cross-entropy per target word, checkpoints every ``save_every`` updates for
+averaging and the same loop (:func:`skiplab.train.mt.train_seq2seq`); only the data differ (:class:`CaptionSource`).
+Every (image, caption) pair of the training split is an example (five per COCO image), ``batch_size`` pairs a
+batch, in an order drawn from the run's seed each epoch; captions are cut to ``max_caption_len`` words (16, as
+self-critical.pytorch's prepro_labels.py does); the vocabulary is the training captions' words seen at least
+``min_count`` times (5, the SAS paper's), stored in every checkpoint.
+
+The data, by ``dataset``:
+
+- ``fashion-mnist-scenes``: scenes composed from Fashion-MNIST (:mod:`skiplab.data.scenes`; ``data_dir`` holds the
+  Fashion-MNIST IDX files, found where the image task finds them when empty), ``train_scenes`` / ``valid_scenes``
+  / ``test_scenes`` of them, composed with ``scene_seed`` (the same scenes for every run of every seed).
+- ``''`` (files): ``captions``, Karpathy's split file (``dataset_coco.json``: train + restval, val, test) or a COCO
+  captions file (``captions_train2014.json`` style; then ``valid_captions`` and ``test_captions`` name the other
+  splits' files), with the images in ``image_dir`` (each of ``image_size`` pixels a side; :class:`~skiplab.text.
+  captions.ImageFolder`) or their features in ``feature_dir`` (one ``.npy`` / ``.npz`` per image; the model's
+  ``input`` must be ``features``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import distributed
+from ..models import CaptionerConfig, caption_families, family_of, model_config
+from ..text.captions import CaptionedImage, FeatureFolder, ImageFolder, Vocabulary, read_coco_captions, \
+    read_karpathy, tokenize
+from .mt import Seq2SeqData, Seq2SeqRecipe, train_seq2seq
+from .run import Run
+
+DATASETS = ("fashion-mnist-scenes", "")
+SPLITS = ("train", "valid", "test")
+
+
+@dataclass(frozen=True)
+class CaptionTrainConfig(Seq2SeqRecipe):
+    """Everything that decides a captioning run; saved as config.json beside its results."""
+
+    model: str = field(default="captioner-small", metadata={
+        "help": "model spec: a captioner preset, optionally with options, e.g. captioner-small(connection=SAS) or "
+                "captioner-small(encoder_connection=PostLN,decoder_connection=2rSkip+LN)"})
+    dataset: str = field(default="fashion-mnist-scenes", metadata={
+        "help": "fashion-mnist-scenes (composed from Fashion-MNIST), or '' for --captions files"})
+    data_dir: str = field(default="", metadata={
+        "help": "fashion-mnist-scenes: the Fashion-MNIST IDX files ('' = where the image task finds them)"})
+    scene_seed: int = field(default=0, metadata={"help": "fashion-mnist-scenes: the seed composing the scenes"})
+    train_scenes: int = field(default=12000, metadata={"min": 1, "help": "fashion-mnist-scenes: training scenes"})
+    valid_scenes: int = field(default=1000, metadata={"min": 1, "help": "fashion-mnist-scenes: validation scenes"})
+    test_scenes: int = field(default=1000, metadata={"min": 1, "help": "fashion-mnist-scenes: test scenes"})
+    captions: str = field(default="", metadata={
+        "help": "with --dataset '': Karpathy's split file (dataset_coco.json) or a COCO captions file for training"})
+    valid_captions: str = field(default="", metadata={"help": "with a COCO --captions file: the validation split's"})
+    test_captions: str = field(default="", metadata={"help": "with a COCO --captions file: the test split's"})
+    image_dir: str = field(default="", metadata={"help": "with --dataset '': the folder of the images"})
+    feature_dir: str = field(default="", metadata={
+        "help": "with --dataset '': a folder of precomputed features, <id>.npy or .npz (model input=features)"})
+    min_count: int = field(default=5, metadata={"min": 1, "help": "words seen fewer times in training become <unk>"})
+    max_caption_len: int = field(default=16, metadata={"min": 1, "help": "captions are cut to this many words"})
+    batch_size: int = field(default=50, metadata={"min": 1, "help": "(image, caption) pairs per batch"})
+    lr: float = field(default=5e-4, metadata={"help": "peak learning rate, reached at the end of warm-up"})
+    warmup: int = field(default=1000, metadata={"min": 0, "help": "linear warm-up steps"})
+    save_every: int = field(default=500, metadata={"min": 1, "help": "validate and save a checkpoint every N updates"})
+    out: str = field(default="runs/caption", metadata={"help": "run directory"})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dataset not in DATASETS:
+            raise ValueError(f"unknown dataset {self.dataset!r}; known: fashion-mnist-scenes, or '' for files")
+        if family_of(self.model) not in caption_families():
+            raise ValueError(f"{self.model} is not a captioning model; known: captioner-small, captioner-base")
+        mcfg = self.model_config(10)  # a bad spec or option fails here, before anything is written
+        if self.dataset == "":
+            if not self.captions:
+                raise ValueError("with --dataset '' give --captions (a Karpathy split file or a COCO captions file)")
+            if bool(self.image_dir) == bool(self.feature_dir):
+                raise ValueError("with --dataset '' give exactly one of --image-dir and --feature-dir")
+            if self.feature_dir and mcfg.input != "features":
+                raise ValueError(f"--feature-dir needs a model reading features (input=features); {self.model} "
+                                 f"reads {mcfg.input}")
+            if self.image_dir and mcfg.input != "pixels":
+                raise ValueError(f"--image-dir needs a model reading pixels (input=pixels); {self.model} reads "
+                                 f"{mcfg.input}")
+        elif mcfg.input != "pixels" or mcfg.channels != 1 or mcfg.image_size != 64:
+            raise ValueError(f"fashion-mnist-scenes are 64 x 64 grey images: the model needs input=pixels, channels=1, "
+                             f"image_size=64 ({self.model} has {mcfg.input}, {mcfg.channels}, {mcfg.image_size})")
+
+    def model_config(self, vocab_size: int) -> CaptionerConfig:
+        """The model's config, resolved from the spec, for a vocabulary of ``vocab_size`` words."""
+        return model_config(self.model, vocab_size=vocab_size, pad_id=Vocabulary.PAD)
+
+
+@dataclass
+class Split:
+    """A split's images (or how to load one) and their captions."""
+
+    name: str
+    ids: list[int]  # image ids (the scene's index for fashion-mnist-scenes)
+    raw: list[list[str]]  # every image's captions as written (what the metrics score against)
+    tokens: list[list[list[str]]]  # the same, tokenised
+    load: Any  # index -> uint8 image array (H, W) / (H, W, C), or features (N, F)
+    files: Any = None  # index -> the file ``load`` reads (None: in memory)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def check(self) -> None:
+        """Every image's file is there and the first one loads as the model takes it: a one-line error naming
+        the file otherwise (the others are checked as they are read)."""
+        if self.files is not None:
+            for i in range(len(self)):
+                self.files(i)
+        if len(self):
+            self.load(0)
+
+
+def load_split(cfg: CaptionTrainConfig | dict[str, Any], split: str) -> Split:
+    """The images and captions of ``split`` (train, valid, test) as ``cfg`` (a config or its dict) names them."""
+    c = cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg)
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
+    if c["dataset"] == "fashion-mnist-scenes":
+        from ..data.scenes import DATASET, fashion_scenes
+
+        n = c[f"{split}_scenes"]
+        scenes = fashion_scenes(fashion_dir(c["data_dir"]), "val" if split == "valid" else split, n, c["scene_seed"])
+        pixels = scenes.pixels
+        return Split(f"{DATASET} {split} ({n} scenes, seed {c['scene_seed']})", list(range(n)), scenes.captions,
+                     [[tokenize(t) for t in caps] for caps in scenes.captions], lambda i: pixels[i])
+    records = _records(c, split)
+    if c["feature_dir"]:
+        features = FeatureFolder(c["feature_dir"], shape=(None, None))
+        load, files = (lambda i: features[records[i]]), (lambda i: features.path(records[i]))
+    else:
+        size = model_config(c["model"], vocab_size=10).image_size
+        images = ImageFolder(c["image_dir"], size=(size, size))
+        load, files = (lambda i: images[records[i]]), (lambda i: _exists(images.root / records[i].file_name))
+    name = f"{Path(c['captions']).name} {split} ({len(records)} images)"
+    return Split(name, [r.id for r in records], [r.raw for r in records], [r.captions for r in records], load, files)
+
+
+def _exists(path: Path) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    return path
+
+
+def _records(c: dict[str, Any], split: str) -> list[CaptionedImage]:
+    """A split's records from Karpathy's file (its splits) or the COCO captions file named for the split."""
+    path = Path(c["captions"])
+    head = path.read_bytes()[:4096] if path.is_file() else b""
+    if b'"annotations"' in head or (not head.strip().startswith(b"{") and path.is_file()):
+        files = {"train": c["captions"], "valid": c["valid_captions"], "test": c["test_captions"]}
+        if not files[split]:
+            raise ValueError(f"{path} is a COCO captions file: give --{split}-captions for the {split} split")
+        return [r for r in read_coco_captions(files[split]) if r.captions]
+    return read_karpathy(path, "val" if split == "valid" else split)
+
+
+def fashion_dir(data_dir: str) -> Path:
+    """The folder of the Fashion-MNIST IDX files: ``data_dir``, else the first of the image task's places that has
+    them; a one-line error saying how to install them where none has."""
+    from ..data import idx
+    from ..data.images import _info, default_dirs
+
+    candidates = [Path(data_dir)] if data_dir else default_dirs(_info("fashion-mnist"))
+    for root in candidates:
+        if all(idx.find_idx_file(root, n) is not None for n in idx.IDX_FILES["train"]):
+            return root
+    where = ", ".join(str(p) for p in candidates)
+    raise FileNotFoundError(f"no Fashion-MNIST IDX files in {where}: run `apt-get install dataset-fashion-mnist` "
+                            f"or give --data-dir")
+
+
+class CaptionBatch:
+    """``batch_size`` (image, caption) pairs: images stacked on :meth:`to`, captions as id tensors."""
+
+    def __init__(self, split: Split, pairs: list[tuple[int, int]], captions: list[list[list[int]]]):
+        self.split, self.pairs = split, pairs
+        ids = [captions[i][j] for i, j in pairs]  # each BOS + words + EOS
+        width = max(len(t) for t in ids) - 1
+        self.tgt_in = torch.zeros(len(ids), width, dtype=torch.long)
+        self.tgt_out = torch.zeros(len(ids), width, dtype=torch.long)
+        for k, t in enumerate(ids):
+            self.tgt_in[k, : len(t) - 1] = torch.tensor(t[:-1])
+            self.tgt_out[k, : len(t) - 1] = torch.tensor(t[1:])
+        self.ntokens = int((self.tgt_out != Vocabulary.PAD).sum())
+        self.src: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def to(self, device: torch.device | str) -> CaptionBatch:
+        """The batch with its images loaded and every tensor on ``device``."""
+        out = CaptionBatch.__new__(CaptionBatch)
+        out.split, out.pairs, out.ntokens = self.split, self.pairs, self.ntokens
+        out.src = stack_sources([self.split.load(i) for i, _ in self.pairs]).to(device)
+        out.tgt_in, out.tgt_out = self.tgt_in.to(device), self.tgt_out.to(device)
+        return out
+
+
+def stack_sources(arrays: list[np.ndarray]) -> torch.Tensor:
+    """Images (H, W) / (H, W, C) uint8 -> (B, C, H, W) uint8; features (N, F) -> (B, max N, F) float, zero-padded
+    (the model masks all-zero rows)."""
+    first = arrays[0]
+    if first.dtype == np.uint8:
+        x = torch.from_numpy(np.stack(arrays))
+        return x[:, None] if x.dim() == 3 else x.permute(0, 3, 1, 2).contiguous()
+    n = max(a.shape[0] for a in arrays)
+    out = torch.zeros(len(arrays), n, first.shape[1])
+    for k, a in enumerate(arrays):
+        out[k, : a.shape[0]] = torch.from_numpy(np.asarray(a, dtype=np.float32))
+    return out
+
+
+def encode_captions(vocab: Vocabulary, split: Split, max_len: int) -> list[list[list[int]]]:
+    """Every caption of every image as BOS + its first ``max_len`` words' ids + EOS."""
+    return [[vocab.encode(t[:max_len]) for t in caps] for caps in split.tokens]
+
+
+def pair_batches(split: Split, captions: list[list[list[int]]], batch_size: int, shuffle: bool = False,
+                 generator: torch.Generator | None = None) -> list[CaptionBatch]:
+    """Every (image, caption) pair of ``split`` in batches of ``batch_size``, in file order or shuffled."""
+    pairs = [(i, j) for i, caps in enumerate(captions) for j in range(len(caps))]
+    if shuffle:
+        pairs = [pairs[k] for k in torch.randperm(len(pairs), generator=generator).tolist()]
+    return [CaptionBatch(split, pairs[k:k + batch_size], captions) for k in range(0, len(pairs), batch_size)]
+
+
+class CaptionSource:
+    """The captioning task's :class:`~skiplab.train.mt.Seq2SeqData`: images (or features) and their captions."""
+
+    def __init__(self, cfg: CaptionTrainConfig, group: distributed.Group):
+        self.cfg = cfg
+        self.train, self.valid = group.main_first(lambda: (load_split(cfg, "train"), load_split(cfg, "valid")))
+        if not len(self.train) or not len(self.valid):
+            raise ValueError(f"no captioned images in the {'training' if not len(self.train) else 'validation'} split")
+        group.main_first(lambda: (self.train.check(), self.valid.check()))
+
+    def prepare(self, run: Run, group: distributed.Group, ckpt: dict[str, Any] | None) -> Seq2SeqData:
+        cfg = self.cfg
+        vocab = (Vocabulary.from_bytes(ckpt["tokenizer"]) if ckpt else
+                 Vocabulary.build((t for caps in self.train.tokens for t in caps), cfg.min_count))
+        train_ids = encode_captions(vocab, self.train, cfg.max_caption_len)
+        valid_ids = encode_captions(vocab, self.valid, cfg.max_caption_len)
+        pairs = sum(len(c) for c in train_ids)
+        first = pair_batches(self.train, train_ids, 1)[0].to("cpu")
+        return Seq2SeqData(
+            self.train.name, len(vocab), vocab.to_bytes(),
+            lambda shuffle, gen: pair_batches(self.train, train_ids, cfg.batch_size, shuffle, gen),
+            pair_batches(self.valid, valid_ids, cfg.batch_size), (first.src, first.tgt_in),
+            {"train": self.train.name, "train_images": len(self.train), "train_pairs": pairs,
+             "valid": self.valid.name, "valid_images": len(self.valid), "vocab_size": len(vocab)},
+            f"{self.train.name}: {pairs} (image, caption) pairs; vocabulary {len(vocab)} words "
+            f"(seen >= {cfg.min_count} times)")
+
+
+def train(cfg: CaptionTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+    """Train a captioning run as ``cfg`` says (the translation loop); return the summary."""
+    return train_seq2seq(cfg, "caption", CaptionSource, resume, overwrite, progress)

@@ -1,0 +1,203 @@
+"""Captioning: the captioner family, the translation loop over images, beam search, the COCO metrics, the formats."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from skiplab import run_dir
+from skiplab.cli import main
+from skiplab.decoding import beam_search, greedy_search
+from skiplab.decoding.search import max_lengths
+from skiplab.models import build_model, model_config
+from skiplab.tasks import get as get_task, load_trained
+from skiplab.tasks.caption import describe_split, load_model
+from skiplab.train.caption import CaptionTrainConfig, load_split
+from skiplab.train.mt import MTTrainConfig
+from tests.conftest import write_fashion_mnist
+
+TINY = "captioner-small(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,trunk_width=4)"
+
+
+@pytest.fixture(scope="module")
+def scenes_dir(tmp_path_factory):
+    """Fashion-MNIST files with 5,000 training images held out for validation and a few hundred more."""
+    return write_fashion_mnist(tmp_path_factory.mktemp("fashion"), n_train=5200, n_test=60)
+
+
+def scene_args(fashion: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "caption", "--data-dir", str(fashion), "--train-scenes", "40", "--valid-scenes", "8",
+            "--test-scenes", "6", "--min-count", "1", "--batch-size", "20", "--max-steps", "4", "--warmup", "2",
+            "--save-every", "2", "--device", "cpu", "--model", TINY, "--out", str(out), *extra]
+
+
+def test_train_decode_and_score_on_fashion_mnist_scenes(scenes_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(scene_args(scenes_dir, out, "--decoder-connection", "SAS")) == 0
+    assert {"checkpoint_2.pt", "checkpoint_4.pt", "last.pt", "summary.json"} <= {p.name for p in out.iterdir()}
+    stored = json.loads((out / "config.json").read_text())
+    assert stored["data"]["train_pairs"] == 200 and stored["data"]["train_images"] == 40  # five captions a scene
+    capsys.readouterr()
+
+    task = get_task("caption")
+    cfg = CaptionTrainConfig(**{**stored["config"], "adam_betas": tuple(stored["config"]["adam_betas"])})
+    summary = task.score(cfg, json.loads((out / "summary.json").read_text()), progress=False)
+    for key in ("test_bleu4", "test_rouge_l", "test_cider"):
+        assert isinstance(summary[key], float) and 0 <= summary[key] <= 1000, key
+    assert summary["averaged"] == 2
+    captions = json.loads((out / "test.beam3.avg2.captions.json").read_text())
+    assert sorted(captions) == [str(i) for i in range(6)]  # one caption per test scene
+
+    assert main(["eval", "caption", "--checkpoint", str(out), "--beam", "1", "--split", "valid"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["images"] == 8 and result["beam"] == 1
+    assert set(json.loads(Path(result["captions"]).read_text())) == {str(i) for i in range(8)}
+    # the model the task loads for the analyses reads the same examples the loop trained on
+    trained = load_trained(out)
+    ex = next(trained.examples("valid", 3, batch=15))
+    assert ex.inputs[0].shape == (15, 1, 64, 64) and ex.masks["encoder"].shape == (15, 64)
+    assert trained.losses(ex, trained.model(*ex.inputs)).shape == (15,)
+
+
+def test_beam_one_is_greedy_and_the_cache_equals_recomputation(scenes_dir):
+    """The captioner's incremental decoding (cached self-attention, cross-attention keys computed once) gives
+    the logits of the teacher-forced forward pass; beam 1 is greedy search."""
+    torch.manual_seed(0)
+    model = build_model(model_config(TINY, vocab_size=30, decoder_connection="PreLN")).eval()
+    images = torch.randint(0, 256, (3, 1, 64, 64), dtype=torch.uint8)
+    prefix = torch.tensor([[2, 7, 9, 4], [2, 5, 5, 6], [2, 8, 11, 12]])
+    full = torch.log_softmax(model(images, prefix).float(), dim=-1)
+    state = model.start(model.encode(images))
+    for t in range(prefix.shape[1]):
+        torch.testing.assert_close(model.step(prefix[:, t], state), full[:, t], atol=1e-5, rtol=1e-5)
+    beams = beam_search(model, images, beam=1, max_len_a=0, max_len_b=6)
+    assert [b[0].tokens for b in beams] == greedy_search(model, images, 0, 6)
+
+
+def test_a_source_of_images_has_no_length():
+    images = torch.zeros(2, 1, 8, 8, dtype=torch.uint8)
+    assert max_lengths(images, 0, 7).tolist() == [7, 7]
+    assert max_lengths(torch.tensor([[5, 6, 0], [5, 0, 0]]), 1.5, 1).tolist() == [4, 2]
+    with pytest.raises(ValueError, match="not token ids"):
+        max_lengths(images, 1.0, 7)
+
+
+def test_encoder_and_decoder_take_their_own_connections():
+    for spec, family in ((TINY, "captioner"), ("transformer-small(d_model=32,ffn_dim=64,heads=2)", "transformer")):
+        model = build_model(model_config(spec, vocab_size=20, encoder_connection="PostLN", decoder_connection="SAS"))
+        enc, dec = model.encoder.layers[0], model.decoder.layers[0]
+        assert type(enc.conn_attn).__name__ == "ExpandedSkip", family
+        assert {type(dec.conn_self).__name__, type(dec.conn_cross).__name__} == {"SelfAdaptiveScaling"}, family
+    same = model_config("transformer-small")
+    assert same.stack_connection("encoder") == same.stack_connection("decoder") == "PostLN"
+    with pytest.raises(ValueError, match="Nope"):
+        model_config("transformer-small", encoder_connection="Nope")
+
+
+def test_features_input_masks_padded_regions():
+    model = build_model(model_config("captioner-base(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,"
+                                     "feature_dim=6)", vocab_size=20)).eval()
+    feats = torch.randn(2, 4, 6)
+    feats[1, 2:] = 0  # the second image has two regions
+    _, mask = model.image_sequence(feats)
+    assert mask[:, 0, 0].tolist() == [[True] * 4, [True, True, False, False]]
+    alone = model(feats[1:, :2], torch.tensor([[2, 5, 6]]))
+    padded = model(feats, torch.tensor([[2, 5, 6], [2, 5, 6]]))[1:]
+    torch.testing.assert_close(alone, padded, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"expected features \(B, N, 6\)"):
+        model.image_sequence(torch.randn(2, 4, 5))
+
+
+def write_coco(root: Path, size: int = 32) -> dict[str, Path]:
+    """COCO-format files: three splits' captions_*.json and RGB PNGs; a Karpathy dataset.json and .npz
+    features for the same images."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    words = ["a", "red", "blue", "square", "circle", "on", "the", "left", "right"]
+    images, karpathy = root / "images", {"dataset": "coco", "images": []}
+    (root / "feats").mkdir(parents=True)
+    images.mkdir()
+    files = {}
+    for split, n, first in (("train", 6, 1), ("val", 2, 100), ("test", 2, 200)):
+        data = {"images": [], "annotations": []}
+        for k in range(n):
+            image_id = first + k
+            name = f"COCO_{split}_{image_id:012d}.png"
+            Image.fromarray(rng.integers(0, 256, (size, size, 3), dtype=np.uint8)).save(images / name)
+            np.savez_compressed(root / "feats" / f"{image_id}.npz", feat=rng.standard_normal((3 + k % 2, 8)).astype(np.float32))
+            data["images"].append({"id": image_id, "file_name": name, "height": size, "width": size})
+            caps = [" ".join(rng.choice(words, 5)).capitalize() + "." for _ in range(5)]
+            data["annotations"] += [{"id": image_id * 10 + j, "image_id": image_id, "caption": c} for j, c in enumerate(caps)]
+            karpathy["images"].append({"filepath": "", "filename": name, "imgid": image_id, "cocoid": image_id,
+                                       "split": "restval" if k == 0 and split == "train" else split,
+                                       "sentids": [], "sentences": [{"raw": c, "tokens": c.lower()[:-1].split()}
+                                                                    for c in caps]})
+        files[split] = root / f"captions_{split}2014.json"
+        files[split].write_text(json.dumps(data))
+    files["karpathy"] = root / "dataset_coco.json"
+    files["karpathy"].write_text(json.dumps(karpathy))
+    return {**files, "images": images, "feats": root / "feats"}
+
+
+def test_coco_and_karpathy_files_load_and_train_a_step(tmp_path, capsys):
+    coco = write_coco(tmp_path / "coco")
+    pixels = "captioner-small(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,trunk_width=4,channels=3,image_size=32)"
+    common = ["--dataset", "", "--min-count", "1", "--batch-size", "10", "--max-steps", "1", "--warmup", "1",
+              "--save-every", "1", "--device", "cpu"]
+    assert main(["train", "caption", *common, "--model", pixels, "--captions", str(coco["train"]),
+                 "--valid-captions", str(coco["val"]), "--test-captions", str(coco["test"]),
+                 "--image-dir", str(coco["images"]), "--out", str(tmp_path / "coco-run")]) == 0
+    stored = json.loads((tmp_path / "coco-run" / "config.json").read_text())
+    assert stored["data"]["train_images"] == 6 and stored["data"]["train_pairs"] == 30
+    features = "captioner-base(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,feature_dim=8)"
+    assert main(["train", "caption", *common, "--model", features, "--captions", str(coco["karpathy"]),
+                 "--feature-dir", str(coco["feats"]), "--out", str(tmp_path / "karpathy-run")]) == 0
+    stored = json.loads((tmp_path / "karpathy-run" / "config.json").read_text())
+    assert stored["data"]["train_images"] == 6  # restval read as train
+    model, vocab, ckpt = load_model(tmp_path / "karpathy-run")
+    result = describe_split(model, vocab, ckpt["config"], "test", beam=2)
+    assert sorted(result["captions"]) == [200, 201] and isinstance(result["CIDEr"], float)
+
+
+def test_bad_caption_data_is_one_line_and_writes_nothing(tmp_path, capsys):
+    coco = write_coco(tmp_path / "coco")
+    pixels = "captioner-small(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,trunk_width=4,channels=3,image_size=32)"
+    base = ["train", "caption", "--dataset", "", "--min-count", "1", "--max-steps", "1", "--device", "cpu",
+            "--captions", str(coco["train"]), "--valid-captions", str(coco["val"])]
+    missing = sorted(coco["images"].glob("COCO_train*"))[0]
+    missing.rename(missing.with_suffix(".bak"))
+    out = tmp_path / "run"
+    assert main([*base, "--model", pixels, "--image-dir", str(coco["images"]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(missing) in err and not out.exists()
+    missing.with_suffix(".bak").rename(missing)
+    bigger = pixels.replace("image_size=32", "image_size=64")
+    assert main([*base, "--model", bigger, "--image-dir", str(coco["images"]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "expected 64x64" in err and not out.exists()
+    assert main([*base, "--model", pixels, "--feature-dir", str(coco["feats"]), "--out", str(out)]) == 2
+    assert "input=features" in capsys.readouterr().err
+    assert main(["train", "caption", "--dataset", "", "--max-steps", "1", "--captions", str(coco["train"]),
+                 "--image-dir", str(coco["images"]), "--model", pixels, "--out", str(out)]) == 2
+    assert "--valid-captions" in capsys.readouterr().err and not out.exists()
+
+
+def test_captioner_is_not_a_translation_model():
+    with pytest.raises(ValueError, match="not a translation model"):
+        MTTrainConfig(max_steps=1, model="captioner-small")
+    with pytest.raises(ValueError, match="not a captioning model"):
+        CaptionTrainConfig(max_steps=1, model="transformer-small")
+
+
+def test_scenes_split_is_the_composed_set(scenes_dir):
+    cfg = CaptionTrainConfig(max_steps=1, data_dir=str(scenes_dir), train_scenes=5, valid_scenes=3, test_scenes=4)
+    split = load_split(cfg, "test")
+    assert len(split) == 4 and split.load(0).shape == (64, 64) and len(split.raw[0]) == 5
+    assert split.tokens[0][0] == split.raw[0][0].lower().replace(",", " ").split()  # commas its only punctuation
+    again = load_split(cfg, "test")
+    assert np.array_equal(split.load(3), again.load(3)) and split.raw == again.raw
