@@ -8,6 +8,7 @@ import io
 import json
 import random
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from skiplab.reproduce import report
 from skiplab.reproduce.stats import welch_p
 from skiplab import tasks
 from skiplab.tasks import mt as mt_task
+from tests.conftest import write_fashion_mnist
 from tests.data.test_cifar import write_cifar
 from tests.test_reproduce_lm import write_c4
 
@@ -61,6 +63,7 @@ def write_datasets(root: Path) -> Path:
     """CIFAR-10/100 (python version), IWSLT15 en-vi and WMT14 en-de (Stanford NMT file names), and C4 'en' (a few
     allenai/c4 shards) under ``root``."""
     write_c4(root)
+    write_fashion_mnist(root / "fashion-mnist", n_train=5100, n_test=60)  # fashion-mnist-scenes (001-table5)
     write_cifar(root / "cifar10", "cifar10")
     write_cifar(root / "cifar100", "cifar100")
     iwslt, wmt = root / "iwslt15-en-vi", root / "wmt14-en-de"
@@ -101,7 +104,9 @@ def test_every_table_runs_at_smoke_scale_with_the_paper_column_filled(smoke):
         if tid in ("000-table1", "000-table2"):  # the differences to the baseline and the learning curves, drawn
             assert (folder / "deltas.png").stat().st_size > 0 and (folder / "curves.png").stat().st_size > 0
         for c in result["cells"]:
-            if c["available"]:  # every runnable cell has a number from every seed
+            if c["available"] and c["column"] == "METEOR" and not shutil.which("java"):
+                assert all(m and m.get("why") for m in c["per_seed"])  # no java: a reason, not a number
+            elif c["available"]:  # every runnable cell has a number from every seed
                 seeds = 2 if tid in smoke["two"] else 1
                 assert c["n"] == seeds and len(c["runs"]) == seeds, (tid, c["row"], c["column"])
             else:

@@ -87,6 +87,9 @@ def resolve(t: Table, cell: Cell, sc: Scale, data_root: str = "", device: str = 
     else:
         data_dir = _data_dir(data_root, task.data_name(cfg))
     cfg = dataclasses.replace(cfg, data_dir=data_dir, device=device)
+    missing = "" if assume_prepared else task.missing_data(cfg)
+    if missing:
+        return Resolved(cell, why=f"not available at {sc.name} scale: {missing}")
     return Resolved(cell, setting.task, cfg, setting)
 
 
@@ -142,7 +145,8 @@ def _measure(t: Table, r: Resolved, cfg: Any, sc: Scale, progress: bool) -> dict
             return {"value": probe["untouched_bleu_tok"], "train_time_s": summary["train_time_s"]}
         row = probe["layers"][0]
         return {"value": row["bleu_tok"], "train_time_s": summary["train_time_s"], "probe_time_s": row.get("time_s")}
-    return get_task(r.task).measure(cfg, summary, r.setting.metric or t.metric, average, t.beam, progress)
+    metric = r.cell.run.metric or r.setting.metric or t.metric
+    return get_task(r.task).measure(cfg, summary, metric, average, t.beam, progress)
 
 
 # ---- the command -----------------------------------------------------------------------------------------
@@ -333,6 +337,21 @@ def _given_prepared(t: Table, sc: Scale) -> list[str]:
         if isinstance(setting, Setting) and setting.prepared is not None:
             by_folder.setdefault(setting.prepared, []).append(resolve(t, c, sc, assume_prepared=True))
     lines = []
+    missing: list[Resolved] = []  # cells whose task names files that are not there (captioning's COCO)
+    for c in t.cells:
+        setting = sc.settings.get(c.run.setting) if c.run else None
+        if isinstance(setting, Setting) and setting.prepared is None and resolve(t, c, sc).config is None:
+            assumed = resolve(t, c, sc, assume_prepared=True)
+            if assumed.config is not None:
+                missing.append(assumed)
+    if missing:
+        task = get_task(missing[0].task)
+        folder = task.data_name(missing[0].config)
+        estimate = report.gpu_estimate(missing, sc.seeds) if sc.name == "paper" else "-"
+        configs = {runs.key(r.config) for r in missing}
+        lines.append(f"with --data-root {DATA_ROOT} holding {folder}/: {len(missing)}/{len(t.cells)} cells, "
+                     f"{len(configs) * sc.seeds} runs ({sc.seeds} seeds), {estimate}; "
+                     f"{task.missing_data(missing[0].config)}")
     for prep, resolved in by_folder.items():
         ran = [r for r in resolved if r.config is not None]
         configs = {runs.key(r.config) for r in ran}

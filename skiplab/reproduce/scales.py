@@ -37,6 +37,7 @@ from ..models import model_config, with_options
 from ..text.pretrained import parse_pretrained
 from ..text.pretrained.base import one_line
 from ..text.shards import SIDECAR, check_prepared, is_prepared, read_prepared
+from ..train.caption import CaptionTrainConfig
 from ..train.image import ImageTrainConfig
 from ..train.lm import LMTrainConfig
 from ..train.mt import MTTrainConfig
@@ -127,8 +128,8 @@ def _rooted(arg: str, root: str) -> str:
 class Setting:
     """What a setting is at one scale: the task, the config its runs start from, the model size, and scoring."""
 
-    task: str  # "image", "mt" or "lm"
-    config: ImageTrainConfig | MTTrainConfig | LMTrainConfig
+    task: str  # "image", "mt", "lm" or "caption"
+    config: ImageTrainConfig | MTTrainConfig | LMTrainConfig | CaptionTrainConfig
     about: str  # one line for the table's header
     size: str = ""  # MT: the preset size the families are built at (base, big, small)
     layers: dict[int, int] = dataclasses.field(default_factory=dict)  # MT: paper's layer count -> this scale's
@@ -166,7 +167,9 @@ GPU_BASIS = (
     "32x32 image (torch.utils.flop_counter: 1.52 GFLOP for ResNet-110, 0.24 for ResNet-20) x 50,000 images x "
     "164 epochs, at an assumed sustained 10 TFLOP/s. LLaMA and OLMo: 6 FLOPs per token for each weight of the "
     "layers' matrices and the output layer (forward and backward) x the updates' tokens, at an assumed sustained "
-    "100 TFLOP/s (bf16).")
+    "100 TFLOP/s (bf16). Captioner: 6 FLOPs per weight per position (the encoder's over an assumed 50 regions, "
+    "the decoder's and the output's over 13 words) x 5 captions x 113,287 images x the epochs, at an assumed "
+    "sustained 10 TFLOP/s.")
 
 
 def _resnet_hours(depth: int) -> float:
@@ -344,11 +347,35 @@ PERI_SETTINGS = ("dclm-peri400m", "dclm-peri1.5b", "dclm-peri3.2b")
 _NO_PERI = ("no paper-scale setting: the Peri-LN paper's model shapes and recipe per size were not read here "
             "(its data: 30B tokens of DCLM-baseline in tiktoken's cl100k_base)")
 
+# The SAS paper's MSCOCO captioner (Section 4.3, Table 5): its configuration and recipe are not given. skiplab's is
+# the usual COCO captioner's cross-entropy stage: Karpathy's splits (113,287 training images with restval), words
+# seen fewer than 5 times -> <unk>, bottom-up region features, Base width with 3 layers a side (captioner-base),
+# 20 epochs of 50 (image, caption) pairs, Vaswani's schedule with 10,000 warm-up updates (the M² Transformer's),
+# label smoothing 0.1, the average of the last 5 epochs' checkpoints, beam 3. No self-critical stage.
+_COCO_EPOCH = 113_287 * 5 // 50
+
+
+def _caption_hours(epochs: int) -> float:
+    m = model_config("captioner-base", vocab_size=10_000)
+    enc = m.encoder_layers * (4 * m.d_model**2 + 2 * m.d_model * m.ffn_dim) + m.feature_dim * m.d_model
+    dec = m.decoder_layers * (8 * m.d_model**2 + 2 * m.d_model * m.ffn_dim) + m.vocab_size * m.d_model
+    return 6 * (enc * 50 + dec * 13) * 113_287 * 5 * epochs / 10e12 / 3600
+
+
+_PAPER_CAPTION = Setting(
+    "caption", CaptionTrainConfig(model="captioner-base", dataset="", captions="dataset_coco.json",
+                                  feature_dir="cocobu_att", epochs=20, batch_size=50, schedule="vaswani",
+                                  warmup=10_000, save_every=_COCO_EPOCH, keep_checkpoints=5, device="auto",
+                                  out="runs/caption"),
+    "MSCOCO, Karpathy's splits, bottom-up region features, captioner-base (d 512, 3 + 3 layers), 20 epochs of 50 "
+    "pairs, Vaswani's schedule (warm-up 10,000), the last 5 epochs averaged, beam 3", gpu_hours=_caption_hours(20))
+
 _PAPER_LAYERS = {n: n for n in (2, 6, 12, 18, 24)}
 PAPER = Scale("paper", {**_PAPER_IMAGE, **{k: dataclasses.replace(v, layers=_PAPER_LAYERS)
                                           for k, v in _PAPER_MT.items()},
                         **{k: _paper_lm(preset, steps, lr) for k, (preset, steps, lr, _) in LM_PAPER.items()},
-                        **_PAPER_OLMO, "wmt17-deepnet": _DEEPNET_PAPER, **{k: _NO_PERI for k in PERI_SETTINGS}},
+                        **_PAPER_OLMO, "wmt17-deepnet": _DEEPNET_PAPER, **{k: _NO_PERI for k in PERI_SETTINGS},
+                        "coco-caption": _PAPER_CAPTION},
               seeds=5,
               about="the published settings (a GPU per run; the papers average 5 runs for the image tables)")
 
@@ -413,6 +440,16 @@ CPU = Scale("cpu", {
     "dclm-peri1.5b": Setting("lm", dataclasses.replace(_CPU_LM, model=with_options(_CPU_LM.model, layers=24)),
                              _CPU_LM_ABOUT.format(n=24), seconds_per_run=1620, metric=BPB),
     "dclm-peri3.2b": "no cpu miniature deeper than 24 layers (the 1.5B column's) fits the cpu scale",
+    # captioning: fashion-mnist-scenes (12,000 / 1,000 / 1,000 scenes of 1-3 garments, five captions each) with
+    # captioner-small (d 128, 2 + 2 layers, a PreAct trunk of width 16 over the 64 x 64 pixels), 3,000 updates of 50
+    # pairs (2.5 epochs), lr 1e-3 after 300 warm-up updates; seconds_per_run: 0.42 s an update timed with one thread
+    # beside two one-thread training runs, x 3,000, + validation and the test's beam search
+    "coco-caption": Setting("caption", CaptionTrainConfig(model="captioner-small", max_steps=3000, warmup=300, lr=1e-3,
+                                                          save_every=300, keep_checkpoints=10, batch_size=50,
+                                                          device="auto"),
+                            "fashion-mnist-scenes (12,000 train / 1,000 test scenes), captioner-small (d 128, 2 + 2 "
+                            "layers, PreAct trunk over 64 x 64 pixels), 3,000 updates of 50 pairs, lr 1e-3, warm-up "
+                            "300, the last 5 checkpoints averaged, beam 3", seconds_per_run=1400),
 }, seeds=2, about="miniatures for a 2-core CPU: about an hour per table, 2 seeds per row")
 
 # ---- smoke ------------------------------------------------------------------------------------------------
@@ -452,6 +489,11 @@ SMOKE = Scale("smoke", {
                              layers={6: 1, 18: 2, 50: 3, 100: 4}, seconds_per_run=4),
     **{k: Setting("lm", _smoke_lm(n), f"c4-en (UTF-8 bytes), a d=32 LLaMA-shaped model of {n} layers, 2 updates",
                   seconds_per_run=2, metric=BPB) for k, n in zip(PERI_SETTINGS, (2, 3, 4))},
+    "coco-caption": Setting("caption", CaptionTrainConfig(
+        model="captioner-small(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,trunk_width=4)",
+        train_scenes=40, valid_scenes=8, test_scenes=6, min_count=1, max_steps=2, warmup=1, save_every=1,
+        batch_size=20, device="auto"),
+        "fashion-mnist-scenes (40 train / 6 test scenes), a d=32 captioner, 2 updates", seconds_per_run=4),
 }, seeds=2, about="seconds per run on tiny subsets of the paper's datasets: the plumbing of every table")
 
 BY_NAME = {s.name: s for s in (SMOKE, CPU, PAPER)}

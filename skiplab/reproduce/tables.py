@@ -24,6 +24,7 @@ class Run:
     options: tuple[tuple[str, Any], ...] = ()  # model options: MT (share, merge, hidden_layers), LM (init)
     layers: int = 0  # MT: the paper's encoder and decoder layer count (0: the preset's)
     probe: tuple[str, int] | None = None  # ("encoder" | "decoder", k): BLEU with layer k (1-based) made linear
+    metric: str = ""  # what the cell reads of its run where columns are metrics of one run (captioning: "CIDEr")
 
 
 @dataclass(frozen=True)

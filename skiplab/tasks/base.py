@@ -88,6 +88,11 @@ class Task:
         """compare's rows: every model spec x connection."""
         return model_variants(base_model, models, connections)
 
+    def missing_data(self, cfg: Any) -> str:
+        """What of ``cfg``'s data is not where it reads them, in words ("" where nothing is missing, or where the
+        task fetches or finds its data itself): a table's cell says it instead of training."""
+        return ""
+
     def data_name(self, cfg: Any) -> str:
         """The dataset or corpus a config reads, as a folder of ``reproduce --data-root`` names it."""
         raise NotImplementedError

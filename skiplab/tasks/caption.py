@@ -11,6 +11,7 @@ ROUGE-L go beside it in the summary. L_n is the sum of caption n's word cross-en
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,9 +24,10 @@ from tqdm import tqdm
 from .. import run_dir
 from ..analysis.trained import Examples, Trained
 from ..config import count
+from ..connections import connection
 from ..decoding import beam_search
 from ..device import pick_device
-from ..models import caption_families, model_from_checkpoint
+from ..models import caption_families, model_from_checkpoint, with_options
 from ..text.captions import Vocabulary
 from ..train import caption
 from .base import Task
@@ -35,6 +37,12 @@ BEAM = 3  # compare's and score's beam (self-critical.pytorch's and the M² Tran
 AVERAGE = 5
 # summary key -> the toolkit's metric, x 100 as captioning papers print them
 SCORES = {"test_bleu4": "Bleu_4", "test_meteor": "METEOR", "test_rouge_l": "ROUGE_L", "test_cider": "CIDEr"}
+# a table's metric columns -> the toolkit's names
+METRICS = {"BLEU-1": "Bleu_1", "BLEU-2": "Bleu_2", "BLEU-3": "Bleu_3", "BLEU-4": "Bleu_4", "METEOR": "METEOR",
+           "ROUGE-L": "ROUGE_L", "CIDEr": "CIDEr"}
+COCO_FILES = ("Karpathy's split file dataset_coco.json and the bottom-up-attention region features of every image, "
+              "one <cocoid>.npz (key 'feat', regions x 2048) in cocobu_att/, as self-critical.pytorch's "
+              "scripts/make_bu_data.py writes them")
 
 
 class CaptionTrained(Trained):
@@ -156,7 +164,46 @@ class CaptionTask(Task):
         return summary
 
     def data_name(self, cfg: Any) -> str:
-        return cfg.dataset or Path(cfg.captions).stem
+        """The folder of ``reproduce --data-root`` the data are in: fashion-mnist (the scenes' images) or coco."""
+        return "fashion-mnist" if cfg.dataset else "coco"
+
+    def describe_data(self, cfg: Any) -> str:
+        return cfg.dataset or Path(cfg.captions).name
+
+    def missing_data(self, cfg: Any) -> str:
+        """Caption files named by ``cfg`` that are not there (the composed set is made from Fashion-MNIST, which
+        the run finds or names itself)."""
+        if cfg.dataset:
+            return ""
+        c = dataclasses.asdict(cfg)
+        wanted = [k for k in ("captions", "valid_captions", "test_captions", "image_dir", "feature_dir") if c[k]]
+        absent = [caption.data_path(c, k) for k in wanted if not Path(caption.data_path(c, k)).exists()]
+        if not absent:
+            return ""
+        return (f"needs {', '.join(absent)} ({'--data-root holding coco/' if not cfg.data_dir else 'absent'}): "
+                f"{COCO_FILES}")
+
+    def cell_config(self, base: Any, run: Any, setting: Any) -> Any:
+        """The setting's captioner with the row's connection on every sub-layer of both stacks."""
+        return dataclasses.replace(base, model=with_options(base.model, connection=connection(run.connection, 4).spec))
+
+    def measure(self, cfg: Any, summary: dict[str, Any], metric: str, average: int, beam: int,
+                progress: bool) -> dict[str, Any]:
+        """The cell's metric (BLEU-1..4, METEOR, ROUGE-L, CIDEr; x 100) of the test captions of the average of the
+        last ``average`` checkpoints; one evaluation per run, cached in its directory."""
+        if metric not in METRICS:
+            raise ValueError(f"a captioning cell measures one of {', '.join(METRICS)}, not {metric!r}")
+        out = Path(cfg.out)
+        average = run_dir.averaged_over(out, average, lambda n: out / f"score.test.beam{beam}.avg{n}.json")
+        cache = out / f"score.test.beam{beam}.avg{average}.json"
+        if cache.is_file():
+            score = run_dir.read_json(cache)
+        else:
+            score = evaluate_run(out, "test", average, beam, cfg.data_dir, cfg.device, progress)
+            run_dir.write_json(cache, score)
+        value = score[METRICS[metric]]
+        return {"value": value if isinstance(value, float) else None, "train_time_s": summary["train_time_s"],
+                **({"why": value} if isinstance(value, str) else {})}
 
     def add_eval_arguments(self, p: argparse.ArgumentParser) -> None:
         p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")

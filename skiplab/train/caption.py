@@ -17,7 +17,8 @@ The data, by ``dataset``:
   captions file (``captions_train2014.json`` style; then ``valid_captions`` and ``test_captions`` name the other
   splits' files), with the images in ``image_dir`` (each of ``image_size`` pixels a side; :class:`~skiplab.text.
   captions.ImageFolder`) or their features in ``feature_dir`` (one ``.npy`` / ``.npz`` per image; the model's
-  ``input`` must be ``features``).
+  ``input`` must be ``features``). A relative path among these is inside ``data_dir`` where one is given (how
+  ``reproduce`` finds COCO under its ``--data-root``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class CaptionTrainConfig(Seq2SeqRecipe):
     dataset: str = field(default="fashion-mnist-scenes", metadata={
         "help": "fashion-mnist-scenes (composed from Fashion-MNIST), or '' for --captions files"})
     data_dir: str = field(default="", metadata={
-        "help": "fashion-mnist-scenes: the Fashion-MNIST IDX files ('' = where the image task finds them)"})
+        "help": "fashion-mnist-scenes: the Fashion-MNIST IDX files ('' = where the image task finds them); files: "
+                "the folder relative --captions, --image-dir and --feature-dir are in"})
     scene_seed: int = field(default=0, metadata={"help": "fashion-mnist-scenes: the seed composing the scenes"})
     train_scenes: int = field(default=12000, metadata={"min": 1, "help": "fashion-mnist-scenes: training scenes"})
     valid_scenes: int = field(default=1000, metadata={"min": 1, "help": "fashion-mnist-scenes: validation scenes"})
@@ -137,13 +139,13 @@ def load_split(cfg: CaptionTrainConfig | dict[str, Any], split: str) -> Split:
                      [[tokenize(t) for t in caps] for caps in scenes.captions], lambda i: pixels[i])
     records = _records(c, split)
     if c["feature_dir"]:
-        features = FeatureFolder(c["feature_dir"], shape=(None, None))
+        features = FeatureFolder(data_path(c, "feature_dir"), shape=(None, None))
         load, files = (lambda i: features[records[i]]), (lambda i: features.path(records[i]))
     else:
         size = model_config(c["model"], vocab_size=10).image_size
-        images = ImageFolder(c["image_dir"], size=(size, size))
+        images = ImageFolder(data_path(c, "image_dir"), size=(size, size))
         load, files = (lambda i: images[records[i]]), (lambda i: _exists(images.root / records[i].file_name))
-    name = f"{Path(c['captions']).name} {split} ({len(records)} images)"
+    name = f"{Path(c['captions']).name} {split} ({len(records)} images)"  # no folder: the same wherever it lies
     return Split(name, [r.id for r in records], [r.raw for r in records], [r.captions for r in records], load, files)
 
 
@@ -153,15 +155,23 @@ def _exists(path: Path) -> Path:
     return path
 
 
+def data_path(c: dict[str, Any], key: str) -> str:
+    """The file or folder ``c[key]`` names: inside ``c["data_dir"]`` where it is relative and a data_dir is given."""
+    value = c[key]
+    if value and c["data_dir"] and not Path(value).is_absolute():
+        return str(Path(c["data_dir"]) / value)
+    return value
+
+
 def _records(c: dict[str, Any], split: str) -> list[CaptionedImage]:
     """A split's records from Karpathy's file (its splits) or the COCO captions file named for the split."""
-    path = Path(c["captions"])
+    path = Path(data_path(c, "captions"))
     head = path.read_bytes()[:4096] if path.is_file() else b""
     if b'"annotations"' in head or (not head.strip().startswith(b"{") and path.is_file()):
-        files = {"train": c["captions"], "valid": c["valid_captions"], "test": c["test_captions"]}
-        if not files[split]:
+        files = {"train": "captions", "valid": "valid_captions", "test": "test_captions"}
+        if not c[files[split]]:
             raise ValueError(f"{path} is a COCO captions file: give --{split}-captions for the {split} split")
-        return [r for r in read_coco_captions(files[split]) if r.captions]
+        return [r for r in read_coco_captions(data_path(c, files[split])) if r.captions]
     return read_karpathy(path, "val" if split == "valid" else split)
 
 
