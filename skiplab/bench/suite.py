@@ -15,6 +15,8 @@ Groups (each a function of the sizes, returning table rows):
              the prefix; tokens per second of training and of generation
 - compile:   ``torch.compile``d / eager training step, both families, with compile times
 - processes: 2 processes (DDP, gloo, half the threads each) / 1 process, same global batch
+- caption:   Transformer captioner's training step of each design / PostLN (pixels through its trunk); cached
+             beam search / recomputing the prefix over images
 - hyper:     hyper-connections' training step, ``HC(n=4)`` and ``mHC(n=4)`` / PreLN, at two widths (d = 256 and 768),
              eager and ``torch.compile``d (docs/performance.md, "hyper-connections at their cost")
 
@@ -84,6 +86,11 @@ class Sizes:
     hyper_widths: tuple[int, ...] = (256, 768)  # gpt-small's width and GPT-2 small's (heads of 64, MLP 4d)
     hyper_layers: int = 4
     hyper_rows: int = 8  # 8 x 256 tokens a step
+    caption_model: str = "captioner-small"
+    caption_overrides: tuple[tuple[str, int], ...] = ()
+    caption_rows: int = 50  # the cpu-scale recipe's batch of (image, caption) pairs
+    caption_len: int = 12
+    caption_vocab: int = 60  # about fashion-mnist-scenes' words
     repeats: int = 8
     warmup: int = 2
 
@@ -92,7 +99,9 @@ QUICK = Sizes(image_depth=8, image_batch=4, image_hw=8, mt_overrides=(("d_model"
               ("encoder_layers", 1), ("decoder_layers", 1)), mt_rows=4, mt_len=6, vocab=64, beam_sentences=2,
               beam_len=4, lm_overrides=(("d_model", 32), ("ffn_dim", 64), ("heads", 2), ("layers", 2), ("context", 16)),
               lm_rows=2, lm_new_tokens=8, compile_depth=8, compile_backend="aot_eager", compile_dynamic=False, matmul_n=128, add_elements=1 << 16, norm_rows=64, norm_dim=32,
-              process_steps=2, hyper_widths=(16, 32), hyper_layers=1, hyper_rows=2, repeats=2, warmup=1)
+              process_steps=2, hyper_widths=(16, 32), hyper_layers=1, hyper_rows=2, repeats=2, warmup=1,
+              caption_overrides=(("d_model", 32), ("ffn_dim", 64), ("heads", 2), ("encoder_layers", 1),
+                                 ("decoder_layers", 1), ("trunk_width", 4)), caption_rows=4, caption_len=4)
 
 
 def image_model(depth: int, connection: str) -> nn.Module:
@@ -371,9 +380,36 @@ def processes(sz: Sizes, ctx: dict) -> list[Row]:
                 secs[1] / secs[2], "x", f"speed-up; {threads // 2} thread(s) each vs 1 process x {threads} threads, gloo")]
 
 
+CAPTION_DESIGNS = ("PostLN", "SAS", "2rSkip+LN")
+
+
+def caption(sz: Sizes, ctx: dict) -> list[Row]:
+    """The captioner's training step per design / PostLN, and its cached beam search / recomputation."""
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (sz.caption_rows, 1, 64, 64), dtype=torch.uint8, generator=g)
+    words = torch.randint(4, sz.caption_vocab, (sz.caption_rows, sz.caption_len + 1), generator=g)
+    batch = MTBatch(images, words[:, :-1], words[:, 1:])
+    models = {d: build(sz.caption_model, vocab_size=sz.caption_vocab, connection=d, **dict(sz.caption_overrides))
+              for d in CAPTION_DESIGNS}
+    t = interleaved({d: mt_step(m, batch) for d, m in models.items()}, sz.repeats, sz.warmup)
+    base = t["PostLN"]
+    rows = [Row("caption", f"{sz.caption_model}, {sz.caption_rows} images x {sz.caption_len} words: PostLN step",
+                base * 1e3, "ms", "64 x 64 grey pixels through the trunk")]
+    rows += [Row("caption", f"{d} step", t[d] / base, "x", "PostLN") for d in CAPTION_DESIGNS[1:]]
+    model = models["PostLN"].eval()
+    src = images[: sz.beam_sentences]
+    cached = lambda: beam_search(model, src, beam=3, max_len_a=0, max_len_b=sz.beam_len)  # noqa: E731
+    recompute = lambda: beam_search(RecomputingDecoder(model), src, beam=3, max_len_a=0, max_len_b=sz.beam_len)  # noqa: E731
+    with torch.no_grad():
+        t = interleaved({"cached": cached, "recompute": recompute}, max(2, sz.repeats // 4), 1)
+    rows.append(Row("caption", f"beam 3, {sz.beam_len} steps, {len(src)} images: recomputing the prefix / cached",
+                    t["recompute"] / t["cached"], "x", "speed-up of the key/value cache"))
+    return rows
+
+
 GROUPS: dict[str, Callable[[Sizes, dict], list[Row]]] = {
     "machine": machine, "image": image, "mt": mt, "lm": lm, "engine": engine, "compile": compiled,
-    "processes": processes, "hyper": hyper}
+    "processes": processes, "hyper": hyper, "caption": caption}
 
 
 def machine_name() -> str:
