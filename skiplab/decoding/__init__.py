@@ -1,5 +1,5 @@
 """Decoding shared by the sequence-generating tasks (translation, captioning): greedy and batched beam search over
-any :class:`Seq2SeqDecoder` (encode once, one cached ``step`` per position), :mod:`skiplab.decoding.search`."""
+any :class:`Seq2SeqDecoder` (encode once, one cached ``step`` per position), and sampling, :mod:`skiplab.decoding.search`."""
 
 from .search import (
     BOS,
@@ -13,7 +13,8 @@ from .search import (
     greedy_search,
     length_penalty,
     max_lengths,
+    sample_search,
 )
 
 __all__ = ["BOS", "EOS", "PAD", "UNK", "Hypothesis", "IncrementalDecoder", "Seq2SeqDecoder", "beam_search",
-           "greedy_search", "length_penalty", "max_lengths"]
+           "greedy_search", "length_penalty", "max_lengths", "sample_search"]

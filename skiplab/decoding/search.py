@@ -215,3 +215,31 @@ def beam_search(
 
     # sorted() is stable: equal scores keep the order they were found in.
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]
+
+
+@torch.no_grad()
+def sample_search(model: Seq2SeqDecoder, src: Tensor, n: int = 1, max_len: int = 16,
+                  generator: torch.Generator | None = None) -> tuple[list[list[int]], list[bool]]:
+    """``n`` outputs per source row drawn token by token from the model's distribution (PAD and BOS excluded),
+    each until EOS or ``max_len`` tokens: rows b·n .. b·n + n - 1 are source b's. Returns ``(tokens, ended)``:
+    each output's ids without BOS and EOS, and whether it ended with EOS (what self-critical sequence training
+    samples, Rennie et al. 2017). The source is encoded once and its state copied n times."""
+    if n < 1 or max_len < 1:
+        raise ValueError(f"n and max_len must be >= 1, got {n} and {max_len}")
+    rows, device = src.size(0) * n, src.device
+    state = model.select(model.start(model.encode(src)), torch.arange(src.size(0), device=device).repeat_interleave(n))
+    tokens = torch.full((rows,), BOS, dtype=torch.long, device=device)
+    done = torch.zeros(rows, dtype=torch.bool, device=device)
+    ended = torch.zeros(rows, dtype=torch.bool, device=device)
+    out = torch.empty(rows, 0, dtype=torch.long, device=device)
+    for _ in range(max_len):
+        probs = _next_log_probs(model, tokens, state).exp()
+        nxt = torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(1).to(device)
+        ended |= ~done & (nxt == EOS)
+        emit = ~done & (nxt != EOS)
+        out = torch.cat([out, nxt.masked_fill(~emit, PAD)[:, None]], dim=1)
+        done |= nxt == EOS
+        if bool(done.all()):
+            break
+        tokens = nxt.masked_fill(done, PAD)
+    return [out[i][out[i] != PAD].tolist() for i in range(rows)], ended.tolist()

@@ -8,6 +8,19 @@ batch, in an order drawn from the run's seed each epoch; captions are cut to ``m
 self-critical.pytorch's prepro_labels.py does); the vocabulary is the training captions' words seen at least
 ``min_count`` times (5, the SAS paper's), stored in every checkpoint.
 
+**Self-critical sequence training** (Rennie et al. 2017), an optional second stage: ``scst_from`` names a finished
+cross-entropy run whose weights (and vocabulary) the run starts from; every batch is ``batch_size`` training images,
+each with ``scst_samples`` captions drawn from the model and its greedy caption as the baseline, and the loss is
+
+    L = -(1 / (B·K)) Σ_b Σ_k (r(w^{b,k}) - r(ŵ^b)) Σ_t log p(w^{b,k}_t | w^{b,k}_<t, I_b)
+
+with r the CIDEr-D of a caption against the image's references, document frequencies from the training
+references (skiplab.interop.coco_eval.CiderD), ŵ the greedy caption; the sampled words' log-probabilities come
+from one teacher-forced pass over the samples. Sampling, the baseline and that pass use the model without dropout
+(BatchNorm with its running statistics), so the gradient is of the policy that sampled. The usual recipe: a
+constant learning rate of 5e-6 (``--schedule constant --lr 5e-6 --warmup 0``); validation keeps the cross-entropy.
+Cross-entropy training alone is the default.
+
 The data, by ``dataset``:
 
 - ``fashion-mnist-scenes``: scenes composed from Fashion-MNIST (:mod:`skiplab.data.scenes`; ``data_dir`` holds the
@@ -67,7 +80,12 @@ class CaptionTrainConfig(Seq2SeqRecipe):
         "help": "with --dataset '': a folder of precomputed features, <id>.npy or .npz (model input=features)"})
     min_count: int = field(default=5, metadata={"min": 1, "help": "words seen fewer times in training become <unk>"})
     max_caption_len: int = field(default=16, metadata={"min": 1, "help": "captions are cut to this many words"})
-    batch_size: int = field(default=50, metadata={"min": 1, "help": "(image, caption) pairs per batch"})
+    batch_size: int = field(default=50, metadata={
+        "min": 1, "help": "(image, caption) pairs per batch; with --scst-from, images per batch"})
+    scst_from: str = field(default="", metadata={
+        "help": "self-critical training from this cross-entropy caption run (its directory or a .pt file); "
+                "'' = cross-entropy training"})
+    scst_samples: int = field(default=5, metadata={"min": 1, "help": "self-critical: captions sampled per image"})
     lr: float = field(default=5e-4, metadata={"help": "peak learning rate, reached at the end of warm-up"})
     warmup: int = field(default=1000, metadata={"min": 0, "help": "linear warm-up steps"})
     save_every: int = field(default=500, metadata={"min": 1, "help": "validate and save a checkpoint every N updates"})
@@ -245,6 +263,74 @@ def pair_batches(split: Split, captions: list[list[list[int]]], batch_size: int,
     return [CaptionBatch(split, pairs[k:k + batch_size], captions) for k in range(0, len(pairs), batch_size)]
 
 
+class ImageBatch:
+    """``batch_size`` training images for self-critical training: their references and, on :meth:`to`, pixels."""
+
+    def __init__(self, split: Split, images: list[int], samples: int):
+        self.split, self.images, self.samples = split, images, samples
+        self.ntokens = len(images) * samples  # the loss is a sum over the samples: normalised per sample
+        self.src: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def to(self, device: torch.device | str) -> ImageBatch:
+        out = ImageBatch(self.split, self.images, self.samples)
+        out.src = stack_sources([self.split.load(i) for i in self.images]).to(device)
+        return out
+
+
+def image_batches(split: Split, batch_size: int, samples: int, shuffle: bool = False,
+                  generator: torch.Generator | None = None) -> list[ImageBatch]:
+    order = torch.randperm(len(split), generator=generator).tolist() if shuffle else list(range(len(split)))
+    return [ImageBatch(split, order[k:k + batch_size], samples) for k in range(0, len(order), batch_size)]
+
+
+class SelfCritical:
+    """The self-critical loss of a batch of images (module docstring): K sampled captions per image rewarded by
+    CIDEr-D against the image's references, less the greedy caption's."""
+
+    def __init__(self, vocab: Vocabulary, split: Split, samples: int, max_len: int, seed: int):
+        from ..interop.coco_eval import CiderD
+
+        self.vocab, self.samples, self.max_len = vocab, samples, max_len
+        self.references = [[" ".join(t) for t in caps] for caps in split.tokens]
+        self.cider = CiderD(self.references)
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def rewards(self, captions: list[list[int]], images: list[int], per_image: int) -> list[float]:
+        """CIDEr-D of each caption (ids) against its image's references; ``per_image`` captions an image."""
+        return [self.cider.sentence(self.vocab.decode(c), self.references[images[k // per_image]])
+                for k, c in enumerate(captions)]
+
+    def __call__(self, train_net: Any, model: Any, batch: ImageBatch) -> torch.Tensor:
+        from ..decoding import greedy_search, sample_search
+
+        was_training = model.training
+        model.eval()  # the policy that samples is the one whose log-probabilities are differentiated
+        try:
+            greedy = greedy_search(model, batch.src, 0, self.max_len)
+            sampled, ended = sample_search(model, batch.src, self.samples, self.max_len, self.generator)
+            baseline = self.rewards(greedy, batch.images, 1)
+            gain = torch.tensor([r - baseline[k // self.samples]
+                                 for k, r in enumerate(self.rewards(sampled, batch.images, self.samples))])
+            width = max(len(t) for t in sampled) + 1
+            tgt_in = torch.zeros(len(sampled), width, dtype=torch.long)
+            tgt_out = torch.zeros(len(sampled), width, dtype=torch.long)
+            for k, (t, eos) in enumerate(zip(sampled, ended)):
+                tgt_in[k, : len(t) + 1] = torch.tensor([Vocabulary.BOS, *t])
+                out = [*t, Vocabulary.EOS] if eos else t  # a caption cut at max_len has no EOS to score
+                tgt_out[k, : len(out)] = torch.tensor(out, dtype=torch.long)
+            device = batch.src.device
+            src = batch.src.repeat_interleave(self.samples, dim=0)
+            logits = train_net(src, tgt_in.to(device)).float()
+            logp = torch.log_softmax(logits, dim=-1).gather(2, tgt_out.to(device)[..., None]).squeeze(2)
+            logp = (logp * (tgt_out.to(device) != Vocabulary.PAD)).sum(1)
+            return -(gain.to(device) * logp).sum()
+        finally:
+            model.train(was_training)
+
+
 class CaptionSource:
     """The captioning task's :class:`~skiplab.train.mt.Seq2SeqData`: images (or features) and their captions."""
 
@@ -254,23 +340,42 @@ class CaptionSource:
         if not len(self.train) or not len(self.valid):
             raise ValueError(f"no captioned images in the {'training' if not len(self.train) else 'validation'} split")
         group.main_first(lambda: (self.train.check(), self.valid.check()))
+        if cfg.scst_from:  # read before anything is written: a bad run is one line
+            from .. import run_dir
+
+            self.start = run_dir.load_checkpoint(cfg.scst_from, kind="caption")
+            theirs, ours = self.start["config"]["model"], cfg.model
+            vocab = Vocabulary.from_bytes(self.start["tokenizer"])
+            if self.start["model_config"] != dataclasses.asdict(cfg.model_config(len(vocab))):
+                raise ValueError(f"--scst-from {cfg.scst_from} trained {theirs}, this run names {ours}: give the "
+                                 f"same model")
 
     def prepare(self, run: Run, group: distributed.Group, ckpt: dict[str, Any] | None) -> Seq2SeqData:
         cfg = self.cfg
+        start = self.start if cfg.scst_from else None
         vocab = (Vocabulary.from_bytes(ckpt["tokenizer"]) if ckpt else
+                 Vocabulary.from_bytes(start["tokenizer"]) if start else
                  Vocabulary.build((t for caps in self.train.tokens for t in caps), cfg.min_count))
         train_ids = encode_captions(vocab, self.train, cfg.max_caption_len)
         valid_ids = encode_captions(vocab, self.valid, cfg.max_caption_len)
         pairs = sum(len(c) for c in train_ids)
         first = pair_batches(self.train, train_ids, 1)[0].to("cpu")
+        info = {"train": self.train.name, "train_images": len(self.train), "train_pairs": pairs,
+                "valid": self.valid.name, "valid_images": len(self.valid), "vocab_size": len(vocab)}
+        said = (f"{self.train.name}: {pairs} (image, caption) pairs; vocabulary {len(vocab)} words "
+                f"(seen >= {cfg.min_count} times)")
+        valid = pair_batches(self.valid, valid_ids, cfg.batch_size)
+        if not cfg.scst_from:
+            return Seq2SeqData(self.train.name, len(vocab), vocab.to_bytes(),
+                               lambda shuffle, gen: pair_batches(self.train, train_ids, cfg.batch_size, shuffle, gen),
+                               valid, (first.src, first.tgt_in), info, said)
+        objective = SelfCritical(vocab, self.train, cfg.scst_samples, cfg.max_caption_len + 1, cfg.seed)
         return Seq2SeqData(
             self.train.name, len(vocab), vocab.to_bytes(),
-            lambda shuffle, gen: pair_batches(self.train, train_ids, cfg.batch_size, shuffle, gen),
-            pair_batches(self.valid, valid_ids, cfg.batch_size), (first.src, first.tgt_in),
-            {"train": self.train.name, "train_images": len(self.train), "train_pairs": pairs,
-             "valid": self.valid.name, "valid_images": len(self.valid), "vocab_size": len(vocab)},
-            f"{self.train.name}: {pairs} (image, caption) pairs; vocabulary {len(vocab)} words "
-            f"(seen >= {cfg.min_count} times)")
+            lambda shuffle, gen: image_batches(self.train, cfg.batch_size, cfg.scst_samples, shuffle, gen),
+            valid, (first.src, first.tgt_in), {**info, "scst_from": cfg.scst_from, "scst_from_step": start["step"]},
+            f"self-critical training from {cfg.scst_from} (step {start['step']}), {cfg.scst_samples} samples an "
+            f"image; {said}", objective=objective, init=None if ckpt else start["model"])
 
 
 def train(cfg: CaptionTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:

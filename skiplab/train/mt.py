@@ -45,7 +45,7 @@ from ..interop.loggers import parse_loggers
 from ..device import pick_device
 from .run import Run
 from .telemetry import grad_norm
-from .recipe_mt import SCHEDULES, inverse_sqrt_lr, label_smoothed_loss, peak_lr
+from .recipe_mt import SCHEDULES, label_smoothed_loss, peak_lr, schedule_lr
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,8 @@ class Seq2SeqRecipe:
     schedule: str = field(default="inverse_sqrt", metadata={
         "help": "learning-rate schedule: inverse_sqrt (linear warm-up to --lr, then ∝ step^-0.5) or vaswani "
                 "(Vaswani et al. 2017 Eq. 3: d_model^-0.5 · min(s^-0.5, s · warmup^-1.5), peak d_model^-0.5 · "
-                "warmup^-0.5 from the model and --warmup; --lr is not used)"})
+                "warmup^-0.5 from the model and --warmup; --lr is not used), or constant (linear warm-up to --lr, "
+                "then --lr)"})
     lr: float = field(default=5e-4, metadata={
         "help": "peak learning rate, reached at the end of warm-up (--schedule inverse_sqrt; not used by vaswani)"})
     warmup: int = field(default=4000, metadata={"min": 0, "help": "linear warm-up steps (8000 in the depth-wise LSTM paper)"})
@@ -182,6 +183,10 @@ class Seq2SeqData:
     example: tuple[Any, Any]  # (src, tgt_in) of one example: DDP's first call
     info: dict[str, Any]  # config.json's "data"
     said: str  # the first line of a fresh run
+    # another objective than the label-smoothed cross-entropy: (the net that trains, the model, a batch on the
+    # device) -> the batch's summed loss, normalised like it by the update's ``ntokens`` (self-critical training)
+    objective: Callable[[Any, Any, Any], torch.Tensor] | None = None
+    init: dict[str, torch.Tensor] | None = None  # the weights a fresh run starts from (None: the initialisation)
 
 
 class MTSource:
@@ -247,6 +252,8 @@ def train_seq2seq(cfg: Any, kind: str, source: Callable[[Any, distributed.Group]
     peak = peak_lr(cfg.schedule, cfg.lr, mcfg.d_model, cfg.warmup)  # both schedules: inverse_sqrt_lr's curve
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg).to(device)
+    if data.init is not None and not ckpt:
+        model.load_state_dict(data.init)
     if group.rank:
         torch.manual_seed(cfg.seed + group.rank)  # dropout differs per rank; rank 0 goes on with the seed's stream
     if cfg.sync_bn and group.active:
@@ -268,7 +275,8 @@ def train_seq2seq(cfg: Any, kind: str, source: Callable[[Any, distributed.Group]
     else:
         run.say(data.said)
         first = data.batches(False, None)[0].to(device)  # unshuffled: no draw
-        run.profile(model, lambda: model(first.src, first.tgt_in))
+        inputs = (first.src, first.tgt_in) if data.objective is None else tuple(t.to(device) for t in data.example)
+        run.profile(model, lambda: model(*inputs))
         run.write_config({"schedule": {"name": cfg.schedule, "peak_lr": peak, "warmup": cfg.warmup},
                           "data": data.info})
 
@@ -286,7 +294,7 @@ def train_seq2seq(cfg: Any, kind: str, source: Callable[[Any, distributed.Group]
         while batch_pos + span <= len(order) and step < total:
             update = order[batch_pos : batch_pos + span]
             began = time.perf_counter()
-            lr = inverse_sqrt_lr(step + 1, peak, cfg.warmup)
+            lr = schedule_lr(cfg.schedule, step + 1, peak, cfg.warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
             opt.zero_grad(set_to_none=True)
@@ -296,8 +304,12 @@ def train_seq2seq(cfg: Any, kind: str, source: Callable[[Any, distributed.Group]
                 last = i == cfg.update_freq - 1  # DDP averages the gradients over the ranks after the last only
                 with nullcontext() if last or not group.active else train_net.no_sync():
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-                        logits = train_net(b.src, b.tgt_in)
-                    loss, _ = label_smoothed_loss(logits, b.tgt_out, cfg.label_smoothing, Tokenizer.PAD)
+                        if data.objective is not None:
+                            loss = data.objective(train_net, model, b)
+                        else:
+                            logits = train_net(b.src, b.tgt_in)
+                    if data.objective is None:
+                        loss, _ = label_smoothed_loss(logits, b.tgt_out, cfg.label_smoothing, Tokenizer.PAD)
                     value = loss.item()
                     (every_rank,) = group.sum([value])  # non-finite if any rank's is: all stop together
                     if not math.isfinite(every_rank):

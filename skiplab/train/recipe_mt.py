@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-# the learning-rate schedules a run may name (MTTrainConfig.schedule); both are the curve of inverse_sqrt_lr
-SCHEDULES = ("inverse_sqrt", "vaswani")
+# the learning-rate schedules a run may name (MTTrainConfig.schedule): inverse_sqrt and vaswani are the curve of
+# inverse_sqrt_lr, constant holds the peak after the warm-up (self-critical training's fixed rate)
+SCHEDULES = ("inverse_sqrt", "vaswani", "constant")
 
 
 def inverse_sqrt_lr(step: int, peak: float, warmup: int) -> float:
@@ -36,11 +37,19 @@ def peak_lr(schedule: str, lr: float, d_model: int, warmup: int) -> float:
     Vaswani et al.'s Eq. 3, lr(s) = d_model^-0.5 · min(s^-0.5, s · warmup^-1.5), is :func:`inverse_sqrt_lr`'s
     curve with this peak, so both schedules run through that one function (the tests check it step by step).
     """
-    if schedule == "inverse_sqrt":
+    if schedule in ("inverse_sqrt", "constant"):
         return lr
     if schedule == "vaswani":
         return d_model**-0.5 * warmup**-0.5
     raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
+
+
+def schedule_lr(schedule: str, step: int, peak: float, warmup: int) -> float:
+    """The learning rate of update ``step`` (1, 2, ...): :func:`inverse_sqrt_lr`'s curve, or for ``constant`` a
+    linear warm-up to ``peak`` that then holds it: lr(s) = peak · min(1, s / warmup)."""
+    if schedule == "constant":
+        return peak * min(1.0, step / warmup) if warmup > 0 else peak
+    return inverse_sqrt_lr(step, peak, warmup)
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, eps: float, pad_id: int) -> tuple[Tensor, Tensor]:

@@ -201,3 +201,79 @@ def test_scenes_split_is_the_composed_set(scenes_dir):
     assert split.tokens[0][0] == split.raw[0][0].lower().replace(",", " ").split()  # commas its only punctuation
     again = load_split(cfg, "test")
     assert np.array_equal(split.load(3), again.load(3)) and split.raw == again.raw
+
+
+def test_self_critical_stage_starts_from_a_run_and_trains(scenes_dir, tmp_path, capsys):
+    xe = tmp_path / "xe"
+    assert main(scene_args(scenes_dir, xe)) == 0
+    scst = tmp_path / "scst"
+    args = scene_args(scenes_dir, scst, "--scst-from", str(xe), "--scst-samples", "3", "--schedule", "constant",
+                      "--lr", "5e-6", "--warmup", "0")
+    args[args.index("--batch-size") + 1] = "8"
+    assert main(args) == 0
+    stored = json.loads((scst / "config.json").read_text())
+    assert stored["data"]["scst_from"] == str(xe) and stored["data"]["scst_from_step"] == 4
+    assert [r["lr"] for r in map(json.loads, (scst / "metrics.jsonl").read_text().splitlines())] == [5e-6, 5e-6]
+    steps = [json.loads(x) for x in (scst / "steps.jsonl").read_text().splitlines()]
+    assert len(steps) == 4  # one line an update (8 images x 3 samples each)
+    start = torch.load(xe / "last.pt", weights_only=True)
+    assert torch.load(scst / "checkpoint_2.pt", weights_only=True)["tokenizer"] == start["tokenizer"]
+    bigger = scene_args(scenes_dir, tmp_path / "other", "--scst-from", str(xe))
+    bigger[bigger.index(TINY)] = TINY.replace("d_model=32", "d_model=48")
+    capsys.readouterr()
+    assert main(bigger) == 2 and "give the same model" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
+
+
+def test_self_critical_loss_is_the_rewarded_log_likelihood(scenes_dir, monkeypatch):
+    """With the samples and the greedy captions fixed, the loss is -Σ (r_k - r_greedy) log p(sample k), the
+    log-probabilities those of the model without dropout."""
+    import skiplab.decoding as decoding
+    from skiplab.text.captions import Vocabulary
+    from skiplab.train.caption import ImageBatch, SelfCritical
+
+    cfg = CaptionTrainConfig(max_steps=1, data_dir=str(scenes_dir), train_scenes=4, valid_scenes=2, test_scenes=2)
+    split = load_split(cfg, "train")
+    vocab = Vocabulary.build((t for caps in split.tokens for t in caps), 1)
+    torch.manual_seed(0)
+    model = build_model(model_config(TINY, vocab_size=len(vocab), dropout=0.3)).train()
+    sc = SelfCritical(vocab, split, 2, 5, seed=0)
+    ref = split.tokens[1][0]
+    samples = [vocab.encode(ref, bos_eos=False), [5, 6], vocab.encode(ref[:4], bos_eos=False)[:4], [7]]
+    monkeypatch.setattr(decoding, "greedy_search", lambda m, s, a, b: [[4], [5]])
+    monkeypatch.setattr(decoding, "sample_search", lambda m, s, n, L, g: (samples, [True, True, False, True]))
+    batch = ImageBatch(split, [0, 1], 2).to("cpu")
+    loss = sc(model, model, batch)
+    assert model.training  # put back
+    model.eval()
+    expected = 0.0
+    for k, (tokens, eos) in enumerate(zip(samples, [True, True, False, True])):
+        image = k // 2
+        gain = sc.cider.sentence(vocab.decode(tokens), sc.references[image]) - sc.cider.sentence(
+            vocab.decode([[4], [5]][image]), sc.references[image])
+        tgt = [*tokens, Vocabulary.EOS] if eos else tokens
+        logits = model(batch.src[image:image + 1], torch.tensor([[Vocabulary.BOS, *tokens]]))[0].float()
+        logp = torch.log_softmax(logits, -1)[torch.arange(len(tgt)), torch.tensor(tgt)].sum()
+        expected = expected - gain * logp
+    torch.testing.assert_close(loss, expected, atol=1e-4, rtol=1e-4)
+    assert sc.cider.sentence(vocab.decode(samples[2]), sc.references[1]) > 0  # a reference's words earn reward
+
+
+def test_sampling_draws_from_the_model(scenes_dir):
+    """One step sampled 4,000 times: each word's frequency is its probability under the model (4 sigma)."""
+    from skiplab.decoding import sample_search
+
+    torch.manual_seed(1)
+    model = build_model(model_config(TINY, vocab_size=8)).eval()
+    image = torch.randint(0, 256, (1, 1, 64, 64), dtype=torch.uint8)
+    tokens, ended = sample_search(model, image, n=4000, max_len=1, generator=torch.Generator().manual_seed(0))
+    state = model.start(model.encode(image))
+    probs = model.step(torch.tensor([2]), state).exp()[0]
+    probs[[0, 2]] = 0
+    probs = probs / probs.sum()
+    first = [t[0] if t else 3 for t in tokens]  # an empty output ended at once: EOS (3)
+    for word in range(8):
+        freq = sum(f == word for f in first) / 4000
+        p = float(probs[word])
+        assert abs(freq - p) <= 4 * (p * (1 - p) / 4000) ** 0.5 + 1e-9, (word, freq, p)
+    assert sum(ended) == sum(f == 3 for f in first)
