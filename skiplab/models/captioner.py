@@ -7,8 +7,8 @@
 
 Two inputs, as captioning code bases take them:
 
-- ``input=pixels``: a PreAct-ResNet trunk (He et al. 2016; :class:`~skiplab.models.preact_resnet.PreActBlock`,
-  identity skips) reads the image: a 3x3 stem of stride 2, three stages of ``trunk_blocks`` blocks of widths w,
+- ``input=pixels``: a PreAct-ResNet trunk (He et al. 2016: pre-activation blocks with identity skips,
+  :class:`TrunkBlock`) reads the image: a 3x3 stem of stride 2, three stages of ``trunk_blocks`` blocks of widths w,
   2w, 4w (strides 1, 2, 2), then BN and ReLU; its (H/8) x (W/8) grid, flattened row by row, is the sequence the
   encoder reads, each cell projected to d and given the sinusoidal position of its index (row-major). A 64 x 64
   scene gives an 8 x 8 grid, 64 positions. Pixels may be uint8 (scaled to [-1, 1]) or float (used as given).
@@ -33,7 +33,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .preact_resnet import PreActBlock
 from .seq2seq import Memory
 from .transformer import Transformer, TransformerConfig
 
@@ -69,6 +68,24 @@ class CaptionerConfig(TransformerConfig):
         return (self.image_size // 8) ** 2
 
 
+class TrunkBlock(nn.Module):
+    """He et al.'s pre-activation block with a plain identity skip, y = x + F(x) (a 1x1 projection of ReLU(BN(x))
+    where the shape changes): the image trunk's, not a connection under study, so the analyses and tables that
+    list a model's connections see only the Transformer's."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.bn1, self.bn2 = nn.BatchNorm2d(c_in), nn.BatchNorm2d(c_out)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, padding=1, bias=False)
+        self.shortcut = nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False) if stride != 1 or c_in != c_out else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        a = F.relu(self.bn1(x))
+        skip = x if self.shortcut is None else self.shortcut(a)
+        return skip + self.conv2(F.relu(self.bn2(self.conv1(a))))
+
+
 class Trunk(nn.Module):
     """Pixels (B, C, H, W) -> grid features (B, H/8 · W/8, 4w): stem of stride 2, stages of stride 1, 2, 2."""
 
@@ -79,7 +96,7 @@ class Trunk(nn.Module):
         blocks, c_in = [], w
         for c_out, stride in ((w, 1), (2 * w, 2), (4 * w, 2)):
             for b in range(cfg.trunk_blocks):
-                blocks.append(PreActBlock(c_in, c_out, stride if b == 0 else 1, "1xSkip"))
+                blocks.append(TrunkBlock(c_in, c_out, stride if b == 0 else 1))
                 c_in = c_out
         self.blocks = nn.Sequential(*blocks)
         self.bn = nn.BatchNorm2d(c_in)

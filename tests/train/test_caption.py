@@ -61,6 +61,10 @@ def test_train_decode_and_score_on_fashion_mnist_scenes(scenes_dir, tmp_path, ca
     ex = next(trained.examples("valid", 3, batch=15))
     assert ex.inputs[0].shape == (15, 1, 64, 64) and ex.masks["encoder"].shape == (15, 64)
     assert trained.losses(ex, trained.model(*ex.inputs)).shape == (15,)
+    for analysis in ("gradients", "gates", "norms"):  # the encoder-decoder analyses take a captioning run
+        assert main(["analyze", analysis, str(out), "--examples", "8"]) == 0, analysis
+    gates = json.loads((out / "analysis" / "gates.json").read_text())
+    assert {r["block"] for r in gates["connections"]} == {"decoder.0"}  # SAS on the decoder only; the trunk has none
 
 
 def test_beam_one_is_greedy_and_the_cache_equals_recomputation(scenes_dir):
@@ -268,7 +272,8 @@ def test_sampling_draws_from_the_model(scenes_dir):
     image = torch.randint(0, 256, (1, 1, 64, 64), dtype=torch.uint8)
     tokens, ended = sample_search(model, image, n=4000, max_len=1, generator=torch.Generator().manual_seed(0))
     state = model.start(model.encode(image))
-    probs = model.step(torch.tensor([2]), state).exp()[0]
+    with torch.no_grad():
+        probs = model.step(torch.tensor([2]), state).exp()[0]
     probs[[0, 2]] = 0
     probs = probs / probs.sum()
     first = [t[0] if t else 3 for t in tokens]  # an empty output ended at once: EOS (3)
