@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
 from tqdm import tqdm
 
 from .. import run_dir
-from ..analysis.trained import Examples, Trained
+from ..analysis.trained import Examples
 from ..config import count
 from ..connections import connection
 from ..decoding import beam_search
@@ -31,6 +29,7 @@ from ..models import caption_families, model_from_checkpoint, with_options
 from ..text.captions import Vocabulary
 from ..train import caption
 from .base import Task
+from .mt import MTTrained
 
 PAD = Vocabulary.PAD
 BEAM = 3  # compare's and score's beam (self-critical.pytorch's and the M² Transformer's evaluation beam)
@@ -45,19 +44,13 @@ COCO_FILES = ("Karpathy's split file dataset_coco.json and the bottom-up-attenti
               "scripts/make_bu_data.py writes them")
 
 
-class CaptionTrained(Trained):
+class CaptionTrained(MTTrained):
+    """A captioning run as the analyses read it: a translation run's blocks, losses and units (caption words),
+    with images for sources."""
+
     kind = "caption"
     splits = caption.SPLITS
-    stacks = {"encoder": "encoder.layers", "decoder": "decoder.layers"}
     metric, metric_title, higher_is_better = "cider", "CIDEr", True
-
-    def losses(self, ex: Examples, output: Tensor) -> Tensor:
-        nll = F.cross_entropy(output.float().transpose(1, 2), ex.target, ignore_index=PAD, reduction="none")
-        return nll.sum(1)
-
-    def units(self, ex: Examples) -> Tensor:
-        """Real target words: training normalises per word."""
-        return (ex.target != PAD).sum()
 
     def examples(self, split: str, count: int, seed: int = 0, batch: int = 50, max_tokens: int = 0,
                  data_dir: str = "", shuffle: bool = False) -> Iterator[Examples]:

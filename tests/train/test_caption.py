@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from skiplab import run_dir
 from skiplab.cli import main
 from skiplab.decoding import beam_search, greedy_search
 from skiplab.decoding.search import max_lengths
