@@ -364,3 +364,18 @@ def test_the_table_names_the_machines_its_runs_trained_on(smoke, tmp_path):
     md = report.markdown({**made, "run_machines": seen})
     assert ("Runs trained on: NVIDIA H100 80GB HBM3 (2 runs, code abc1234); AMD EPYC (AVX512) (1 runs, code "
             "def5678). Table made on " + here) in md
+
+
+def test_caption_cells_name_the_coco_files_they_need(tmp_path):
+    """001-table5 at paper scale: without DATA_ROOT/coco each cell says which files it needs; with them the runs
+    read the files inside that folder. SPICE and GLIED stay paper only; every other cell is one metric of a run."""
+    t, sc = table("001-table5"), scale("paper")
+    cell = t.cell("+ Proposal", "CIDEr")
+    missing = resolve(t, cell, sc, str(tmp_path))
+    assert missing.config is None and "dataset_coco.json" in missing.why and "cocobu_att" in missing.why
+    (tmp_path / "coco" / "cocobu_att").mkdir(parents=True)
+    (tmp_path / "coco" / "dataset_coco.json").write_text('{"images": []}')
+    found = resolve(t, cell, sc, str(tmp_path))
+    assert found.config.data_dir == str(tmp_path / "coco") and "connection=SAS" in found.config.model
+    assert cell.run.metric == "CIDEr" and t.cell("Baseline", "SPICE").run is None
+    assert "holding coco/: 21/32 cells" in reproduce_mod.listing()
