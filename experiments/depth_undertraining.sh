@@ -8,7 +8,8 @@
 # Every run lives in OUT/runs (finished runs kept, runs cut short resumed), so it can be run over several sittings.
 # Usage: experiments/depth_undertraining.sh [OUT]   (default runs/depth-long)
 #   RECORDED=docs/results/depth puts the depth study's recorded runs back first (its lr-1e-3 runs are not trained
-#   again); afterwards: experiments/collect_runs.sh OUT docs/results/depth-long (and OUT/long, OUT/lr, OUT/warmup)
+#   again); afterwards: experiments/collect_new_runs.sh OUT/runs docs/results/depth-long/runs docs/results/depth/runs
+#   and experiments/collect_runs.sh OUT/long docs/results/depth-long/long (OUT/lr, OUT/warmup likewise)
 set -euo pipefail
 out=${1:-runs/depth-long}
 data=${DATA:-../shared/data/pydocs}
