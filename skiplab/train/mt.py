@@ -7,7 +7,10 @@ records the resolved peak), label-smoothed cross-entropy (ε = 0.1), batches of 
 tokens with ``update_freq`` accumulation, optional gradient clipping; training by steps or epochs;
 a checkpoint every ``save_every`` steps (the last ``keep_checkpoints`` kept, for averaging). A joint
 sentencepiece model is trained on the training side and stored in every checkpoint, so a checkpoint
-translates raw text on its own. The loop below is the whole of training.
+translates raw text on its own. The loop below is the whole of training, for translation and for captioning
+(skiplab.train.caption): :func:`train_seq2seq` takes a task's data as :class:`Seq2SeqData` (batches of a
+source, images for captions, and target ids) and, where a task has one, another objective (self-critical
+training).
 
 Under torchrun (see ``skiplab.distributed``) the token batches are dealt to the N ranks: an update takes
 the N · update_freq consecutive batches that one process with ``--update-freq N·update_freq`` would take,
