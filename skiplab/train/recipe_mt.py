@@ -33,6 +33,7 @@ def peak_lr(schedule: str, lr: float, d_model: int, warmup: int) -> float:
 
         inverse_sqrt   lr                                  (fairseq's form: the peak is given)
         vaswani        d_model^-0.5 · warmup^-0.5          (Eq. 3 of Vaswani et al. at s = warmup; ``lr`` unused)
+        constant       lr                                  (held after the warm-up: :func:`schedule_lr`)
 
     Vaswani et al.'s Eq. 3, lr(s) = d_model^-0.5 · min(s^-0.5, s · warmup^-1.5), is :func:`inverse_sqrt_lr`'s
     curve with this peak, so both schedules run through that one function (the tests check it step by step).

@@ -281,3 +281,13 @@ def test_sampling_draws_from_the_model(scenes_dir):
         p = float(probs[word])
         assert abs(freq - p) <= 4 * (p * (1 - p) / 4000) ** 0.5 + 1e-9, (word, freq, p)
     assert sum(ended) == sum(f == 3 for f in first)
+
+
+def test_the_constant_schedule_warms_up_then_holds():
+    from skiplab.train.recipe_mt import peak_lr, schedule_lr
+
+    assert peak_lr("constant", 5e-6, 512, 10) == 5e-6
+    assert [schedule_lr("constant", s, 1e-3, 4) for s in (1, 2, 4, 5, 100)] == pytest.approx(
+        [2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
+    assert schedule_lr("constant", 1, 1e-3, 0) == 1e-3
+    assert schedule_lr("inverse_sqrt", 16, 1e-3, 4) == pytest.approx(1e-3 * (4 / 16) ** 0.5)
