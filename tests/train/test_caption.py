@@ -291,3 +291,15 @@ def test_the_constant_schedule_warms_up_then_holds():
         [2.5e-4, 5e-4, 1e-3, 1e-3, 1e-3])
     assert schedule_lr("constant", 1, 1e-3, 0) == 1e-3
     assert schedule_lr("inverse_sqrt", 16, 1e-3, 4) == pytest.approx(1e-3 * (4 / 16) ** 0.5)
+
+
+@pytest.mark.parametrize("command", [["compare", "caption", "--connections", "PostLN,SAS"], ["demo", "caption"]])
+def test_compare_caption_ranks_designs_by_cider(scenes_dir, tmp_path, capsys, command):
+    out = tmp_path / "cmp"
+    args = scene_args(scenes_dir, out)[2:]  # the options without "train caption"
+    args[args.index("--max-steps") + 1] = "2"
+    assert main([*command, *args, "--seeds", "1"]) == 0
+    table = (out / "table.md").read_text()
+    assert "CIDEr" in table and "PostLN" in table and "SAS" in table
+    summaries = [json.loads(p.read_text()) for p in out.glob("*/seed1/summary.json")]
+    assert len(summaries) == 2 and all(isinstance(s["test_cider"], float) for s in summaries)
