@@ -185,6 +185,11 @@ def load_image_dataset(name: str, data_dir: str | os.PathLike | None = None, dow
     return ImageData(info.name, train_x, train_y, test_x, test_y, info.num_classes, mean, std, info.flip)
 
 
+def dataset_dirs(name: str) -> list[Path]:
+    """Where the image task looks for dataset ``name`` when no folder is given, in order."""
+    return default_dirs(_info(name))
+
+
 def default_dirs(info: DatasetInfo) -> list[Path]:
     """Where ``info`` is looked for when no ``data_dir`` is given, in order (see the module docstring)."""
     env = os.environ.get("SKIPLAB_DATA")

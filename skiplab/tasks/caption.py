@@ -21,15 +21,15 @@ from tqdm import tqdm
 
 from .. import run_dir
 from ..analysis.trained import Examples
-from ..config import count
 from ..connections import connection
 from ..decoding import beam_search
 from ..device import pick_device
+from ..interop import coco_eval
 from ..models import caption_families, model_from_checkpoint, with_options
 from ..text.captions import Vocabulary
 from ..train import caption
 from .base import Task
-from .mt import MTTrained
+from .mt import MTTrained, add_decoding_arguments
 
 PAD = Vocabulary.PAD
 BEAM = 3  # compare's and score's beam (self-critical.pytorch's and the M² Transformer's evaluation beam)
@@ -109,8 +109,6 @@ def describe_split(model: Any, vocab: Vocabulary, config: dict[str, Any], split:
         hyps = beam_search(model, src, beam=beam, max_len_a=0, max_len_b=limit)
         for i, h in zip(index, hyps):
             captions[data.ids[i]] = vocab.decode(h[0].tokens)
-    from ..interop import coco_eval
-
     refs = {data.ids[i]: data.raw[i] for i in range(len(data))}
     scores = coco_eval.score(refs, captions, metrics=("BLEU", "METEOR", "ROUGE_L", "CIDEr"))
     scaled = {k: (v * 100 if isinstance(v, float) else v) for k, v in scores.items() if k not in ("per_image",)}
@@ -199,13 +197,9 @@ class CaptionTask(Task):
                 **({"why": value} if isinstance(value, str) else {})}
 
     def add_eval_arguments(self, p: argparse.ArgumentParser) -> None:
-        p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
-        p.add_argument("--average", type=count(0), default=0,
-                       help="average the run's last N step checkpoints (default: 0, off)")
-        p.add_argument("--beam", type=count(1), default=BEAM, help=f"beam size; 1 is greedy search (default: {BEAM})")
+        add_decoding_arguments(p, beam=BEAM, alpha=False)
         p.add_argument("--split", default="test", choices=("valid", "test"), help="which split (default: test)")
         p.add_argument("--data-dir", default="", help="where the data are, if not where the run found them")
-        p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
 
     def evaluate(self, args: argparse.Namespace) -> dict[str, Any]:
         """BLEU-1..4, METEOR, ROUGE-L and CIDEr of a captioning run on a split; the captions written beside it."""

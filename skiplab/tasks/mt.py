@@ -71,13 +71,16 @@ class MTTrained(Trained):
         return scores["bleu"], len(hyps), {"bleu_tok": scores["bleu_tok"]}
 
 
-def add_decoding_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of every command that translates with a trained run."""
+def add_decoding_arguments(p: argparse.ArgumentParser, beam: int = 4, alpha: bool = True) -> None:
+    """The options of every command that decodes with a trained encoder-decoder run (translation, captioning):
+    ``beam`` the default beam, ``alpha`` whether the GNMT length penalty is an option."""
     p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
     p.add_argument("--average", type=count(0), default=0,
                    help="average the run's last N step checkpoints (default: 0, off)")
-    p.add_argument("--beam", type=count(1), default=4, help="beam size; 1 is greedy search (default: 4)")
-    p.add_argument("--alpha", type=float, default=0.6, help="GNMT length penalty ((5+|y|)/6)^alpha (default: 0.6)")
+    p.add_argument("--beam", type=count(1), default=beam, help=f"beam size; 1 is greedy search (default: {beam})")
+    if alpha:
+        p.add_argument("--alpha", type=float, default=0.6,
+                       help="GNMT length penalty ((5+|y|)/6)^alpha (default: 0.6)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
 
 

@@ -37,6 +37,7 @@ The data, by ``dataset``:
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import distributed
+from .. import decoding, distributed, run_dir
+from ..data import idx
+from ..data.images import dataset_dirs
+from ..data.scenes import DATASET, fashion_scenes
+from ..interop.coco_eval import CiderD
 from ..models import CaptionerConfig, caption_families, family_of, model_config
 from ..text.captions import CaptionedImage, FeatureFolder, ImageFolder, Vocabulary, read_coco_captions, \
     read_karpathy, tokenize
@@ -148,8 +153,6 @@ def load_split(cfg: CaptionTrainConfig | dict[str, Any], split: str) -> Split:
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
     if c["dataset"] == "fashion-mnist-scenes":
-        from ..data.scenes import DATASET, fashion_scenes
-
         n = c[f"{split}_scenes"]
         scenes = fashion_scenes(fashion_dir(c["data_dir"]), "val" if split == "valid" else split, n, c["scene_seed"])
         pixels = scenes.pixels
@@ -184,8 +187,7 @@ def data_path(c: dict[str, Any], key: str) -> str:
 def _records(c: dict[str, Any], split: str) -> list[CaptionedImage]:
     """A split's records from Karpathy's file (its splits) or the COCO captions file named for the split."""
     path = Path(data_path(c, "captions"))
-    head = path.read_bytes()[:4096] if path.is_file() else b""
-    if b'"annotations"' in head or (not head.strip().startswith(b"{") and path.is_file()):
+    if _is_coco(path):
         files = {"train": "captions", "valid": "valid_captions", "test": "test_captions"}
         if not c[files[split]]:
             raise ValueError(f"{path} is a COCO captions file: give --{split}-captions for the {split} split")
@@ -193,13 +195,20 @@ def _records(c: dict[str, Any], split: str) -> list[CaptionedImage]:
     return read_karpathy(path, "val" if split == "valid" else split)
 
 
+def _is_coco(path: Path) -> bool:
+    """Whether ``path`` holds a COCO captions file (a top-level "annotations") rather than Karpathy's; a file that
+    is missing or not JSON is left to the Karpathy reader, whose error names it."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and "annotations" in data
+
+
 def fashion_dir(data_dir: str) -> Path:
     """The folder of the Fashion-MNIST IDX files: ``data_dir``, else the first of the image task's places that has
     them; a one-line error saying how to install them where none has."""
-    from ..data import idx
-    from ..data.images import _info, default_dirs
-
-    candidates = [Path(data_dir)] if data_dir else default_dirs(_info("fashion-mnist"))
+    candidates = [Path(data_dir)] if data_dir else dataset_dirs("fashion-mnist")
     for root in candidates:
         if all(idx.find_idx_file(root, n) is not None for n in idx.IDX_FILES["train"]):
             return root
@@ -208,18 +217,24 @@ def fashion_dir(data_dir: str) -> Path:
                             f"or give --data-dir")
 
 
+def teacher_forcing(sequences: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The decoder's inputs and targets of id sequences that start with BOS, right-padded with PAD: sequence
+    [BOS, w1, ..., wn(, EOS)] gives the input [BOS, w1, ..., wn-1(, wn)] and the target [w1, ..., wn(, EOS)]."""
+    width = max(len(t) for t in sequences) - 1
+    tgt_in = torch.full((len(sequences), width), Vocabulary.PAD, dtype=torch.long)
+    tgt_out = torch.full((len(sequences), width), Vocabulary.PAD, dtype=torch.long)
+    for k, t in enumerate(sequences):
+        tgt_in[k, : len(t) - 1] = torch.tensor(t[:-1], dtype=torch.long)
+        tgt_out[k, : len(t) - 1] = torch.tensor(t[1:], dtype=torch.long)
+    return tgt_in, tgt_out
+
+
 class CaptionBatch:
     """``batch_size`` (image, caption) pairs: images stacked on :meth:`to`, captions as id tensors."""
 
     def __init__(self, split: Split, pairs: list[tuple[int, int]], captions: list[list[list[int]]]):
         self.split, self.pairs = split, pairs
-        ids = [captions[i][j] for i, j in pairs]  # each BOS + words + EOS
-        width = max(len(t) for t in ids) - 1
-        self.tgt_in = torch.zeros(len(ids), width, dtype=torch.long)
-        self.tgt_out = torch.zeros(len(ids), width, dtype=torch.long)
-        for k, t in enumerate(ids):
-            self.tgt_in[k, : len(t) - 1] = torch.tensor(t[:-1])
-            self.tgt_out[k, : len(t) - 1] = torch.tensor(t[1:])
+        self.tgt_in, self.tgt_out = teacher_forcing([captions[i][j] for i, j in pairs])  # each BOS + words + EOS
         self.ntokens = int((self.tgt_out != Vocabulary.PAD).sum())
         self.src: torch.Tensor | None = None
 
@@ -291,8 +306,6 @@ class SelfCritical:
     CIDEr-D against the image's references, less the greedy caption's."""
 
     def __init__(self, vocab: Vocabulary, split: Split, samples: int, max_len: int, seed: int):
-        from ..interop.coco_eval import CiderD
-
         self.vocab, self.samples, self.max_len = vocab, samples, max_len
         self.references = [[" ".join(t) for t in caps] for caps in split.tokens]
         self.cider = CiderD(self.references)
@@ -304,23 +317,17 @@ class SelfCritical:
                 for k, c in enumerate(captions)]
 
     def __call__(self, train_net: Any, model: Any, batch: ImageBatch) -> torch.Tensor:
-        from ..decoding import greedy_search, sample_search
-
         was_training = model.training
         model.eval()  # the policy that samples is the one whose log-probabilities are differentiated
         try:
-            greedy = greedy_search(model, batch.src, 0, self.max_len)
-            sampled, ended = sample_search(model, batch.src, self.samples, self.max_len, self.generator)
+            greedy = decoding.greedy_search(model, batch.src, 0, self.max_len)
+            sampled, ended = decoding.sample_search(model, batch.src, self.samples, self.max_len, self.generator)
             baseline = self.rewards(greedy, batch.images, 1)
             gain = torch.tensor([r - baseline[k // self.samples]
                                  for k, r in enumerate(self.rewards(sampled, batch.images, self.samples))])
-            width = max(len(t) for t in sampled) + 1
-            tgt_in = torch.zeros(len(sampled), width, dtype=torch.long)
-            tgt_out = torch.zeros(len(sampled), width, dtype=torch.long)
-            for k, (t, eos) in enumerate(zip(sampled, ended)):
-                tgt_in[k, : len(t) + 1] = torch.tensor([Vocabulary.BOS, *t])
-                out = [*t, Vocabulary.EOS] if eos else t  # a caption cut at max_len has no EOS to score
-                tgt_out[k, : len(out)] = torch.tensor(out, dtype=torch.long)
+            # a caption cut at max_len has no EOS to score
+            tgt_in, tgt_out = teacher_forcing([[Vocabulary.BOS, *t, *([Vocabulary.EOS] if eos else [])]
+                                               for t, eos in zip(sampled, ended)])
             device = batch.src.device
             src = batch.src.repeat_interleave(self.samples, dim=0)
             logits = train_net(src, tgt_in.to(device)).float()
@@ -341,8 +348,6 @@ class CaptionSource:
             raise ValueError(f"no captioned images in the {'training' if not len(self.train) else 'validation'} split")
         group.main_first(lambda: (self.train.check(), self.valid.check()))
         if cfg.scst_from:  # read before anything is written: a bad run is one line
-            from .. import run_dir
-
             self.start = run_dir.load_checkpoint(cfg.scst_from, kind="caption")
             theirs, ours = self.start["config"]["model"], cfg.model
             vocab = Vocabulary.from_bytes(self.start["tokenizer"])

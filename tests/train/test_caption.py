@@ -303,3 +303,21 @@ def test_compare_caption_ranks_designs_by_cider(scenes_dir, tmp_path, capsys, co
     assert "CIDEr" in table and "PostLN" in table and "SAS" in table
     summaries = [json.loads(p.read_text()) for p in out.glob("*/seed1/summary.json")]
     assert len(summaries) == 2 and all(isinstance(s["test_cider"], float) for s in summaries)
+
+
+def test_a_coco_file_is_told_from_karpathys_by_its_keys_not_its_first_bytes(tmp_path):
+    """captions_train2014.json lists its images first; its "annotations" key comes megabytes in."""
+    coco = write_coco(tmp_path / "coco")
+    data = json.loads(coco["train"].read_text())
+    coco["train"].write_text(json.dumps({"info": {"description": "x" * 10_000}, **data}))
+    cfg = CaptionTrainConfig(max_steps=1, dataset="", captions=str(coco["train"]), valid_captions=str(coco["val"]),
+                             image_dir=str(coco["images"]),
+                             model="captioner-small(channels=3,image_size=32)")
+    assert load_split(cfg, "train").ids == list(range(1, 7)) and load_split(cfg, "valid").ids == [100, 101]
+
+
+def test_teacher_forcing_pads_and_shifts():
+    from skiplab.train.caption import teacher_forcing
+
+    tgt_in, tgt_out = teacher_forcing([[2, 7, 8, 3], [2, 9]])  # one ended by EOS, one cut without it
+    assert tgt_in.tolist() == [[2, 7, 8], [2, 0, 0]] and tgt_out.tolist() == [[7, 8, 3], [9, 0, 0]]
