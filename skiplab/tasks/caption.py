@@ -16,11 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
 from .. import run_dir
+from ..analysis.captions import draw_captions
 from ..analysis.trained import Examples
+from ..config import count
 from ..connections import connection
 from ..decoding import beam_search
 from ..device import pick_device
@@ -116,17 +119,48 @@ def describe_split(model: Any, vocab: Vocabulary, config: dict[str, Any], split:
 
 
 def evaluate_run(path: str | Path, split: str = "test", average: int = 0, beam: int = BEAM, data_dir: str = "",
-                 device: str = "auto", progress: bool = True) -> dict[str, Any]:
+                 device: str = "auto", progress: bool = True, figure: str | Path = "", figure_images: int = 6,
+                 compare: tuple[str, ...] = ()) -> dict[str, Any]:
     """A run's captions of ``split`` and their scores; the captions are written beside the run as
-    ``<split>.beam<k>[.avg<n>].captions.json`` ({image id: caption})."""
+    ``<split>.beam<k>[.avg<n>].captions.json`` ({image id: caption}). With ``figure``, also a figure of the split's
+    first ``figure_images`` images with a reference, this run's caption and those of the runs ``compare`` (decoded
+    the same way), checked before anything is decoded."""
     model, vocab, ckpt = load_model(path, average, device)
     config = {**ckpt["config"], **({"data_dir": data_dir} if data_dir else {})}
+    others = [load_model(other, average, device) for other in compare]
+    data = caption.load_split(config, split) if figure else None
+    if data is not None:
+        if not len(data) or data.load(0).dtype != np.uint8:
+            raise ValueError(f"{path}: a caption figure needs images; this run reads region features")
     result = describe_split(model, vocab, config, split, beam, progress=progress)
     run = Path(path) if Path(path).is_dir() else Path(path).parent
     out = run / f"{split}.beam{beam}{f'.avg{average}' if average > 1 else ''}.captions.json"
-    run_dir.write_json(out, {str(k): v for k, v in result.pop("captions").items()})
-    return {"model": ckpt["config"]["model"], "step": ckpt["step"], "averaged": ckpt.get("averaged"), **result,
-            "captions": str(out)}
+    captions = result.pop("captions")
+    run_dir.write_json(out, {str(k): v for k, v in captions.items()})
+    report = {"model": ckpt["config"]["model"], "step": ckpt["step"], "averaged": ckpt.get("averaged"), **result,
+              "captions": str(out)}
+    if data is not None:
+        shown = list(range(min(figure_images, len(data))))
+        src = caption.stack_sources([data.load(i) for i in shown])
+        paths, models = [str(path), *compare], [(model, vocab), *[(m, v) for m, v, _ in others]]
+        labels = [run_label(m) for m, _ in models]
+        if len(set(labels)) < len(labels):  # seeds or runs of one design: name the runs too
+            labels = [f"{label} ({p})" for label, p in zip(labels, paths)]
+        rows = {labels[0]: [captions[data.ids[i]] for i in shown]}
+        for label, (m, v) in zip(labels[1:], models[1:]):
+            hyps = beam_search(m, src.to(next(m.parameters()).device), beam=beam, max_len_a=0,
+                               max_len_b=config["max_caption_len"] + 1)
+            rows[label] = [v.decode(h[0].tokens) for h in hyps]
+        how = f"beam {beam}" + (f", the last {average} checkpoints averaged" if average > 1 else "")
+        report["figure"] = str(draw_captions([data.load(i) for i in shown], [data.raw[i][0] for i in shown], rows,
+                                             figure, f"{data.name}: the first {len(shown)} images, {how}"))
+    return report
+
+
+def run_label(model: Any) -> str:
+    """A captioner's connection, as a legend names it: one spec, or the encoder's and the decoder's."""
+    enc, dec = model.cfg.stack_connection("encoder"), model.cfg.stack_connection("decoder")
+    return enc if enc == dec else f"{enc} / {dec}"
 
 
 class CaptionTask(Task):
@@ -200,7 +234,21 @@ class CaptionTask(Task):
         add_decoding_arguments(p, beam=BEAM, alpha=False)
         p.add_argument("--split", default="test", choices=("valid", "test"), help="which split (default: test)")
         p.add_argument("--data-dir", default="", help="where the data are, if not where the run found them")
+        p.add_argument("--figure", default="", metavar="FILE",
+                       help="also draw the split's first images with a reference and the captions (default: none)")
+        p.add_argument("--figure-images", type=count(1), default=6, help="images in --figure (default: 6)")
+        p.add_argument("--compare", nargs="+", default=[], metavar="RUN",
+                       help="more runs whose captions go beside this run's in --figure")
+        p.add_argument("--overwrite", action="store_true", help="replace --figure if it exists")
 
     def evaluate(self, args: argparse.Namespace) -> dict[str, Any]:
         """BLEU-1..4, METEOR, ROUGE-L and CIDEr of a captioning run on a split; the captions written beside it."""
-        return evaluate_run(args.checkpoint, args.split, args.average, args.beam, args.data_dir, args.device)
+        if args.compare and not args.figure:
+            raise ValueError("--compare puts other runs' captions in --figure; give --figure FILE")
+        runs = [str(Path(r).resolve()) for r in [args.checkpoint, *args.compare]]
+        if len(set(runs)) < len(runs):
+            raise ValueError("a run is named more than once in --checkpoint and --compare")
+        if args.figure and Path(args.figure).exists() and not args.overwrite:
+            raise run_dir.RunDirError(f"{args.figure} exists; use --overwrite to replace it")
+        return evaluate_run(args.checkpoint, args.split, args.average, args.beam, args.data_dir, args.device,
+                            figure=args.figure, figure_images=args.figure_images, compare=tuple(args.compare))

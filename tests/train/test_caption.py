@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +65,48 @@ def test_train_decode_and_score_on_fashion_mnist_scenes(scenes_dir, tmp_path, ca
         assert main(["analyze", analysis, str(out), "--examples", "8"]) == 0, analysis
     gates = json.loads((out / "analysis" / "gates.json").read_text())
     assert {r["block"] for r in gates["connections"]} == {"decoder.0"}  # SAS on the decoder only; the trunk has none
+
+
+def test_a_figure_shows_images_with_each_runs_caption(scenes_dir, tmp_path, capsys, monkeypatch):
+    import skiplab.tasks.caption as task_module
+
+    runs = {c: tmp_path / c for c in ("PostLN", "SAS")}
+    for c, out in runs.items():
+        assert main(scene_args(scenes_dir, out, "--connection", c)) == 0
+    drawn = {}
+    real = task_module.draw_captions
+    monkeypatch.setattr(task_module, "draw_captions", lambda *a, **k: drawn.update(args=a) or real(*a, **k))
+    figure = tmp_path / "fig" / "captions.png"
+    capsys.readouterr()
+    assert main(["eval", "caption", "--checkpoint", str(runs["PostLN"]), "--beam", "1", "--figure", str(figure),
+                 "--figure-images", "4", "--compare", str(runs["SAS"])]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["figure"] == str(figure) and figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    images, references, rows = drawn["args"][:3]
+    assert len(images) == 4 and images[0].shape == (64, 64) and images[0].dtype == np.uint8
+    data = load_split(json.loads((runs["PostLN"] / "config.json").read_text())["config"], "test")
+    assert references == [data.raw[i][0] for i in range(4)]
+    assert list(rows) == ["PostLN", "SAS"]  # each run named by its connection
+    assert rows["PostLN"] == [json.loads(Path(result["captions"]).read_text())[str(i)] for i in range(4)]
+    sas, vocab, _ = load_model(runs["SAS"])
+    src = torch.stack([torch.from_numpy(data.load(i))[None] for i in range(4)])
+    assert rows["SAS"] == [vocab.decode(h) for h in greedy_search(sas, src, max_len_a=0, max_len_b=17)]
+    # two runs of one design are told apart by their paths; one run twice is an error
+    copy = tmp_path / "copy"
+    shutil.copytree(runs["SAS"], copy)
+    assert main(["eval", "caption", "--checkpoint", str(runs["SAS"]), "--beam", "1", "--figure",
+                 str(tmp_path / "same.png"), "--compare", str(copy)]) == 0
+    assert list(drawn["args"][2]) == [f"SAS ({runs['SAS']})", f"SAS ({copy})"]
+    capsys.readouterr()
+    assert main(["eval", "caption", "--checkpoint", str(copy), "--figure", str(tmp_path / "twice.png"),
+                 "--compare", str(runs["SAS"]), str(copy)]) == 2
+    assert "more than once" in capsys.readouterr().err and not (tmp_path / "twice.png").exists()
+    before = figure.read_bytes()
+    assert main(["eval", "caption", "--checkpoint", str(runs["SAS"]), "--figure", str(figure)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "exists; use --overwrite" in err and figure.read_bytes() == before
+    assert main(["eval", "caption", "--checkpoint", str(runs["SAS"]), "--compare", str(runs["PostLN"])]) == 2
+    assert "give --figure FILE" in capsys.readouterr().err
 
 
 def test_beam_one_is_greedy_and_the_cache_equals_recomputation(scenes_dir):
@@ -165,6 +208,14 @@ def test_coco_and_karpathy_files_load_and_train_a_step(tmp_path, capsys):
     model, vocab, ckpt = load_model(tmp_path / "karpathy-run")
     result = describe_split(model, vocab, ckpt["config"], "test", beam=2)
     assert sorted(result["captions"]) == [200, 201] and isinstance(result["CIDEr"], float)
+    capsys.readouterr()
+    figure = tmp_path / "rgb.png"  # colour images draw; region features have no picture to draw
+    assert main(["eval", "caption", "--checkpoint", str(tmp_path / "coco-run"), "--figure", str(figure)]) == 0
+    assert figure.stat().st_size > 0 and json.loads(capsys.readouterr().out)["images"] == 2
+    assert main(["eval", "caption", "--checkpoint", str(tmp_path / "karpathy-run"), "--figure",
+                 str(tmp_path / "feats.png")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "needs images" in err and not (tmp_path / "feats.png").exists()
 
 
 def test_bad_caption_data_is_one_line_and_writes_nothing(tmp_path, capsys):
