@@ -14,6 +14,9 @@
     skiplab eval lm --checkpoint RUN     bits per byte, token and word perplexity of a split
     skiplab generate --checkpoint RUN    continue a prompt (key/value cache, temperature, top-k, top-p)
     skiplab compare lm [...]             models x connections x seeds, then a bits-per-byte table
+    skiplab train caption [...]          train a Transformer captioner (any connection on either stack)
+    skiplab eval caption --checkpoint RUN  BLEU-1..4, METEOR, ROUGE-L, CIDEr of a split; --figure draws captions
+    skiplab compare caption [...]        connections x seeds, then a CIDEr table
     skiplab prepare lm --out DIR [...]   tokenise an LM corpus once into shards (train lm --data-dir DIR)
     skiplab import hf DIR --out RUN      a Hugging Face GPT-2 or LLaMA folder as a language-model run
     skiplab export hf RUN --out DIR      a PreLN or PreRMS language-model run as a Hugging Face folder
@@ -23,6 +26,7 @@
     skiplab reproduce TABLE --scale S    a table of the papers at smoke, cpu or paper scale, paper numbers beside ours
     skiplab sweep lm --connections ... --depths ...   designs x depths x lrs x seeds, a table and figures by depth
     skiplab demo                         the main job: a small comparison on Fashion-MNIST
+    skiplab demo caption                 PostLN against SAS captioning fashion-mnist-scenes
     skiplab demo gradient-flow [...]     the tutorial's gradient-flow demo (table + plot)
 
 Every training option is a field of a typed config (``ImageTrainConfig``, ``MTTrainConfig``) and every
@@ -278,25 +282,6 @@ def _add_sweep(sub, task: tasks.Task):
     return p
 
 
-def cmd_bench(args: argparse.Namespace) -> None:
-    bench.run(quick=args.quick, groups=tuple(args.groups), out=args.out or None, data_dir=args.data_dir,
-              threads=args.threads)
-
-
-def cmd_reproduce(args: argparse.Namespace) -> None:
-    if args.list:
-        print(reproduce.listing())
-        print(f"\npaper-scale GPU-hours: {reproduce.GPU_BASIS}")
-        return
-    if not args.tables:
-        raise ValueError(f"name a table (or all); known: {', '.join(reproduce.TABLES)}")
-    reproduce.scale(args.scale)
-    ids = reproduce.parse_tables(",".join(args.tables))
-    reproduce.reproduce(ids, args.scale, out=args.out, seeds=args.seeds, jobs=args.jobs, data_root=args.data_root,
-                        rows=tuple(args.rows),
-                        device=args.device, argv=sys.argv[2:] if sys.argv[1:2] == ["reproduce"] else None)
-
-
 class Parser(argparse.ArgumentParser):
     """argparse's parser, with its errors on one line (``skiplab train image: error: argument --epochs: ...``)."""
 
@@ -409,32 +394,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="what each design and the engine cost on this machine (ratios, side by side)",
                        description=bench.__doc__.split("\n\n")[0] if bench.__doc__ else None)
-    p.add_argument("--quick", action="store_true", help="tiny shapes: every row in seconds (what CI runs)")
-    p.add_argument("--groups", type=config.parse_list, default=tuple(bench.GROUPS),
-                   help=f"comma-separated groups to run (default: all): {', '.join(bench.GROUPS)}")
-    p.add_argument("--out", default="", help="also write bench.md and bench.json into this directory")
-    p.add_argument("--data-dir", default="../shared/data/multi30k",
-                   help="Multi30k files for the padding-share row (synthetic lengths where absent)")
-    p.add_argument("--threads", type=config.count(0), default=0, help="torch threads (default: torch's choice)")
-    p.set_defaults(func=cmd_bench)
+    bench.add_arguments(p)
 
     p = sub.add_parser("reproduce", help="a table of the papers, run at a scale, with the paper's numbers beside ours",
                        description=reproduce.command.__doc__.split("\n\n")[0])
-    p.add_argument("tables", nargs="*", help="table ids (000-table1 ...), comma- or space-separated, or all")
-    p.add_argument("--list", action="store_true", help="every table: rows, cells per scale, runs, estimated time")
-    p.add_argument("--scale", default="cpu", help="smoke, cpu or paper (default: cpu)")
-    p.add_argument("--out", default="runs/repro", help="root of the runs and tables (default: runs/repro)")
-    p.add_argument("--seeds", type=config.count(1), default=2, help="seeds 1..N per row (default: 2; the papers average 5 runs)")
-    p.add_argument("--jobs", type=config.count(1), default=1,
-                   help="runs trained side by side, each with cores/jobs threads (default: 1)")
-    p.add_argument("--data-root", default="",
-                   help="a folder holding datasets by name (cifar10/, multi30k/, wmt14-en-de/ ...); a dataset "
-                        "absent there is looked for in its default places (default: '')")
-    p.add_argument("--rows", type=config.parse_list, default=(),
-                   help="train only these rows' runs (comma-separated, as the table names them); cells of other "
-                        "rows are still filled where their runs exist (default: every row)")
-    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
-    p.set_defaults(func=cmd_reproduce)
+    reproduce.add_arguments(p)
 
     swp = sub.add_parser("sweep", help="designs x depths x learning rates over seeds: stability, the metric by depth")
     swp = swp.add_subparsers(dest="task", required=True, metavar="TASK")

@@ -1,6 +1,6 @@
 """Benchmarks of the designs and the engine, printed as ratios measured side by side (``skiplab bench``)."""
 
-from .suite import GROUPS, QUICK, Sizes, run
+from .suite import GROUPS, QUICK, Sizes, add_arguments, run
 from .timing import Row, interleaved, markdown
 
-__all__ = ["GROUPS", "QUICK", "Row", "Sizes", "interleaved", "markdown", "run"]
+__all__ = ["GROUPS", "QUICK", "Row", "Sizes", "add_arguments", "interleaved", "markdown", "run"]

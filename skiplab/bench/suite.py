@@ -25,6 +25,7 @@ Groups (each a function of the sizes, returning table rows):
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -39,6 +40,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from .. import run_dir
+from ..config import count, parse_list
 from ..connections.norms import make_norm
 from ..models import model_config
 from ..text import Tokenizer, encode_parallel, load_corpus, make_batches
@@ -450,3 +452,21 @@ def run(quick: bool = False, groups: tuple[str, ...] = tuple(GROUPS), out: str |
         Path(out, "bench.json").write_text(json.dumps({"machine": machine_name(), "quick": quick, "sizes": asdict(sz),
                                                        "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
     return rows
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``skiplab bench``; the parser runs :func:`command`."""
+    p.add_argument("--quick", action="store_true", help="tiny shapes: every row in seconds (what CI runs)")
+    p.add_argument("--groups", type=parse_list, default=tuple(GROUPS),
+                   help=f"comma-separated groups to run (default: all): {', '.join(GROUPS)}")
+    p.add_argument("--out", default="", help="also write bench.md and bench.json into this directory")
+    p.add_argument("--data-dir", default="../shared/data/multi30k",
+                   help="Multi30k files for the padding-share row (synthetic lengths where absent)")
+    p.add_argument("--threads", type=count(0), default=0, help="torch threads (default: torch's choice)")
+    p.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> None:
+    """``skiplab bench``."""
+    run(quick=args.quick, groups=tuple(args.groups), out=args.out or None, data_dir=args.data_dir,
+        threads=args.threads)

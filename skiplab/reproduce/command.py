@@ -22,8 +22,10 @@ are reused, cut-short ones resumed, and scores are cached in the run directory, 
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,11 +36,11 @@ from .. import run_dir
 from ..analysis import blocks
 from ..analysis import comparison
 from ..analysis.linearity import linearity
-from ..config import parse_list
+from ..config import count, parse_list
 from ..tasks import get as get_task, load_trained
 from . import report, runs, stats
 from .papers import TABLES, table as get_table
-from .scales import DATA_ROOT, Scale, Setting, scale as get_scale
+from .scales import DATA_ROOT, GPU_BASIS, Scale, Setting, scale as get_scale
 from .tables import Cell, Table
 
 PROBE_STEPS = {"smoke": 1, "cpu": 50, "paper": 100}
@@ -378,3 +380,37 @@ def parse_tables(text: str) -> list[str]:
     for i in ids:
         get_table(i)
     return ids
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``skiplab reproduce``; the parser runs :func:`command`."""
+    p.add_argument("tables", nargs="*", help="table ids (000-table1 ...), comma- or space-separated, or all")
+    p.add_argument("--list", action="store_true", help="every table: rows, cells per scale, runs, estimated time")
+    p.add_argument("--scale", default="cpu", help="smoke, cpu or paper (default: cpu)")
+    p.add_argument("--out", default="runs/repro", help="root of the runs and tables (default: runs/repro)")
+    p.add_argument("--seeds", type=count(1), default=2,
+                   help="seeds 1..N per row (default: 2; the papers average 5 runs)")
+    p.add_argument("--jobs", type=count(1), default=1,
+                   help="runs trained side by side, each with cores/jobs threads (default: 1)")
+    p.add_argument("--data-root", default="",
+                   help="a folder holding datasets by name (cifar10/, multi30k/, wmt14-en-de/ ...); a dataset "
+                        "absent there is looked for in its default places (default: '')")
+    p.add_argument("--rows", type=parse_list, default=(),
+                   help="train only these rows' runs (comma-separated, as the table names them); cells of other "
+                        "rows are still filled where their runs exist (default: every row)")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    p.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> None:
+    """``skiplab reproduce``: list the tables, or reproduce the ones named."""
+    if args.list:
+        print(listing())
+        print(f"\npaper-scale GPU-hours: {GPU_BASIS}")
+        return
+    if not args.tables:
+        raise ValueError(f"name a table (or all); known: {', '.join(TABLES)}")
+    get_scale(args.scale)
+    reproduce(parse_tables(",".join(args.tables)), args.scale, out=args.out, seeds=args.seeds, jobs=args.jobs,
+              data_root=args.data_root, rows=tuple(args.rows), device=args.device,
+              argv=sys.argv[2:] if sys.argv[1:2] == ["reproduce"] else None)
