@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Copy what `skiplab reproduce` wrote for some tables into the repository, small files only: each table's
 # table.md/csv/json and figures, and for every run a table uses its config.json, metrics.jsonl, summary.json,
-# cached scores and probes and test translations (never checkpoints or data).
+# cached scores and probes, test translations and test captions (never checkpoints or data).
 # Usage: experiments/repro_collect.sh OUT SCALE DEST TABLE [TABLE ...]
 #   e.g. experiments/repro_collect.sh runs/repro cpu docs/results/repro 000-table1 001-table6
 set -euo pipefail
@@ -18,7 +18,7 @@ for cell in json.load(open(sys.argv[1]))["cells"]:
         print(run)
 PY
         rel=${run#"$out/$scale/"}
-        for f in config.json metrics.jsonl summary.json score.*.json probe.*.json test.*.hyp; do
+        for f in config.json metrics.jsonl summary.json score.*.json probe.*.json test.*.hyp test.*.captions.json; do
             for g in "$run"/$f; do
                 if [[ -f "$g" ]]; then mkdir -p "$dest/$scale/$rel" && cp "$g" "$dest/$scale/$rel/"; fi
             done

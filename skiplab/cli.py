@@ -67,7 +67,7 @@ from .translate.translator import Translator
 DEMO = dict(model="preact-resnet20", dataset="fashion-mnist", epochs=6, train_subset=2000, test_subset=2000,
             out="runs/demo")
 DEMO_CONNECTIONS, DEMO_SEEDS = ("1xSkip", "2xSkip", "2xSkip+LN", "2rSkip+LN"), 2
-# Captioning on fashion-mnist-scenes: PostLN against SAS, one seed, about ten minutes on 2 CPU cores.
+# Captioning on fashion-mnist-scenes: PostLN against SAS, one seed, about five minutes on 2 CPU cores.
 CAPTION_DEMO = dict(model="captioner-small", train_scenes=3000, valid_scenes=200, test_scenes=200, max_steps=400,
                     warmup=100, lr=1e-3, save_every=100, max_caption_len=30, out="runs/demo-caption")
 
@@ -412,7 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare(demo_sub, "image", "Fashion-MNIST: 1xSkip, 2xSkip, 2xSkip+LN, 2rSkip+LN, 2 seeds, about 5 minutes on 2 CPU cores",
                  DEMO, DEMO_CONNECTIONS, DEMO_SEEDS)
     _add_compare(demo_sub, "caption", "fashion-mnist-scenes: a Transformer captioner with PostLN and with SAS, beam "
-                 "search, BLEU-4 / METEOR / ROUGE-L / CIDEr; 1 seed, about 10 minutes on 2 CPU cores",
+                 "search, BLEU-4 / METEOR / ROUGE-L / CIDEr; 1 seed, about 5 minutes on 2 CPU cores",
                  CAPTION_DEMO, ("PostLN", "SAS"), 1)
     p = demo_sub.add_parser(
         "gradient-flow",
