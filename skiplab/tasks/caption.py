@@ -74,9 +74,9 @@ class CaptionTrained(MTTrained):
 
     @torch.no_grad()
     def score_test(self, beam: int, progress: bool) -> tuple[float, int, dict[str, float]]:
-        """Test CIDEr with beam search (the run's model as loaded), BLEU-4, METEOR and ROUGE-L beside it."""
+        """Test CIDEr with beam search (the model as loaded, on its device), BLEU-4, METEOR and ROUGE-L beside it."""
         result = describe_split(self.model, Vocabulary.from_bytes(self.checkpoint["tokenizer"]), self.config,
-                                "test", beam, torch.device("cpu"), progress)
+                                "test", beam, progress)
         return result["CIDEr"], result["images"], {k: result[v] for k, v in SCORES.items() if k != "test_cider"}
 
 
@@ -96,22 +96,27 @@ def load_model(path: str | Path, average: int = 0, device: str = "auto") -> tupl
 
 
 @torch.no_grad()
+def caption_images(model: Any, vocab: Vocabulary, arrays: list[Any], beam: int, limit: int) -> list[str]:
+    """The best caption of each image (uint8 array, or features) by beam search (beam 1: greedy), at most ``limit``
+    tokens with EOS."""
+    src = caption.stack_sources(arrays).to(next(model.parameters()).device)
+    return [vocab.decode(h[0].tokens) for h in beam_search(model, src, beam=beam, max_len_a=0, max_len_b=limit)]
+
+
+@torch.no_grad()
 def describe_split(model: Any, vocab: Vocabulary, config: dict[str, Any], split: str, beam: int = BEAM,
-                   device: torch.device | None = None, progress: bool = False, batch: int = 50,
-                   max_len: int = 0) -> dict[str, Any]:
-    """Captions of every image of ``split`` by beam search (beam 1: greedy), scored against the split's
-    references with the COCO metrics: {"captions": {image id: caption}, Bleu_1..4, METEOR, ROUGE_L, CIDEr (x 100;
-    a metric that cannot run here is a string saying why), "images", "tokenizer"}."""
-    device = device or next(model.parameters()).device
-    data = caption.load_split(config, split)
+                   progress: bool = False, batch: int = 50, max_len: int = 0,
+                   data: caption.Split | None = None) -> dict[str, Any]:
+    """Captions of every image of ``split`` (``data`` where it is already loaded) by beam search, scored against
+    the split's references with the COCO metrics: {"captions": {image id: caption}, Bleu_1..4, METEOR, ROUGE_L,
+    CIDEr (x 100; a metric that cannot run here is a string saying why), "images", "tokenizer"}."""
+    data = data or caption.load_split(config, split)
     limit = max_len or config["max_caption_len"] + 1  # the words and EOS
     captions: dict[int, str] = {}
     for start in tqdm(range(0, len(data), batch), desc=f"caption {split}", unit="batch", disable=not progress):
         index = list(range(start, min(start + batch, len(data))))
-        src = caption.stack_sources([data.load(i) for i in index]).to(device)
-        hyps = beam_search(model, src, beam=beam, max_len_a=0, max_len_b=limit)
-        for i, h in zip(index, hyps):
-            captions[data.ids[i]] = vocab.decode(h[0].tokens)
+        for i, text in zip(index, caption_images(model, vocab, [data.load(i) for i in index], beam, limit)):
+            captions[data.ids[i]] = text
     refs = {data.ids[i]: data.raw[i] for i in range(len(data))}
     scores = coco_eval.score(refs, captions, metrics=("BLEU", "METEOR", "ROUGE_L", "CIDEr"))
     scaled = {k: (v * 100 if isinstance(v, float) else v) for k, v in scores.items() if k not in ("per_image",)}
@@ -128,32 +133,29 @@ def evaluate_run(path: str | Path, split: str = "test", average: int = 0, beam: 
     model, vocab, ckpt = load_model(path, average, device)
     config = {**ckpt["config"], **({"data_dir": data_dir} if data_dir else {})}
     others = [load_model(other, average, device) for other in compare]
-    data = caption.load_split(config, split) if figure else None
-    if data is not None:
-        if not len(data) or data.load(0).dtype != np.uint8:
-            raise ValueError(f"{path}: a caption figure needs images; this run reads region features")
-    result = describe_split(model, vocab, config, split, beam, progress=progress)
+    data = caption.load_split(config, split)
+    if figure and (not len(data) or data.load(0).dtype != np.uint8):
+        raise ValueError(f"{path}: a caption figure needs images; this run reads region features")
+    result = describe_split(model, vocab, config, split, beam, progress=progress, data=data)
     run = Path(path) if Path(path).is_dir() else Path(path).parent
     out = run / f"{split}.beam{beam}{f'.avg{average}' if average > 1 else ''}.captions.json"
     captions = result.pop("captions")
     run_dir.write_json(out, {str(k): v for k, v in captions.items()})
     report = {"model": ckpt["config"]["model"], "step": ckpt["step"], "averaged": ckpt.get("averaged"), **result,
               "captions": str(out)}
-    if data is not None:
+    if figure:
         shown = list(range(min(figure_images, len(data))))
-        src = caption.stack_sources([data.load(i) for i in shown])
-        paths, models = [str(path), *compare], [(model, vocab), *[(m, v) for m, v, _ in others]]
-        labels = [run_label(m) for m, _ in models]
+        images = [data.load(i) for i in shown]
+        runs = [(str(path), model, vocab, ckpt), *[(str(p), *o) for p, o in zip(compare, others)]]
+        labels = [run_label(m) for _, m, _, _ in runs]
         if len(set(labels)) < len(labels):  # seeds or runs of one design: name the runs too
-            labels = [f"{label} ({p})" for label, p in zip(labels, paths)]
+            labels = [f"{label} ({p})" for label, (p, *_) in zip(labels, runs)]
         rows = {labels[0]: [captions[data.ids[i]] for i in shown]}
-        for label, (m, v) in zip(labels[1:], models[1:]):
-            hyps = beam_search(m, src.to(next(m.parameters()).device), beam=beam, max_len_a=0,
-                               max_len_b=config["max_caption_len"] + 1)
-            rows[label] = [v.decode(h[0].tokens) for h in hyps]
+        for label, (_, m, v, c) in zip(labels[1:], runs[1:]):
+            rows[label] = caption_images(m, v, images, beam, c["config"]["max_caption_len"] + 1)
         how = f"beam {beam}" + (f", the last {average} checkpoints averaged" if average > 1 else "")
-        report["figure"] = str(draw_captions([data.load(i) for i in shown], [data.raw[i][0] for i in shown], rows,
-                                             figure, f"{data.name}: the first {len(shown)} images, {how}"))
+        report["figure"] = str(draw_captions(images, [data.raw[i][0] for i in shown], rows, figure,
+                                             f"{data.name}: the first {len(shown)} images, {how}"))
     return report
 
 
