@@ -12,18 +12,43 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch._dynamo
 from torch import nn
 
 RECOMPILE_LIMIT = 8
 
 
+def _limit_name() -> str:
+    return "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+
+
+def set_recompile_limit(limit: int) -> None:
+    """dynamo's bound on the compilations of one function (its name differs between torch versions)."""
+    setattr(torch._dynamo.config, _limit_name(), limit)
+
+
+def raise_recompile_limit(limit: int) -> None:
+    """The bound at least ``limit``: one process that compiles many models of one class (a benchmark of every
+    design) keeps a compiled entry of the layer's ``forward`` for each, and past the bound dynamo runs it eagerly."""
+    set_recompile_limit(max(limit, getattr(torch._dynamo.config, _limit_name())))
+
+
 def compile_model(model: nn.Module, dynamic: bool | None = None) -> nn.Module:
     """``torch.compile(model)``; ``dynamic=True`` for inputs whose shapes vary from batch to batch."""
-    import torch._dynamo
-
-    limit = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-    setattr(torch._dynamo.config, limit, RECOMPILE_LIMIT)
+    set_recompile_limit(RECOMPILE_LIMIT)
     return torch.compile(model, dynamic=dynamic)
+
+
+def compile_layers(model: nn.Module, backend: str = "inductor", dynamic: bool = False) -> nn.Module:
+    """Compile each of ``model.layers`` in place (``nn.Module.compile``): dynamo traces a module's ``forward``
+    once for every instance of its class whose guards hold, taking the weights as inputs, so one compiled graph
+    serves every layer and the compile costs one layer's time. A design whose layers differ in a constant (LNS's
+    1/√ℓ, Mix-LN's post-norm layers, the value residual's first layer) compiles once per distinct layer; the bound
+    is raised to the layer count so none falls back to eager. The embedding, the stack's cross-layer designs and the output stay eager."""
+    raise_recompile_limit(len(model.layers) + 2)
+    for layer in model.layers:
+        layer.compile(backend=backend, dynamic=dynamic)
+    return model
 
 
 def _metrics() -> list[Any]:

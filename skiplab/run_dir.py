@@ -169,7 +169,8 @@ def environment() -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "threads": torch.get_num_threads(),
-        "git_commit": commit or None,
+        # a copy of the tree without its .git (a device's working copy) names its commit in SKIPLAB_GIT_COMMIT
+        "git_commit": commit or os.environ.get("SKIPLAB_GIT_COMMIT") or None,
     }
 
 

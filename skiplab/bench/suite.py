@@ -19,6 +19,9 @@ Groups (each a function of the sizes, returning table rows):
              beam search / recomputing the prefix over images
 - hyper:     hyper-connections' training step, ``HC(n=4)`` and ``mHC(n=4)`` / PreLN, at two widths (d = 256 and 768),
              eager and ``torch.compile``d (docs/performance.md, "hyper-connections at their cost")
+- gpu:       GPT-2 124M on one card: tokens/s, MFU and memory of compiled PreLN, transformers' GPT-2 on the same
+             batch, every design's step / PreLN's (:mod:`skiplab.bench.gpu`; smoke size on a CPU). Run by default
+             only where CUDA is; ``--out auto`` writes ``docs/results/bench/<card>-<date>/``
 
 ``--quick`` runs every group on tiny shapes (seconds; CI checks every row is produced, not the values).
 """
@@ -29,6 +32,7 @@ import argparse
 import json
 import os
 import socket
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -49,6 +53,7 @@ from ..decoding import beam_search
 from ..models.generate import generate
 from .steps import (MTBatch, RecomputingDecoder, TorchDecoder, TorchTransformer, add_bandwidth, build, loop_step,
                     connection_output_elements, image_step, lm_step, matmul_rate, mt_step, step_flops)
+from .gpu import gpu
 from .timing import Row, interleaved, markdown
 
 IMAGE_DESIGNS = ("1xSkip", "2xSkip+LN", "2rSkip+LN", "wSkip+LN", "SAS", "Highway")
@@ -411,7 +416,21 @@ def caption(sz: Sizes, ctx: dict) -> list[Row]:
 
 GROUPS: dict[str, Callable[[Sizes, dict], list[Row]]] = {
     "machine": machine, "image": image, "mt": mt, "lm": lm, "engine": engine, "compile": compiled,
-    "processes": processes, "hyper": hyper, "caption": caption}
+    "processes": processes, "hyper": hyper, "caption": caption, "gpu": gpu}
+
+
+def default_groups() -> tuple[str, ...]:
+    """Every group, but ``gpu`` only where there is a card to measure."""
+    return tuple(g for g in GROUPS if g != "gpu" or torch.cuda.is_available())
+
+
+def auto_out(root: str = "docs/results/bench") -> str:
+    """``root/<card or cpu>-<date>``: the card's (or CPU's) name in lower case, runs of other characters as '-'."""
+    import re
+
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else run_dir.processor()
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-")
+    return f"{root}/{slug}-{time.strftime('%Y-%m-%d')}"
 
 
 def machine_name() -> str:
@@ -421,19 +440,24 @@ def machine_name() -> str:
             f"{torch.get_num_threads()} threads{gpu}; torch {torch.__version__}")
 
 
-def run(quick: bool = False, groups: tuple[str, ...] = tuple(GROUPS), out: str | None = None,
+def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | None = None,
         data_dir: str | None = None, threads: int = 0, progress: bool = True) -> list[Row]:
-    """Run ``groups`` (machine first: the others read its rates) with ``threads`` torch threads (0: torch's
-    choice), print the table; with ``out``, write ``bench.md`` and ``bench.json`` there."""
+    """Run ``groups`` (machine first: the others read its rates; default :func:`default_groups`) with ``threads``
+    torch threads (0: torch's choice), print the table; with ``out`` (``auto``: :func:`auto_out`), write
+    ``bench.md`` and ``bench.json`` there, again after every group and every row of the gpu group."""
+    groups = default_groups() if groups is None else groups
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise ValueError(f"unknown benchmark group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
     if threads:
         torch.set_num_threads(threads)
+    out = auto_out() if out == "auto" else out
     sz = QUICK if quick else Sizes()
-    ctx: dict = {"data_dir": data_dir}
-    needed = {"machine", *groups} | ({"mt"} if "engine" in groups else set())
+    header = f"Measured on {machine_name()}; sizes: {'quick' if quick else 'full'}."
     rows: list[Row] = []
+    ctx: dict = {"data_dir": data_dir, "quick": quick,
+                 "emit": lambda partial: write(out, header, quick, sz, rows + partial) if out else None}
+    needed = {"machine", *groups} | ({"mt"} if "engine" in groups else set())
     for name in [g for g in GROUPS if g in needed]:
         if progress:
             print(f"[bench] {name} ...", flush=True)
@@ -443,23 +467,41 @@ def run(quick: bool = False, groups: tuple[str, ...] = tuple(GROUPS), out: str |
             print(f"[bench] {name}: {time.perf_counter() - start:.0f} s", flush=True)
         if name in groups:
             rows += got
-    header = f"Measured on {machine_name()}; sizes: {'quick' if quick else 'full'}."
-    table = markdown(rows, header + "\n")
-    print(table)
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        Path(out, "bench.md").write_text(table)
-        Path(out, "bench.json").write_text(json.dumps({"machine": machine_name(), "quick": quick, "sizes": asdict(sz),
-                                                       "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+            if out:
+                write(out, header, quick, sz, rows)
+    print(markdown(rows, header + "\n"))
     return rows
+
+
+def write(out: str, header: str, quick: bool, sz: Sizes, rows: list[Row]) -> None:
+    """``out``/bench.md and bench.json: the rows so far, the machine, the sizes, the environment."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    Path(out, "bench.md").write_text(markdown(rows, header + "\n"))
+    Path(out, "bench.json").write_text(json.dumps({"machine": machine_name(), "quick": quick, "sizes": asdict(sz),
+                                                   "environment": environment(), "rows": [asdict(r) for r in rows]},
+                                                  indent=2) + "\n")
+
+
+def environment() -> dict:
+    """skiplab's run environment (versions, CPU, card, commit) and, where there is a card, its driver and CUDA."""
+    env = run_dir.environment()
+    if torch.cuda.is_available():
+        env["cuda_version"] = torch.version.cuda
+        try:
+            env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                           capture_output=True, text=True, timeout=10).stdout.strip() or None
+        except (OSError, subprocess.SubprocessError):
+            env["driver"] = None
+    return env
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``skiplab bench``; the parser runs :func:`command`."""
     p.add_argument("--quick", action="store_true", help="tiny shapes: every row in seconds (what CI runs)")
-    p.add_argument("--groups", type=parse_list, default=tuple(GROUPS),
-                   help=f"comma-separated groups to run (default: all): {', '.join(GROUPS)}")
-    p.add_argument("--out", default="", help="also write bench.md and bench.json into this directory")
+    p.add_argument("--groups", type=parse_list, default=None,
+                   help=f"comma-separated groups to run (default: all; gpu only where CUDA is): {', '.join(GROUPS)}")
+    p.add_argument("--out", default="", help="also write bench.md and bench.json into this directory "
+                                             "('auto': docs/results/bench/<card or cpu>-<date>)")
     p.add_argument("--data-dir", default="../shared/data/multi30k",
                    help="Multi30k files for the padding-share row (synthetic lengths where absent)")
     p.add_argument("--threads", type=count(0), default=0, help="torch threads (default: torch's choice)")
@@ -468,5 +510,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> None:
     """``skiplab bench``."""
-    run(quick=args.quick, groups=tuple(args.groups), out=args.out or None, data_dir=args.data_dir,
+    run(quick=args.quick, groups=tuple(args.groups) if args.groups else None, out=args.out or None, data_dir=args.data_dir,
         threads=args.threads)

@@ -4,7 +4,8 @@ A connection's own cost is element-wise: its matmuls are in the branch. Written 
 operations, y = α·x + β·F + γ·LN(x + F) (SAS, Eq. 4 of the SAS paper) makes and re-reads a temporary for
 every product and sum, and autograd's backward of a broadcast gate product materialises ``dy ⊙ x`` before
 reducing it. The functions here compute the same values with one output buffer (the products are
-accumulated into it in place) and reduce each gate gradient as one dot product per gate value:
+accumulated into it in place) and reduce each gate gradient as one dot product per gate value. Under
+``torch.compile`` they run as the plain formulas instead, which the compiler fuses with the operations around them:
 
     gated_sum((g_1, t_1), ..., (g_n, t_n)) = Σ_i g_i ⊙ t_i
         ∂/∂t_i = g_i ⊙ dy,   ∂/∂g_i = Σ_{broadcast axes} dy ⊙ t_i
@@ -74,8 +75,10 @@ def gated_sum(*pairs: tuple[Tensor, Tensor]) -> Tensor:
         if t.shape != shape:
             raise ValueError(f"gated_sum adds tensors of one shape, got {tuple(shape)} and {tuple(t.shape)}")
         _rows(g, t)
-    dtype = functools.reduce(torch.promote_types, (x.dtype for pair in pairs for x in pair))
+    dtype = functools.reduce(torch.promote_types, [x.dtype for pair in pairs for x in pair])
     flat = [x.to(dtype) for pair in pairs for x in pair]
+    if torch.compiler.is_compiling():  # the plain sum of products, which the compiler fuses into one kernel
+        return functools.reduce(torch.add, [g * t for g, t in zip(flat[0::2], flat[1::2])])
     return _GatedSum.apply(*flat)
 
 
@@ -128,5 +131,11 @@ def rms_norm(x: Tensor, weight: Tensor | None, dims: tuple[int, ...], eps: float
     ``(y, 1/σ)`` with σ = sqrt(mean(x²) + ε), in a forward and backward of few passes (``nn.RMSNorm``
     runs as five separate operations on the CPU)."""
     half = x.dtype in (torch.float16, torch.bfloat16)  # as F.rms_norm: compute in float32, return x's dtype
-    y, rstd = _RMSNorm.apply(x.float() if half else x, weight, tuple(d % x.dim() for d in dims), eps)
+    axes = tuple([d % x.dim() for d in dims])
+    if torch.compiler.is_compiling():  # the plain formula, which the compiler fuses with what is around it
+        xf = x.float() if half else x
+        rstd = torch.rsqrt(xf.square().mean(axes, keepdim=True) + eps)
+        y = xf * rstd if weight is None else xf * rstd * weight
+        return (y.to(x.dtype) if half else y), rstd.detach()
+    y, rstd = _RMSNorm.apply(x.float() if half else x, weight, axes, eps)
     return (y.to(x.dtype) if half else y), rstd

@@ -34,14 +34,15 @@ def _streams(text: str) -> int:
 
 
 class Expand(nn.Module):
-    """The stack's input x (..., D) as n equal streams H⁰ (..., n, D)."""
+    """The stack's input x (..., D) as n equal streams H⁰ (..., n, D), copied into one contiguous tensor: every
+    layer then reads streams of one layout (a compiled layer serves the first as it serves the others)."""
 
     def __init__(self, n: int):
         super().__init__()
         self.n = n
 
     def forward(self, x: Tensor) -> Tensor:
-        return x.unsqueeze(-2).expand(*x.shape[:-1], self.n, x.shape[-1])
+        return x.unsqueeze(-2).expand(*x.shape[:-1], self.n, x.shape[-1]).contiguous()
 
     def extra_repr(self) -> str:
         return f"n={self.n}"
@@ -157,8 +158,7 @@ class HC(Connection):
             raise ValueError(f"{self.name}(n={self.n}) expects streams (..., {self.n}, {self.dim}), got "
                              f"{tuple(x.shape)}: the stack must begin with input_norm(spec, dim)")
         lead = x.shape[:-2]
-        # (positions, n, D): a view of the residual path, but for the stack's first layer, whose n streams are one
-        # tensor expanded (copied here once, so that the weights and the product read contiguous rows)
+        # (positions, n, D): a view of the residual path (contiguous from the stack's first layer on: Expand)
         streams = x.reshape(-1, self.n, self.dim).contiguous()
         # ∂H in one buffer, the read's part and the weights' (eager only: a compiled step fuses the sum itself)
         slot = hyper_mix.GradSlot() if self.dynamic and not torch.compiler.is_compiling() else None

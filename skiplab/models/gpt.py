@@ -208,6 +208,10 @@ class GPT(nn.Module):
         """Logits (B, T, V) of the next token at every position of ``tokens`` (B, T). With ``caches`` (one
         dict per layer, empty at first) ``tokens`` continue the cached positions, whose keys and values
         each layer extends."""
+        return self.logits(self.hidden(tokens, caches))
+
+    def hidden(self, tokens: Tensor, caches: list[dict[str, Tensor]] | None = None) -> Tensor:
+        """The last layer's states after the final norm (B, T, D): what the output projection reads."""
         offset = caches[0]["k"].shape[2] if caches is not None and "k" in caches[0] else 0
         t = tokens.shape[1]
         if offset + t > self.cfg.context:
@@ -224,7 +228,14 @@ class GPT(nn.Module):
             else:
                 x = layer(run.enter(i, x), None if caches is None else caches[i], run.values(i))
             run.leave(i, x)
-        h = self.norm(x)
+        return self.norm(x)
+
+    def output_weight(self) -> Tensor:
+        """The output projection's weight (rows: the padded vocabulary): the embedding's where tied."""
+        return self.head.weight if self.head is not None else self.embed.weight
+
+    def logits(self, h: Tensor) -> Tensor:
+        """Logits (B, T, V) of the states ``h``; the padding's rows (``pad_vocab``) cut off."""
         logits = self.head(h) if self.head is not None else F.linear(h, self.embed.weight)
         return logits[..., : self.cfg.vocab_size] if self.cfg.pad_vocab else logits
 

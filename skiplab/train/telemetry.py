@@ -17,7 +17,7 @@ first W updates, where the loss falls fastest). Every ``every``-th update (and t
 N its weights less the position table, L layers, d the width, T the context: PaLM, Chowdhery et al. 2022,
 Appendix B, 6N + 12·L·H·Q·T with H·Q = d, as nanoGPT's ``estimate_mfu`` counts it; the causal mask's saving is
 not taken off) times tokens per second; ``mfu`` that over the
-device's peak where it is known (:data:`PEAK_TFLOPS`, bf16 dense), else null; ``peak_cuda_memory`` the bytes
+device's peak where it is known (:data:`skiplab.device.PEAK_BF16_TFLOPS`, bf16 dense, by the exact device name), else null; ``peak_cuda_memory`` the bytes
 ``torch.cuda.max_memory_allocated`` reports since the last line (null on the CPU).
 
 Lines are held until the run saves and written with its checkpoint, and the watch's state (the window of
@@ -37,19 +37,10 @@ from typing import Any
 
 import torch
 
+from ..device import peak_tflops
 from ..run_dir import STEPS_FILE, read_steps
 
 WINDOW, FACTOR = 100, 1.25  # a spike: a loss above FACTOR x the median of the WINDOW updates before it
-# bf16 dense peak TFLOP/s by device name, the first name found in the device's (the vendors' data sheets)
-PEAK_TFLOPS = {"H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "A100": 312.0, "B200": 2250.0, "L40S": 362.0}
-
-
-def peak_tflops(device: torch.device) -> float | None:
-    """The bf16 dense peak of ``device`` where its name is in :data:`PEAK_TFLOPS`, else None (the CPU)."""
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
 
 
 def grad_norm(parameters: list[torch.nn.Parameter], clip: float) -> tuple[float, bool]:
