@@ -32,7 +32,7 @@ import gc
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -199,6 +199,8 @@ def gpu(sz: Any, ctx: dict) -> list[Row]:
     """The group (module docstring). ``sz`` is the suite's sizes: ``QUICK`` or a CPU picks :data:`SMOKE`."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = ctx.get("gpu_sizes") or (GpuSizes() if device.type == "cuda" and not ctx.get("quick") else SMOKE)
+    if ctx.get("gpu_budget_s"):
+        g = replace(g, budget_s=ctx["gpu_budget_s"])
     emit = ctx.get("emit", lambda rows: None)
     rows: list[Row] = []
 

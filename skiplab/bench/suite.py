@@ -441,7 +441,7 @@ def machine_name() -> str:
 
 
 def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | None = None,
-        data_dir: str | None = None, threads: int = 0, progress: bool = True) -> list[Row]:
+        data_dir: str | None = None, threads: int = 0, progress: bool = True, gpu_budget_s: float = 0.0) -> list[Row]:
     """Run ``groups`` (machine first: the others read its rates; default :func:`default_groups`) with ``threads``
     torch threads (0: torch's choice), print the table; with ``out`` (``auto``: :func:`auto_out`), write
     ``bench.md`` and ``bench.json`` there, again after every group and every row of the gpu group."""
@@ -455,7 +455,7 @@ def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | N
     sz = QUICK if quick else Sizes()
     header = f"Measured on {machine_name()}; sizes: {'quick' if quick else 'full'}."
     rows: list[Row] = []
-    ctx: dict = {"data_dir": data_dir, "quick": quick,
+    ctx: dict = {"data_dir": data_dir, "quick": quick, "gpu_budget_s": gpu_budget_s,
                  "emit": lambda partial: write(out, header, quick, sz, rows + partial) if out else None}
     needed = {"machine", *groups} | ({"mt"} if "engine" in groups else set())
     for name in [g for g in GROUPS if g in needed]:
@@ -505,10 +505,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default="../shared/data/multi30k",
                    help="Multi30k files for the padding-share row (synthetic lengths where absent)")
     p.add_argument("--threads", type=count(0), default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--gpu-budget", type=float, default=0.0, metavar="SECONDS",
+                   help="the gpu group starts no new design after this many seconds (default: 270)")
     p.set_defaults(func=command)
 
 
 def command(args: argparse.Namespace) -> None:
     """``skiplab bench``."""
     run(quick=args.quick, groups=tuple(args.groups) if args.groups else None, out=args.out or None, data_dir=args.data_dir,
-        threads=args.threads)
+        threads=args.threads, gpu_budget_s=args.gpu_budget)
