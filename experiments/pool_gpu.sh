@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The GPU evidence track (docs/performance.md, "On a GPU"): one block a call (one seed of every design, PreLN the
+# baseline, first) at ten times the CPU pool's scale and more, on one card, the block's runs side by side. Its table
+# is its own (one card, one precision, one scale): it never mixes with the CPU pool or the pool's bf16 blocks at
+# CPU scale, and it grows by one block each time this runs on such a card.
+#   model   gpt-small(d 384, 8 layers, 6 heads, FFN 1536, context 512, rotary, tied output, vocabulary padded to
+#           a multiple of 64), GPT-2's tokens of debdocs (skiplab prepare lm --corpus debdocs, tiktoken gpt2)
+#   recipe  64 windows of 512 tokens an update (32,768 tokens), 640 updates (21.0 M tokens a run), AdamW lr 1e-3,
+#           warm-up 64, cosine to 1e-4, clipping at 1.0, bf16 autocast, torch.compile, per-step telemetry; the
+#           final model's test bits per byte
+# Usage: experiments/pool_gpu.sh DATA OUT BLOCK
+#   DATA   the prepared debdocs folder (GPT-2 tokens); TOKENIZER=tiktoken:gpt2:FILE names the ranks it was made with
+#   BLOCK  the block to train (blocks 1..BLOCK-1 already in OUT, or put back with RECORDED=docs/results/lm/pool-gpu,
+#          are not trained again); afterwards: experiments/collect_runs.sh OUT docs/results/lm/pool-gpu
+#   DESIGNS=... a subset; JOBS=N runs side by side (default 8: the whole block at once)
+#   SMOKE=1 the same commands at smoke size on a CPU (a tiny model on pydocs bytes, a few updates): what the test
+#   suite runs
+set -euo pipefail
+data=$1 out=$2 block=$3
+designs=${DESIGNS:-PreLN,PostLN,PeriLN,HC,mHC,PreLN+ValueRes,2rSkip+LN,SAS}
+skiplab=${SKIPLAB:-skiplab}
+mkdir -p "$out"
+"$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out"
+if [[ -n ${SMOKE:-} ]]; then
+    args=(--model "gpt-small(d_model=32,heads=2,layers=2,ffn_dim=64,context=16)" --corpus pydocs --data-dir "$data"
+          --tokenizer bytes --batch-size 2 --max-steps 4 --warmup 1 --eval-every 2 --valid-tokens 256 --device cpu
+          --compile false)
+    jobs=${JOBS:-1}
+else
+    args=(--model "gpt-small(d_model=384,heads=6,layers=8,ffn_dim=1536,context=512,pad_vocab=64)" --corpus debdocs
+          --data-dir "$data" --tokenizer "${TOKENIZER:?TOKENIZER=tiktoken:gpt2:FILE, the ranks DATA was prepared with}"
+          --batch-size 64 --max-steps 640 --warmup 64 --eval-every 160 --valid-tokens 262144 --device cuda
+          --compile true)
+    jobs=${JOBS:-8}
+fi
+"$skiplab" compare lm "${args[@]}" --lr 1e-3 --min-lr 1e-4 --connections "$designs" --seeds "$block" \
+    --jobs "$jobs" --out "$out"

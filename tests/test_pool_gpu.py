@@ -1,0 +1,44 @@
+"""experiments/pool_gpu.sh, the GPU evidence track's block, at smoke size on the CPU (SMOKE=1: the same compare
+command on a tiny model and a tiny pydocs-shaped corpus): it trains the block's runs and writes its table."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "pool_gpu.sh"
+SKIPLAB = str(Path(sys.executable).with_name("skiplab"))
+
+
+def tiny_pydocs(root: Path) -> Path:
+    root.mkdir()
+    text = "The residual stream carries x + F(x) from layer to layer. " * 8
+    for split, n in (("train", 12), ("valid", 2), ("test", 2)):
+        with gzip.open(root / f"{split}.jsonl.gz", "wt") as f:
+            f.writelines(json.dumps({"id": f"{split}/{i}.txt", "text": f"{i}: {text}"}) + "\n" for i in range(n))
+    return root
+
+
+def run(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "SKIPLAB": SKIPLAB, "OMP_NUM_THREADS": "1", **env})
+
+
+def test_a_block_at_smoke_size(tmp_path):
+    data = tiny_pydocs(tmp_path / "pydocs")
+    out = tmp_path / "pool-gpu"
+    done = run({"SMOKE": "1", "DESIGNS": "PreLN,HC"}, str(data), str(out), "1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = (out / "table.md").read_text()
+    assert "| PreLN " in table and "| HC " in table and "Blocks: 1" in table
+    for design in ("PreLN", "HC"):
+        config = json.loads(next(out.glob(f"*{design}*/seed1/config.json")).read_text())
+        assert config["device"] == "cpu"
+
+
+def test_the_card_scale_needs_the_tokenizer(tmp_path):
+    done = run({"TOKENIZER": ""}, str(tmp_path / "data"), str(tmp_path / "out"), "1")
+    assert done.returncode != 0 and "TOKENIZER=tiktoken:gpt2:FILE" in done.stderr
+    assert not list((tmp_path / "out").glob("*/seed1"))
