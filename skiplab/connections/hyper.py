@@ -25,6 +25,8 @@ from .norms import make_norm
 from .place import Place
 from .spec import Option, Spec, choice
 
+HC_SCALE = 0.01  # HC's s_α, s_β at initialisation (Zhu et al. 2025, Algorithm 2; the code's dynamic_alpha_scale)
+
 
 def _streams(text: str) -> int:
     value = int(text)
@@ -108,8 +110,8 @@ class HC(Connection):
             self.w_m = nn.Parameter(torch.zeros(dim))
             self.w_r = nn.Parameter(torch.zeros(dim, n))
             self.w_b = nn.Parameter(torch.zeros(dim))
-            self.s_alpha = nn.Parameter(torch.tensor(0.01))
-            self.s_beta = nn.Parameter(torch.tensor(0.01))
+            self.s_alpha = nn.Parameter(torch.tensor(HC_SCALE))
+            self.s_beta = nn.Parameter(torch.tensor(HC_SCALE))
 
     @classmethod
     def final_norm_kind(cls, spec: Spec, layers: int) -> str | None:
@@ -232,6 +234,8 @@ def sinkhorn(logits: Tensor, iters: int = 20) -> Tensor:
 
 
 PHI_STD = 0.02  # mHC's φ at initialisation: transformers' DeepseekV4Config.initializer_range
+MHC_ALPHA = 0.01  # mHC's α^pre, α^post, α^res at initialisation (Xie et al. 2025, Table 5; the port's is 1)
+POST_GAIN = 2.0  # mHC's H^post = 2σ(H̃^post) (Xie et al. 2025, Eq. 8)
 
 
 @register
@@ -285,7 +289,7 @@ class MHC(HC):
         self.norm = make_norm(spec.norm, dim)
         # φ^pre, φ^post, φ^res side by side; b and φ as transformers' DeepSeek-V4 port draws them (class docstring)
         self.phi = nn.Parameter(torch.empty(n * dim, 2 * n + n * n).normal_(0.0, PHI_STD))
-        self.alpha = nn.Parameter(torch.full((3,), 0.01))  # α^pre, α^post, α^res: the paper's Table 5
+        self.alpha = nn.Parameter(torch.full((3,), MHC_ALPHA))  # α^pre, α^post, α^res: the paper's Table 5
         self.b_pre = nn.Parameter(torch.zeros(n))
         self.b_post = nn.Parameter(torch.zeros(n))
         self.b_res = nn.Parameter(torch.zeros(n, n))
@@ -298,7 +302,7 @@ class MHC(HC):
         proj = hyper_mix.norm_project(h.reshape(-1, n * self.dim), self.phi.t(), False, torch.finfo(h.dtype).eps, slot)
         proj = proj.view(*h.shape[:-2], -1)
         pre = torch.sigmoid(self.alpha[0] * proj[..., :n] + self.b_pre)
-        post = 2 * torch.sigmoid(self.alpha[1] * proj[..., n : 2 * n] + self.b_post)
+        post = POST_GAIN * torch.sigmoid(self.alpha[1] * proj[..., n : 2 * n] + self.b_post)
         res = sinkhorn(self.alpha[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + self.b_res, self.iters)
         return pre, res, post
 

@@ -1,6 +1,8 @@
 """skiplab.interop.hf against transformers' own GPT2LMHeadModel and LlamaForCausalLM: tiny random models built
 here (nothing from the hub), logits equal both ways, weights equal after a round trip, cached decoding equal to
-Hugging Face's full pass, and each input skiplab cannot express a one-line ValueError naming it."""
+Hugging Face's full pass, a training step (train mode, dropout 0, float64, width 64) with HF's logits and every
+weight's gradient, that comparison failing when skiplab's norms take another ε, and each input skiplab cannot
+express a one-line ValueError naming it."""
 
 import ast
 import dataclasses
@@ -11,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from skiplab.connections import norms
 from skiplab.interop import hf
 from skiplab.models.gpt import GPT, GPTConfig
 from skiplab.models.presets import model_config
@@ -131,6 +134,53 @@ def test_cached_decoding_matches_hf_full_pass(shape):
         state = model.start(x[:, :p])
         got = torch.stack([model.step(x[:, i], state) for i in range(p, T)], dim=1)
     assert (got - want[:, p:]).abs().max() < tol(shape)
+
+
+# float64, seed 7, the four shapes: the largest |skiplab - HF| was 1.0e-14 on the logits and 1.4e-15 on the gradients
+# for GPT-2; 7.2e-6 and 3.0e-6 for LLaMA, whose rotary tables both sides compute in float32 (their cos and sin differ
+# by up to 1.8e-7 at these positions: float32 rounding). The norms' ε mutated below (1e-4 for 1e-5) moves the
+# logits by >= 5e-3 and the gradients by >= 8.4e-4.
+GRAD_TOL = {"PreLN": 1e-12, "PreRMS": 3e-5}
+
+
+def next_token_loss(logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), x[:, 1:].reshape(-1))
+
+
+def compare_training_step(shape: str) -> None:
+    """skiplab's model at width 64 and HF's holding its weights, both in train mode with dropout 0 and in float64:
+    the logits and the gradient of a next-token loss on every weight. HF's gradients are read in skiplab's names
+    through the weight map (a linear map: blocks, transposes), the same map that gives equal logits."""
+    cfg = dataclasses.replace(tiny(shape), d_model=64, heads=4)
+    model = randomise(GPT(cfg), seed=7).double()
+    theirs = hf.hf_model(model)
+    assert cfg.dropout == 0 and all(getattr(theirs.config, k, 0.0) == 0.0 for k in (
+        "resid_pdrop", "embd_pdrop", "attn_pdrop", "attention_dropout"))  # dropout 0: train mode is deterministic
+    model.train(), theirs.train()
+    x = tokens(2)
+    ours, ref = model(x), theirs(input_ids=x).logits
+    tol = GRAD_TOL[cfg.connection]
+    torch.testing.assert_close(ours, ref, rtol=0, atol=tol)
+    next_token_loss(ours, x).backward(), next_token_loss(ref, x).backward()
+    got = {name: p.grad for name, p in model.named_parameters()}
+    want = hf.state_dict_from_hf(theirs.config, {name: p.grad for name, p in theirs.named_parameters()})
+    assert got.keys() == want.keys()
+    for name, g in got.items():
+        assert want[name].abs().max() > 1e-6, name  # a gradient to compare
+        torch.testing.assert_close(g, want[name], rtol=0, atol=tol, msg=name)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_training_step_gives_hfs_logits_and_gradients(shape):
+    compare_training_step(shape)
+
+
+@pytest.mark.parametrize("shape", ["gpt2", "llama"])
+def test_the_comparison_fails_when_the_norms_eps_is_mutated(shape, monkeypatch):
+    """skiplab's norms built with ε = 1e-4 where the model (and so HF's config) says 1e-5: the comparison fails."""
+    monkeypatch.setattr(norms, "EPS", 1e-4)
+    with pytest.raises(AssertionError):
+        compare_training_step(shape)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

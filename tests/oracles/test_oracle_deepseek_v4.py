@@ -16,6 +16,9 @@ Its Sinkhorn–Knopp starts with a softmax over comb's rows, that is H^res's col
 columns, ...): the paper's M⁽ᵗ⁾ = T_r(T_c(M⁽ᵗ⁻¹⁾)) from M⁽⁰⁾ = exp(H̃^res), as skiplab's. Where the two differ
 by design: the initialisation of α (below), and the end of the stack: DeepSeek-V4 collapses the streams with a
 learned σ-gated sum (``DeepseekV4HyperHead``) where skiplab sums them, as HC does.
+
+The layer is compared at width 64 (n = 4 streams of 64), outputs and gradients; the last test mutates a constant of
+the design (the 2 in H^post = 2σ, the initial α) and shows the comparison then fails.
 """
 
 import copy
@@ -29,10 +32,11 @@ from transformers.models.deepseek_v4 import modeling_deepseek_v4 as ds
 
 import skiplab
 from skiplab import Place
+from skiplab.connections import hyper
 from skiplab.connections.hyper import PHI_STD
 
 TRANSFORMERS_VERSION = "5.24.0"  # the version this mapping was checked against
-D, N = 8, 4
+D, N = 64, 4
 
 
 def test_checked_against_the_installed_version():
@@ -88,7 +92,7 @@ def pair():
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # the module's parameters start empty (a checkpoint fills them): draw them away from 0
         for hc in (layer.attn_hc, layer.ffn_hc):
-            hc.fn.copy_(0.3 * torch.randn(hc.fn.shape, generator=g))
+            hc.fn.copy_(1.7 / (N * D) ** 0.5 * torch.randn(hc.fn.shape, generator=g))  # logits x̃φ of std ~1.7
             hc.base.copy_(torch.randn(hc.base.shape, generator=g))
             hc.scale.copy_(0.2 + torch.rand(3, generator=g))
         for norm in (layer.input_layernorm, layer.post_attention_layernorm):
@@ -139,11 +143,11 @@ def test_initialisation_takes_the_ports_biases_and_phi_and_the_papers_gating_fac
     """transformers' ``_init_weights`` for the hyper-connection: ``base`` zeros, ``fn`` ~ N(0, initializer_range²),
     ``scale`` ones. skiplab takes the first two (the mHC paper leaves them open) and the paper's α = 0.01
     (Table 5) for the third."""
-    cfg = config(hidden_size=32)
+    cfg = config()
     torch.manual_seed(0)
     model = ds.DeepseekV4Model(cfg)  # the port's own initialisation runs (post_init)
     hc = model.layers[0].attn_hc
-    conn = skiplab.connection(f"mHC(n={N})", 32, place=Place.decoder_only(1, 1, 1, 2, "attn"))
+    conn = skiplab.connection(f"mHC(n={N})", D, place=Place.decoder_only(1, 1, 1, 2, "attn"))
     assert torch.equal(hc.base, torch.zeros_like(hc.base))
     assert torch.equal(torch.cat([conn.b_pre, conn.b_post, conn.b_res.t().flatten()]), hc.base.detach())
     assert PHI_STD == cfg.initializer_range
@@ -151,3 +155,16 @@ def test_initialisation_takes_the_ports_biases_and_phi_and_the_papers_gating_fac
     assert hc.fn.std().item() == pytest.approx(cfg.initializer_range, rel=0.1)
     assert torch.equal(hc.scale, torch.ones(3))  # the port: α = 1
     assert conn.alpha.tolist() == pytest.approx([0.01] * 3)  # skiplab: the paper's Table 5
+
+
+def test_the_comparisons_fail_when_a_constant_of_the_design_is_mutated(monkeypatch):
+    """H^post = 2.02σ(·) (for Eq. 8's 2σ): the layer's outputs and gradients differ; α starting at 0.0101 (for the
+    paper's 0.01): the initialisation check fails."""
+    with monkeypatch.context() as m:
+        m.setattr(hyper, "POST_GAIN", 2.02)
+        with pytest.raises(AssertionError):
+            test_mhc_layer_gives_deepseek_v4s_outputs_and_gradients()
+    with monkeypatch.context() as m:
+        m.setattr(hyper, "MHC_ALPHA", 0.0101)
+        with pytest.raises(AssertionError):
+            test_initialisation_takes_the_ports_biases_and_phi_and_the_papers_gating_factors()

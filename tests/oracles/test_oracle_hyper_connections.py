@@ -6,7 +6,9 @@ HC maps one to one. The package's ``HyperConnections(n, dim=D, layer_index=k)`` 
 scales s_α, s_β; it normalises the streams with an RMSNorm without ε whose gain is 1 + γ (skiplab: ``HC+RMS``,
 ``stream_norm.weight`` = 1 + γ, ε = 0); it has no static kind (``kind=static`` is its dynamic form with W = 0),
 hands the branch h₀ itself (skiplab applies the sub-layer's own norm first: the reference branch does it here)
-and folds the streams into the batch, (B·n, T, D) against skiplab's (B, T, n, D).
+and folds the streams into the batch, (B·n, T, D) against skiplab's (B, T, n, D). Both start from the same
+parameters (compared one by one, for each sub-layer index of an 8-layer stack); then, with the weights randomised and
+copied across, the outputs and gradients agree, at width 64.
 
 Its mHC is not the paper's parameterisation: it projects each stream on its own, like HC (the paper flattens the n
 streams, x̃ = RMSNorm(vec(x)), and projects x̃ with φ), uses HC's initial values as the biases, and stores H^resᵀ,
@@ -15,6 +17,9 @@ Sinkhorn–Knopp function on one matrix; the whole connection on streams of one 
 per-stream norm and the flattened one agree) with φ block-diagonal and Sinkhorn–Knopp run to convergence; and the
 initial maps, which differ by design (asserted below, described in skiplab.connections.hyper.MHC). The package
 computes its mHC and its Sinkhorn–Knopp in float32: those comparisons hold to float32's precision, HC's to float64's.
+
+The last test mutates a constant of each design (HC's initial scales, mHC's 2 in H^post = 2σ) and shows the
+comparison then fails.
 """
 
 import copy
@@ -29,10 +34,11 @@ from hyper_connections.manifold_constrained_hyper_connections import ManifoldCon
 
 import skiplab
 from skiplab import Place
+from skiplab.connections import hyper
 from skiplab.connections.hyper import sinkhorn
 
 HYPER_CONNECTIONS_VERSION = "0.4.11"  # the version these mappings were checked against
-D, N = 8, 4
+D, N = 64, 4
 
 
 def test_checked_against_the_installed_version():
@@ -75,14 +81,40 @@ def randomise(module: torch.nn.Module, seed: int = 3) -> None:
             p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
-def hc_pair(kind: str, tanh: str = "yes", k: int = 5):
-    """skiplab's HC+RMS and the package's HyperConnections for sub-layer k (1-based) of a stack, same weights."""
+def fresh_pair(kind: str, tanh: str = "yes", k: int = 5):
+    """skiplab's HC+RMS and the package's HyperConnections for sub-layer k (1-based) of a stack, as each starts."""
     place = Place(k, "encoder", 8)
     ours = skiplab.connection(f"HC+RMS(n={N},kind={kind},tanh={tanh})", D, place=place).double()
     ref = HyperConnections(N, dim=D, layer_index=place.index - 1, tanh=tanh == "yes").double()
-    # the same starting point: A_m = e_{k mod n} (the package's layer_index = skiplab's 0-based sub-layer index)
-    assert torch.equal(ref.static_alpha[:, 0], ours.a_m) and torch.equal(ref.static_alpha[:, 1:], ours.a_r)
-    assert torch.equal(ref.static_beta, ours.b)
+    return ours, ref
+
+
+def same_initial_parameters(ours, ref) -> None:
+    """Every parameter of skiplab's HC equals the package's at initialisation: A_m = e_{k mod n} (the package's
+    ``layer_index`` = skiplab's 0-based sub-layer index), A_r = I, B = 1; dynamic: W_m, W_r, W_β = 0, s_α = s_β =
+    0.01, the stream norm's gain 1 (the package's 1 + γ, γ = 0). skiplab's static kind has no W, s or stream norm:
+    the package's static form is its dynamic one with W = 0."""
+    with torch.no_grad():
+        pairs = [(ours.a_m, ref.static_alpha[:, 0]), (ours.a_r, ref.static_alpha[:, 1:]), (ours.b, ref.static_beta)]
+        if ours.dynamic:
+            pairs += [(ours.w_m, ref.dynamic_alpha_fn[:, 0]), (ours.w_r, ref.dynamic_alpha_fn[:, 1:]),
+                      (ours.w_b, ref.dynamic_beta_fn), (ours.s_alpha, ref.dynamic_alpha_scale),
+                      (ours.s_beta, ref.dynamic_beta_scale), (ours.stream_norm.weight, 1 + ref.norm.gamma)]
+        else:
+            assert not ref.dynamic_alpha_fn.any() and not ref.dynamic_beta_fn.any()
+        for got, want in pairs:
+            assert got.shape == want.shape and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("k", range(1, 9))
+@pytest.mark.parametrize("kind,tanh", [("static", "yes"), ("dynamic", "yes"), ("dynamic", "no")])
+def test_hc_starts_from_the_packages_initial_parameters(kind, tanh, k):
+    same_initial_parameters(*fresh_pair(kind, tanh, k))
+
+
+def hc_pair(kind: str, tanh: str = "yes", k: int = 5):
+    """skiplab's HC+RMS and the package's HyperConnections for sub-layer k (1-based) of a stack, same weights."""
+    ours, ref = fresh_pair(kind, tanh, k)
     randomise(ours)
     randomise(ref.norm, seed=4)
     with torch.no_grad():
@@ -178,7 +210,8 @@ def mhc_pair(iters: int):
     return ours, ref
 
 
-def test_mhc_gives_the_packages_outputs_where_the_two_parameterisations_meet():
+def compare_mhc() -> None:
+    """skiplab's mHC against the package's where the two parameterisations meet: outputs and gradients."""
     ours, ref = mhc_pair(iters=100)  # converged: both orders of normalisation reach the same doubly stochastic matrix
     f = branch_fn()
     ref_norm = copy.deepcopy(ours.norm)
@@ -199,6 +232,24 @@ def test_mhc_gives_the_packages_outputs_where_the_two_parameterisations_meet():
     gain = 1 + ref.norm.gamma.detach()  # the package's shared projection = the sum of skiplab's blocks, times the gain
     pre_blocks = sum(ours.phi.grad[s * D:(s + 1) * D, s] for s in range(N))
     torch.testing.assert_close(gain * pre_blocks, ref.dynamic_alpha_fn.grad[0][:, 0], rtol=1e-5, atol=1e-6)
+
+
+def test_mhc_gives_the_packages_outputs_where_the_two_parameterisations_meet():
+    compare_mhc()
+
+
+def test_the_comparisons_fail_when_a_constant_of_the_design_is_mutated(monkeypatch):
+    """HC's s_α, s_β starting at 0.0101 (for the paper's 0.01): the initial parameters differ; mHC's H^post =
+    2.02σ(·) (for Eq. 8's 2σ): the outputs and gradients differ."""
+    with monkeypatch.context() as m:
+        m.setattr(hyper, "HC_SCALE", 0.0101)
+        with pytest.raises(AssertionError):
+            same_initial_parameters(*fresh_pair("dynamic"))
+        same_initial_parameters(*fresh_pair("static"))  # no scales there
+    with monkeypatch.context() as m:
+        m.setattr(hyper, "POST_GAIN", 2.02)
+        with pytest.raises(AssertionError):
+            compare_mhc()
 
 
 def test_the_package_normalises_the_transposed_matrix_a_different_20_step_result_the_same_limit():

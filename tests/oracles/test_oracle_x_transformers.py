@@ -1,10 +1,16 @@
 """skiplab's designs against the x-transformers options that are the same design: ``sandwich_norm`` (skiplab
-``SandwichLN``), ``use_layerscale`` (``LayerScale``) and ``add_value_residual`` with ``learned_value_residual_mix =
-False`` (``+ValueRes``, λ = 0.5). Each runs x-transformers' own stack (``Decoder``, i.e. ``AttentionLayers.forward``,
-with its norms, residuals and final norm) against skiplab's connections on the same branch functions: the
-feed-forward sub-layers (and, but for the value residual, the attention) are replaced in both by one shared
-function, so that what is compared is the connection around them; for the value residual the attention is
-x-transformers' own, its weights copied into skiplab's.
+``SandwichLN``), ``use_layerscale`` (``LayerScale``) and ``add_value_residual`` (``+ValueRes``). Each runs
+x-transformers' own stack (``Decoder``, i.e. ``AttentionLayers.forward``, with its norms, residuals and final norm)
+against skiplab's connections at width 64 in float64, and compares outputs and gradients (Sandwich-LN: the input's,
+the norms', the branches'; LayerScale: the scales'; the value residual: the input's, the norms', every attention and
+feed-forward weight's, the learned λ's): for Sandwich-LN and LayerScale the sub-layers are replaced in both by one
+shared function, so that what is compared is the connection around them; for the value residual the attention is
+x-transformers' own (its softmax set to float64: it computes it in float32), its weights copied into skiplab's.
+
+The value residual is compared at λ = 0.5, at a random λ, and with ``learn=yes`` at a random λ per layer: without
+``learned_value_residual_mix`` x-transformers mixes V_1.lerp(V_l, 0.5) (``always(0.5)``); the test replaces that
+constant of each attention by a scalar parameter mix_l = 1 − λ_l, so that its own lerp mixes at skiplab's λ and a
+learned λ_l's gradient is −mix_l's.
 
 Mapping: x-transformers' norms are bias-free LayerNorms with a unit offset on the gain (gain = ``gamma`` + 1 by
 default), skiplab's LayerNorms keep their bias at 0 and take that gain; its LayerScale's λ is ``gamma`` (+ 1 with the
@@ -12,22 +18,28 @@ offset). Where they differ: x-transformers has no ReZero option; its ``learned_v
 learns a per-token mix (a sigmoid of a linear map of the input), where skiplab's ``+ValueRes(learn=yes)`` learns
 one λ per layer; its ``num_residual_streams`` is a per-stream mHC-like hybrid (sigmoid H^pre, 5 Sinkhorn
 iterations from a softmax, H^post = 2σ of a 2σ-scaled term) that is neither skiplab's HC nor its mHC.
+
+Each comparison is shown to fail under a mutation of a constant of its design (the last test).
 """
 
+import copy
 import importlib.metadata
+from functools import partial
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 from x_transformers import Decoder
 
 import skiplab
 from skiplab import Place
-from skiplab.connections import Across
+from skiplab.connections import Across, norms, scaled
+from skiplab.connections import across as across_mod
 from skiplab.models.attention import SelfAttention
 
 X_TRANSFORMERS_VERSION = "2.31.10"  # the version these mappings were checked against
-D, HEADS = 16, 2
+D, HEADS = 64, 4
 
 
 def test_checked_against_the_installed_version():
@@ -120,10 +132,11 @@ def test_sandwich_norm_is_sandwich_ln():
             torch.testing.assert_close(got, p.grad, rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("init", [0.1, 1e-5])
+@pytest.mark.parametrize("init", ["depth", 1e-5])
 def test_layerscale_option_is_layerscale(init):
     layers = 2
-    xt = Decoder(dim=D, depth=layers, heads=HEADS, use_layerscale=True, layerscale_init_value=init).double()
+    value = 0.1 if init == "depth" else init  # CaiT's rule: 0.1 up to 18 layers
+    xt = Decoder(dim=D, depth=layers, heads=HEADS, use_layerscale=True, layerscale_init_value=value).double()
     ours = conns(f"LayerScale(init={init})", layers)
     for conn, (_, block, _) in zip(ours, xt.layers):
         torch.testing.assert_close(conn.scale, gain(block).detach())  # the same start: λ = init on every feature
@@ -149,44 +162,119 @@ def test_layerscale_option_is_layerscale(init):
         torch.testing.assert_close(conn.scale.grad, block.gamma.grad, rtol=1e-10, atol=1e-12)
 
 
-def test_value_residual_at_one_half_is_valueres():
-    layers = 3
+class Mix(nn.Module):
+    """x-transformers' value-residual mix of one attention (its ``to_value_residual_mix``, ``always(0.5)`` without
+    ``learned_value_residual_mix``) as one scalar parameter: its ``V_1.lerp(V_l, mix)`` weighs V_l by ``mix``, so
+    mix = 1 − λ, and a learned λ_l (skiplab's ``learn=yes``) is a learned mix_l whose gradient is −λ_l's."""
+
+    def __init__(self, mix: float):
+        super().__init__()
+        self.mix = nn.Parameter(torch.tensor(mix, dtype=torch.float64))
+
+    def forward(self, x):
+        return self.mix
+
+
+def compare_value_residual(lams: list[float], learn: bool) -> None:
+    """x-transformers' decoder with ``add_value_residual`` (its own attention, layer l ≥ 2 mixing with weight
+    ``lams[l - 2]`` on V_1) against skiplab's ``PreLN+ValueRes`` with those λ and x-transformers' attention
+    weights copied: outputs and gradients (the input, every attention and feed-forward weight, the norms, and
+    with ``learn`` each λ_l)."""
+    layers = len(lams) + 1
     xt = Decoder(dim=D, depth=layers, heads=HEADS, attn_dim_head=D // HEADS, add_value_residual=True,
                  learned_value_residual_mix=False).double()
     randomise(xt)
     ffns = branches(layers)
+    attn_blocks = [block for (_, block, _), kind in zip(xt.layers, xt.layer_types) if kind == "a"]
     attns = []
-    for i, (_, block, _) in enumerate(xt.layers):
-        if xt.layer_types[i] == "a":  # x-transformers' attention, its weights copied into skiplab's
-            attn = SelfAttention(D, HEADS, bias=False).double()
-            with torch.no_grad():
-                attn.qkv_proj.weight.copy_(torch.cat([block.to_q.weight, block.to_k.weight, block.to_v.weight]))
-                attn.out_proj.weight.copy_(block.to_out.weight)
-            attns.append(attn)
-    replace_ffn = [None if kind == "a" else ffns[i // 2] for i, kind in enumerate(xt.layer_types)]
-    for i, f in enumerate(replace_ffn):
-        if f is not None:
+    for j, block in enumerate(attn_blocks):  # x-transformers' attention, its weights copied into skiplab's
+        if j >= 1:  # the first attention has no value residual
+            block.to_value_residual_mix = Mix(1 - lams[j - 1])
+        block.attend.attn_fn = partial(F.softmax, dim=-1)  # its softmax in float64, not float32 (attend.py)
+        attn = SelfAttention(D, HEADS, bias=False).double()
+        with torch.no_grad():
+            attn.qkv_proj.weight.copy_(torch.cat([block.to_q.weight, block.to_k.weight, block.to_v.weight]))
+            attn.out_proj.weight.copy_(block.to_out.weight)
+        attns.append(attn)
+    ffns_ref = [copy.deepcopy(f) for f in ffns]  # each side's own copy: its own gradients
+    for i, kind in enumerate(xt.layer_types):
+        if kind == "f":
             norms, _, residual = xt.layers[i]
-            xt.layers[i] = nn.ModuleList([norms, Branch(f, attention=False), residual])
-    spec = "PreLN+ValueRes"
+            xt.layers[i] = nn.ModuleList([norms, Branch(ffns_ref[i // 2], attention=False), residual])
+    spec = f"PreLN+ValueRes(lambda={lams[0]},learn={'yes' if learn else 'no'})"
     ours = conns(spec, layers)
-    across = Across(spec, layers)
+    across = Across(spec, layers).double()
+    if learn:
+        with torch.no_grad():
+            across.designs[0].lam.copy_(torch.tensor(lams, dtype=torch.float64))
+    assert across.designs[0].lam.tolist() == pytest.approx(lams, rel=1e-15)
     final = skiplab.final_norm(spec, D, layers=layers).double()
     for conn, (norms, _, _) in zip(ours, xt.layers):
         load_norm(conn.norm, norms[0])
     load_norm(final, xt.final_norm)
-    x = torch.randn(2, 7, D, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    x = torch.randn(2, 7, D, generator=torch.Generator().manual_seed(3), dtype=torch.float64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
     run, h = across.start(), x
     for i in range(layers):
         h = run.enter(i, h)
         h = ours[2 * i](h, lambda t: attns[i](t, causal=True, values=run.values(i)))
         h = ours[2 * i + 1](h, ffns[i])
         run.leave(i, h)
-    y, y_ref = final(h), xt(x)
-    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)  # its attention softmax runs in float32 (attend.py)
-    plain = Across("PreLN", layers).start()  # without the value residual the outputs part: the test can fail
-    h = x
-    for i in range(layers):
-        h = ours[2 * i](h, lambda t: attns[i](t, causal=True, values=plain.values(i)))
-        h = ours[2 * i + 1](h, ffns[i])
-    assert (final(h) - y_ref).abs().max() > 1e-4
+    y, y_ref = final(h), xt(x_ref)
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(4), dtype=y.dtype)
+    (y * w).sum().backward(), (y_ref * w).sum().backward()
+    pairs = [(x.grad, x_ref.grad), (final.weight.grad, xt.final_norm.gamma.grad)]
+    for attn, block in zip(attns, attn_blocks):
+        want = torch.cat([block.to_q.weight.grad, block.to_k.weight.grad, block.to_v.weight.grad])
+        pairs += [(attn.qkv_proj.weight.grad, want), (attn.out_proj.weight.grad, block.to_out.weight.grad)]
+    for f, f_ref in zip(ffns, ffns_ref):
+        pairs += [(p.grad, q.grad) for p, q in zip(f.parameters(), f_ref.parameters())]
+    for conn, (norms, _, _) in zip(ours, xt.layers):
+        pairs.append((conn.norm.weight.grad, norms[0].gamma.grad))
+    if learn:  # dλ_l = −d mix_l
+        pairs.append((across.designs[0].lam.grad, -torch.stack([b.to_value_residual_mix.mix.grad
+                                                                for b in attn_blocks[1:]])))
+    for got, want in pairs:
+        assert want.abs().max() > 1e-6  # a gradient to compare
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+LAMS = [0.5, 0.5]  # the paper's λ, fixed
+# λ in (0, 1), float32 numbers: the spec's λ is held in the stack's float32 buffer before the model is made float64
+RANDOM_LAMS = torch.rand(3, generator=torch.Generator().manual_seed(11)).tolist()
+
+
+@pytest.mark.parametrize("lams,learn", [(LAMS, False), (RANDOM_LAMS[:1] * 3, False), (RANDOM_LAMS, True)],
+                         ids=["lambda=0.5", "random lambda", "learn=yes, a random lambda per layer"])
+def test_value_residual_gives_x_transformers_outputs_and_gradients(lams, learn):
+    compare_value_residual(lams, learn)
+
+
+# --- each comparison fails when the design is mutated ---------------------------------------------------------------
+
+def test_the_comparisons_fail_when_a_constant_of_the_design_is_mutated(monkeypatch):
+    """Sandwich-LN with its norms' ε 1e-3 (for 1e-5), LayerScale with CaiT's depth rule giving 0.101 (for 0.1), the
+    value residual with λ and 1 − λ swapped (V' = (1 − λ) V_1 + λ V_l): each comparison fails. The last one is
+    invisible at λ = 0.5: the reason the value residual is compared at a random λ."""
+    with monkeypatch.context() as m:
+        m.setattr(norms, "EPS", 1e-3)
+        with pytest.raises(AssertionError):
+            test_sandwich_norm_is_sandwich_ln()
+    with monkeypatch.context() as m:
+        m.setattr(scaled, "layerscale_init", lambda depth: 0.101)
+        with pytest.raises(AssertionError):
+            test_layerscale_option_is_layerscale("depth")
+
+    def swapped(self, i, v, state):
+        if i == 0:
+            state["v1"] = v
+            return v
+        return torch.lerp(state["v1"], v, self.lam[i - 1].to(v.dtype))
+
+    with monkeypatch.context() as m:
+        m.setattr(across_mod.ValueRes, "values", swapped)
+        for lams, learn in ((RANDOM_LAMS[:1] * 3, False), (RANDOM_LAMS, True)):
+            with pytest.raises(AssertionError):
+                compare_value_residual(lams, learn)
+        compare_value_residual(LAMS, False)  # λ = 1 − λ: the mutation passes unseen

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from skiplab import run_dir
 from skiplab.cli import main
 from skiplab.models import GPT, GPTConfig
 from skiplab.models.generate import filter_logits, generate
@@ -38,6 +39,17 @@ def args(text, out, *extra):
     return ["train", "lm", "--corpus", "", "--train-file", text / "train.jsonl", "--valid-file", text / "valid.jsonl",
             "--test-file", text / "test.jsonl", "--model", TINY, "--batch-size", "8", "--max-steps", "6",
             "--eval-every", "3", "--warmup", "2", "--lr", "3e-3", "--device", "cpu", "--out", out, *extra]
+
+
+def another_machine(cfg_path: Path) -> str:
+    """Rewrite the run's recorded machine into one that differs from this one by construction (this CPU's name with
+    " (other)" appended, no GPU), whatever this machine is; the machine name the tables and messages will show."""
+    cfg = json.loads(cfg_path.read_text())
+    env = cfg["environment"]
+    env.update(cpu=f"{env['cpu']} (other)", cuda=None)
+    cfg_path.write_text(json.dumps(cfg))
+    assert run_dir.machine_name(env) != run_dir.machine_name(run_dir.environment())
+    return run_dir.machine_name(env)
 
 
 def run(argv) -> int:
@@ -203,16 +215,13 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
     assert "WARNING" not in table  # every run on this machine
     # a run recorded on another machine (collected runs): its block mixes machines, the table says so and leaves
     # that pair out
-    cfg_path = out / "PostLN" / "seed1" / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["environment"].update(cpu="Intel(R) Xeon(R) Processor", cpu_capability="AVX2", cuda=None)
-    cfg_path.write_text(json.dumps(cfg))
+    other = another_machine(out / "PostLN" / "seed1" / "config.json")
     with one_thread():
         assert run(["compare", "lm", *argv]) == 0  # both runs done: only the table is made again
     table = (out / "table.md").read_text()
     assert "WARNING: block seed1 mixes machines" in table
-    assert "WARNING: no same-machine baseline, left out of Δ and the paired p: PostLN seed 1 (Intel Xeon Processor " \
-           "(AVX2); its baseline: " in table
+    assert f"WARNING: no same-machine baseline, left out of Δ and the paired p: PostLN seed 1 ({other}; its " \
+           "baseline: " in table
     assert json.loads((out / "compare.json").read_text())["rows"][1]["pairs"] == 0
     assert "| bits per byte (mean ± std) |" in table  # the metric's name, not a variant's
 
@@ -224,16 +233,13 @@ def test_compare_refuses_a_block_begun_on_another_machine(text, tmp_path, capsys
     base = args(text, out, "--seeds", "1")[2:]
     with one_thread():
         assert run(["compare", "lm", *base, "--connections", "PreLN,PostLN"]) == 0
-    shutil.rmtree(out / "PostLN")  # block 1 holds PreLN alone, trained (as the edit below says) on an Intel
-    cfg_path = out / "PreLN" / "seed1" / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["environment"].update(cpu="Intel(R) Xeon(R) Processor", cpu_capability="AVX512", cuda=None)
-    cfg_path.write_text(json.dumps(cfg))
+    shutil.rmtree(out / "PostLN")  # block 1 holds PreLN alone, trained (as the edit below says) elsewhere
+    other = another_machine(out / "PreLN" / "seed1" / "config.json")
     capsys.readouterr()
     with one_thread():
         assert run(["compare", "lm", *base, "--connections", "PreLN,PostLN"]) == 2
     err = capsys.readouterr().err
-    assert "block seed1 was begun on another machine (PreLN on Intel Xeon Processor (AVX512))" in err
+    assert f"block seed1 was begun on another machine (PreLN on {other})" in err
     assert "--mixed-blocks" in err and len([line for line in err.splitlines() if "skiplab:" in line]) == 1
     assert not (out / "PostLN").exists()
     with one_thread():
