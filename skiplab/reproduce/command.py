@@ -193,8 +193,10 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         cells = []
         for r in tqdm(resolved, desc=f"{t.id} cells", unit="cell", disable=not progress or not needed):
             cells.append(_cell_result(t, r, sc, seeds, root, resolved, progress))
-        for c, p in zip(cells, blocks.holm([c.get("p_paired") for c in cells])):
-            if p is not None:
+        experiments = [(tuple(c.get("runs", ())), tuple(c.get("baseline_runs", ())), c.get("measured", ""))
+                       for c in cells]  # one pair of runs measured one way: one experiment, however many cells
+        for c, p in zip(cells, blocks.holm_once([c.get("p_paired") for c in cells], experiments)):
+            if p is not None:  # one pair of runs standing for several cells is one member of the family
                 c["p_holm"] = p
         result = {
             "table": t.id, "source": t.source, "title": t.title, "metric": t.metric,
@@ -208,6 +210,8 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
             "train_time_s": sum(runs.train_time(c) for _, c in needed),
             "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
             "run_machines": run_machines([Path(c.out) for _, c in needed]),
+            "run_kinds": run_kinds([Path(c.out) for _, c in needed]),
+            "holm_m": len({e for c, e in zip(cells, experiments) if c.get("p_paired") is not None}),
         }
         table_dir = Path(out) / sc.name / t.id
         table_dir.mkdir(parents=True, exist_ok=True)
@@ -242,6 +246,21 @@ def run_machines(dirs: list[Path]) -> dict[str, dict[str, Any]]:
             for e in envs:
                 if run_dir.machine_name(e) == name and e.get("git_commit") and e["git_commit"] not in entry["commits"]:
                     entry["commits"].append(e["git_commit"])
+    return seen
+
+
+def run_kinds(dirs: list[Path]) -> dict[str, dict[str, Any]]:
+    """The kinds of machine (:func:`skiplab.run_dir.machine_kind`) a table's finished runs trained on: kind -> its
+    number of runs and whether it is a GPU."""
+    seen: dict[str, dict[str, Any]] = {}
+    for d in dirs:
+        if not (d / "summary.json").is_file() or not (d / "config.json").is_file():
+            continue
+        stored = run_dir.read_json(d / "config.json")
+        gpu = str(stored.get("device") or "").startswith("cuda")
+        for kind in run_dir.kinds(stored):
+            entry = seen.setdefault(kind, {"runs": 0, "gpu": gpu})
+            entry["runs"] += 1
     return seen
 
 
@@ -292,6 +311,8 @@ def _cell_result(t: Table, r: Resolved, sc: Scale, seeds: int, root: Path, resol
         return {**out, "delta": None, "p": None, "test": None}
     base_seeds = [_measure(t, base, _seeded(base, k, root), sc, progress) for k in range(1, seeds + 1)]
     base_values = [m["value"] for m in base_seeds if m and m.get("value") is not None]
+    out["baseline_runs"] = [str(_seeded(base, k, root).out) for k in range(1, seeds + 1)]
+    out["measured"] = f"{cell.run.metric or r.setting.metric or t.metric} {cell.run.probe or ''}".strip()
     delta = (out["mean"] - sum(base_values) / len(base_values)) if values and base_values else None
     task = get_task(r.task)
     if t.probes:
@@ -326,6 +347,8 @@ def listing() -> str:
             unit = f"; ours in {ours}, not the paper's {t.metric}" if ours != t.metric else ""
             lines.append(f"    {name:5s}: {ran}/{len(resolved)} cells, {len(needed)} runs ({sc.seeds} seeds), "
                          f"{estimate}{unit}")
+            if name in dict(t.out_of_reach):
+                lines.append(f"           OUT OF REACH at {name} scale: {dict(t.out_of_reach)[name]}")
             lines += [f"           {line}" for line in _given_prepared(t, sc)]
     return "\n".join(lines)
 
