@@ -193,11 +193,7 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         cells = []
         for r in tqdm(resolved, desc=f"{t.id} cells", unit="cell", disable=not progress or not needed):
             cells.append(_cell_result(t, r, sc, seeds, root, resolved, progress))
-        experiments = [(tuple(c.get("runs", ())), tuple(c.get("baseline_runs", ())), c.get("measured", ""))
-                       for c in cells]  # one pair of runs measured one way: one experiment, however many cells
-        for c, p in zip(cells, blocks.holm_once([c.get("p_paired") for c in cells], experiments)):
-            if p is not None:  # one pair of runs standing for several cells is one member of the family
-                c["p_holm"] = p
+        holm_m = holm_cells(cells)
         result = {
             "table": t.id, "source": t.source, "title": t.title, "metric": t.metric,
             "higher_is_better": t.higher_is_better, "ours_metric": _ours_metric(t, resolved), "scale": sc.name,
@@ -211,7 +207,7 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
             "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
             "run_machines": run_machines([Path(c.out) for _, c in needed]),
             "run_kinds": run_kinds([Path(c.out) for _, c in needed]),
-            "holm_m": len({e for c, e in zip(cells, experiments) if c.get("p_paired") is not None}),
+            "holm_m": holm_m,
         }
         table_dir = Path(out) / sc.name / t.id
         table_dir.mkdir(parents=True, exist_ok=True)
@@ -229,6 +225,18 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         print(f"wrote {', '.join(str(p) for p in [table_dir / 'table.md', table_dir / 'table.csv', table_dir / 'table.json', *figures])}")
         written.append(result)
     return written
+
+
+def holm_cells(cells: list[dict[str, Any]]) -> int:
+    """Each cell's ``p_holm``: Holm's correction of the paired p over the table's experiments, an experiment being
+    one pair of runs (the cell's and its baseline's) measured one way, counted once however many cells it stands
+    for (:func:`skiplab.analysis.blocks.holm_once`); return the family's size."""
+    experiments = [(tuple(c.get("runs", ())), tuple(c.get("baseline_runs", ())), c.get("measured", ""))
+                   for c in cells]
+    for c, p in zip(cells, blocks.holm_once([c.get("p_paired") for c in cells], experiments)):
+        if p is not None:
+            c["p_holm"] = p
+    return len({e for c, e in zip(cells, experiments) if c.get("p_paired") is not None})
 
 
 def run_machines(dirs: list[Path]) -> dict[str, dict[str, Any]]:
