@@ -347,8 +347,8 @@ def _failed_table(rows: list[dict[str, Any]], columns: dict[str, dict[str, str]]
     failed = [r for r in rows if r.get("failed")]
     if not failed:
         return []
-    head = [*(("λ" if k == "lambda" else k) for k in names), "trained / stalled / diverged",
-            f"trained runs (seed: {metric_label})", "stalled runs", "diverged runs"]
+    head = [*(("λ" if k == "lambda" else k) for k in names), f"{metric_label} (mean ± std)",
+            "trained / stalled / diverged", f"trained runs (seed: {metric_label})", "stalled runs", "diverged runs"]
 
     def runs(r: dict[str, Any], what: str) -> str:
         seeds = r["seeds"][what]
@@ -357,6 +357,7 @@ def _failed_table(rows: list[dict[str, Any]], columns: dict[str, dict[str, str]]
                          for s in seeds) or "-"
 
     body = [[*(_cell(columns.get(r["label"], {}).get(k, "-")) for k in names),
+             f"{r['mean']:.{decimals}f} ± {r['std']:.{decimals}f}" if not math.isnan(r["mean"]) else "none finished",
              f"{r['trained']} / {r['stalled']} / {r['diverged']}", runs(r, "trained"), runs(r, "stalled"),
              runs(r, "diverged")] for r in failed]
     return ["", "Rows with a stalled or diverged run (not findings; outside Holm's family):", "", *_grid(head, body)]
