@@ -233,8 +233,9 @@ def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[s
     p.add_argument("--connections", type=config.parse_list, default=None, metavar="SPECS",
                    help=f"connection specs to compare, comma-separated (default: {','.join(connections)} without "
                         "--models; with --models, each model's own)")
-    p.add_argument("--seeds", type=config.count(1), default=seeds,
-                   help=f"seeds 1..N per variant; seed k of every variant is block k (default: {seeds})")
+    p.add_argument("--seeds", type=config.seed_list, default=seeds,
+                   help=f"seeds 1..N per variant, or A-B (seeds A..B) or A,B,...; seed k of every variant is block "
+                        f"k (default: {seeds})")
     p.add_argument("--jobs", type=config.count(1), default=1,
                    help="runs of a block trained side by side, each with cores/N threads (default: 1)")
     p.add_argument("--budget", choices=budget.BUDGETS, default="updates",

@@ -50,6 +50,24 @@ def count(minimum: int = 1):
     return parse
 
 
+def seed_list(text: str) -> tuple[int, ...]:
+    """An argparse type: seeds, as ``N`` (1..N), ``A-B`` (A..B) or ``A,B,...`` (each >= 1, none twice)."""
+    text = str(text).strip()
+    try:
+        if "-" in text:
+            low, _, high = text.partition("-")
+            seeds = tuple(range(int(low), int(high) + 1))
+        elif "," in text:
+            seeds = tuple(int(t) for t in text.split(","))
+        else:
+            seeds = tuple(range(1, int(text) + 1))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N, A-B or A,B,... (seeds), got {text!r}") from None
+    if not seeds or min(seeds) < 1 or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"seeds must be >= 1, none twice, at least one; got {text!r}")
+    return seeds
+
+
 def check_bounds(cfg: Any) -> None:
     """A ``ValueError`` naming the first field of ``cfg`` below its ``min`` metadata."""
     for f in dataclasses.fields(cfg):

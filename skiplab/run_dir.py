@@ -291,18 +291,20 @@ def note_changes(out: Path, stored: dict[str, Any], new: dict[str, Any], changed
     return f"{out}: resumed with " + ", ".join(f"{k} {stored.get(k)} -> {new[k]}" for k in changed)
 
 
-def note_machine(out: Path, at: int) -> str:
-    """A run resumed on another machine or code version than config.json's ``environment`` names: the new one goes
-    into config.json's ``resumed_on`` (with the step it went on from), so that tables can tell a run trained on two
-    machines; return a line saying so ("" where nothing changed)."""
+def note_machine(out: Path, at: int, device: str | None = None, amp: bool | None = None) -> str:
+    """A run resumed on another machine, kind of machine (``device`` and ``amp``, where given: :func:`kinds`) or
+    code version than config.json's ``environment`` names: the new one goes into config.json's ``resumed_on``
+    (with the step it went on from), so that tables can tell a run trained on two machines; return a line saying
+    so ("" where nothing changed)."""
     stored = read_json(out / "config.json")
     now, first = environment(), stored.get("environment", {})
     seen = [first, *(e["environment"] for e in stored.get("resumed_on", []))]
     last = seen[-1]
-    if machine_name(now) == machine_name(last) and now.get("git_commit") == last.get("git_commit"):
+    entry = {"at": at, "environment": now, **({"device": device, "amp": amp} if device is not None else {})}
+    same_kind = device is None or machine_kind(now, device, bool(amp)) == _segments(stored)[-1]
+    if machine_name(now) == machine_name(last) and now.get("git_commit") == last.get("git_commit") and same_kind:
         return ""
-    write_json(out / "config.json", {**stored, "resumed_on": [*stored.get("resumed_on", []),
-                                                              {"at": at, "environment": now}]})
+    write_json(out / "config.json", {**stored, "resumed_on": [*stored.get("resumed_on", []), entry]})
     return (f"{out}: resumed at {at} on {machine_name(now)}, code {now.get('git_commit') or 'unknown'} "
             f"(before: {machine_name(last)}, code {last.get('git_commit') or 'unknown'}); config.json records it")
 
@@ -312,6 +314,42 @@ def machines(stored: dict[str, Any]) -> list[str]:
     names = [machine_name(stored.get("environment", {})),
              *(machine_name(e["environment"]) for e in stored.get("resumed_on", []))]
     return list(dict.fromkeys(names))
+
+
+def machine_kind(env: dict[str, Any], device: str, amp: bool) -> str:
+    """The kind of machine a run trained on, what a paired comparison may pool: on a GPU its model and precision
+    ("NVIDIA H100 80GB HBM3, bf16 autocast" or ", fp32"), on a CPU its model, the instruction set torch's kernels
+    used and fp32 ("AMD EPYC (AVX512), fp32"; autocast is CUDA only). Two runs of one kind compute the same
+    kernels at the same precision; of two kinds, a design's difference to its baseline may itself differ."""
+    if str(device).startswith("cuda") and env.get("cuda"):
+        return f"{env['cuda']}, {'bf16 autocast' if amp else 'fp32'}"
+    cpu = machine_name({**env, "cuda": None})  # the processor and its kernel set
+    return "unknown" if cpu == "unknown" else f"{cpu}, fp32"
+
+
+def _device_and_amp(stored: dict[str, Any]) -> tuple[str, bool]:
+    """The device and precision config.json records (older runs: resolved from their config as training did)."""
+    config, env = stored.get("config") or {}, stored.get("environment", {})
+    device = str(stored.get("device") or config.get("device") or "auto")
+    if device == "auto":
+        device = "cuda" if env.get("cuda") else "cpu"
+    amp = stored.get("amp", bool(config.get("amp")) and device.startswith("cuda"))
+    return device, bool(amp)
+
+
+def kinds(stored: dict[str, Any]) -> list[str]:
+    """Every kind of machine (:func:`machine_kind`) a run's config.json says it trained on, in order, none twice
+    (a run resumed on another kind has two)."""
+    return list(dict.fromkeys(_segments(stored)))
+
+
+def _segments(stored: dict[str, Any]) -> list[str]:
+    """The kind of machine of each stretch of a run: its start, then every resume config.json notes."""
+    device, amp = _device_and_amp(stored)
+    out = [machine_kind(stored.get("environment", {}), device, amp)]
+    for e in stored.get("resumed_on", []):
+        out.append(machine_kind(e["environment"], e.get("device", device), e.get("amp", amp)))
+    return out
 
 
 def rng_state() -> dict[str, Any]:

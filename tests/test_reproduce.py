@@ -379,3 +379,35 @@ def test_caption_cells_name_the_coco_files_they_need(tmp_path):
     assert found.config.data_dir == str(tmp_path / "coco") and "connection=SAS" in found.config.model
     assert cell.run.metric == "CIDEr" and t.cell("Baseline", "SPICE").run is None
     assert "holding coco/: 21/32 cells" in reproduce_mod.listing()
+
+
+def test_holm_counts_a_pair_of_runs_once_however_many_cells_it_stands_for():
+    """mixln-table1's shape: the 12-layer miniature stands for LLaMA-71M and 130M, so Post-LN's two cells are one
+    experiment, as are DeepNorm's: Holm's m is 2, not 4 (2 · 0.01 = 0.02; max(0.02, 0.04) = 0.04, where counting
+    every cell gave 0.04 and 0.08). Another measure of the same runs (captioning's BLEU-4 and CIDEr) is another
+    experiment."""
+    post = {"runs": ["post12/seed1", "post12/seed2"], "baseline_runs": ["pre12/seed1", "pre12/seed2"],
+            "measured": "bpb", "p_paired": 0.01}
+    deep = {**post, "runs": ["deep12/seed1", "deep12/seed2"], "p_paired": 0.04}
+    cells = [dict(post), dict(post), dict(deep), dict(deep), {"p_paired": None}]
+    assert reproduce_mod.holm_cells(cells) == 2
+    assert [c.get("p_holm") for c in cells] == [pytest.approx(0.02)] * 2 + [pytest.approx(0.04)] * 2 + [None]
+    measures = [{**post, "measured": "BLEU-4"}, {**post, "measured": "CIDEr"}]
+    assert reproduce_mod.holm_cells(measures) == 2
+    assert [c["p_holm"] for c in measures] == [pytest.approx(0.02)] * 2
+
+
+def test_a_table_whose_runs_trained_on_a_gpu_says_so_and_deepnet_is_out_of_reach():
+    about = "miniatures for a 2-core CPU: about an hour per table at the default 2 seeds a row"
+    gpu = {"scale": "cpu", "scale_about": about, "seeds": 2,
+           "run_kinds": {"NVIDIA H100 80GB HBM3, bf16 autocast": {"runs": 16, "gpu": True}}}
+    line = report.scale_line(gpu)
+    assert "2-core CPU" not in line and "trained on NVIDIA H100 80GB HBM3, bf16 autocast (16 runs)" in line
+    cpu = {**gpu, "seeds": 3, "run_kinds": {"AMD EPYC (AVX2), fp32": {"runs": 6, "gpu": False}}}
+    assert report.scale_line(cpu) == (f"Scale `cpu`: {about}; seeds 1-3. Trained on: AMD EPYC (AVX2), fp32 (6 runs).")
+    recorded = Path(__file__).resolve().parents[1] / "docs" / "results" / "repro" / "h100-cpu-scale"
+    header = (recorded / "mixln-table1" / "table.md").read_text().split("\n\n")[1]
+    assert "2-core CPU" not in header and "NVIDIA H100" in header
+    assert "(6 in the family)" in (recorded / "mixln-table1" / "table.md").read_text()
+    listed = reproduce_mod.listing().split("deepnet-table1", 1)[1].split("\n\n")[0]
+    assert "OUT OF REACH at cpu scale: its depths run to 100-100 layers" in listed

@@ -12,20 +12,31 @@ Over a row's B paired blocks, with m_b its metric and m⁰_b the baseline's in b
     Δ = (1/B) Σ_b d_b,   s_d = sqrt(Σ_b (d_b − Δ)² / (B − 1))
     95% CI of Δ:  Δ ± t_{B−1, 0.975} · s_d / √B                  (Student's t interval of a mean difference)
     paired p:     2 · P(T_{B−1} > |Δ| / (s_d / √B))               (the paired t-test, scipy.stats.ttest_rel)
+    Wilcoxon p:   2 · P(W ≤ min(W⁺, W⁻)), W⁺ = Σ_{d_b > 0} rank(|d_b|), W⁻ likewise, under the exact null
+                  distribution of W over the 2^B sign patterns (Wilcoxon 1945; ``scipy.stats.wilcoxon(method=
+                  "exact")``), uncorrected; it needs no normality of the d_b, and its smallest attainable value
+                  is 2/2^B (all B differences of one sign): 0.0625 at B = 5, 0.0078 at B = 8
     Welch p:      over the row's and the baseline's finished runs, unpaired, unequal variances (Welch 1947)
 
 undefined with fewer than two pairs or no spread in the differences. **Holm's correction** (Holm 1979) over the m
-rows of one table that have a paired p: with p_(1) ≤ … ≤ p_(m) in ascending order,
+rows of one table that have a paired p and no failed run (below): with p_(1) ≤ … ≤ p_(m) in ascending order,
 
     p̃_(i) = min(1, max_{j ≤ i} (m − j + 1) · p_(j))
 
 and a row's difference holds at level α when p̃ < α; this controls the chance of any false claim among the m rows
-(the family-wise error rate) at α, whatever the dependence between the rows.
+(the family-wise error rate) at α, whatever the dependence between the rows. The t-test's corrected p decides
+"holds"; the Wilcoxon p stands beside it as a check that needs no normality.
+
+**One kind of machine.** A run's kind of machine (:func:`skiplab.run_dir.machine_kind`: a CPU model with its
+kernel set in fp32, or a GPU model with its precision) is part of what a design's difference to its baseline is:
+blocking removes an additive machine effect, not a design that gains more on one kind than on another. A block's
+kind is its baseline run's; a table pools blocks of one kind only (:func:`one_kind` refuses others).
 
 **Run status**: ``diverged`` (its loss stopped being finite), ``stalled`` (finished, but its metric is within the
 task's stated margin of the context-free reference: the unigram model for a language model, chance for a
-classifier; it trained without learning much), or ``trained``. Stalled runs are counted apart and stay in the
-mean and the pairs: a design that stalls in some seeds is worse for it.
+classifier; it trained without learning much), or ``trained``. **Failures are not findings**: a row with any
+stalled or diverged run is ``failed``; it is reported apart (its runs listed by status), and its paired p leaves
+Holm's family, so that "worse than the baseline" is never a claim about a run that did not train.
 """
 
 from __future__ import annotations
@@ -41,13 +52,15 @@ from scipy import stats as _scipy
 
 from .comparison import mean_std, welch_p
 
-__all__ = ["RunRecord", "Block", "blocks", "holm", "mean_difference", "paired_p", "status", "summarise"]
+__all__ = ["RunRecord", "Block", "blocks", "holm", "holm_once", "mean_difference", "one_kind", "paired_p", "status", "summarise",
+           "wilcoxon_p"]
 
 
 @dataclass(frozen=True)
 class RunRecord:
     """One run as a comparison sees it. ``status``: finished, diverged (or partial/missing: not counted);
-    ``machines``: every machine it trained on (a run resumed elsewhere has two)."""
+    ``machines``: every machine it trained on (a run resumed elsewhere has two); ``kinds``: every kind of machine
+    (:func:`skiplab.run_dir.kinds`)."""
 
     label: str
     seed: int
@@ -57,10 +70,15 @@ class RunRecord:
     commit: str | None = None
     s_per_update: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    kinds: tuple[str, ...] = ()
 
     @property
     def machine(self) -> str:
         return " + ".join(self.machines) if self.machines else "unknown"
+
+    @property
+    def kind(self) -> str:
+        return " + ".join(self.kinds) if self.kinds else "unknown"
 
 
 @dataclass
@@ -118,6 +136,30 @@ def paired_p(diffs: list[float]) -> float | None:
     return None if math.isnan(p) else p
 
 
+def wilcoxon_p(diffs: list[float]) -> float | None:
+    """Two-sided exact p of Wilcoxon's signed-rank test that the differences are symmetric about 0 (module
+    docstring; None with fewer than two differences or none nonzero)."""
+    if len(diffs) < 2 or not any(diffs):
+        return None
+    with warnings.catch_warnings():  # ties or zeros: scipy says its exact p is then approximate, the p stands
+        warnings.simplefilter("ignore")
+        p = float(_scipy.wilcoxon(diffs, method="exact").pvalue)
+    return None if math.isnan(p) else p
+
+
+def one_kind(block_kinds: dict[int, str], what: str = "blocks") -> str | None:
+    """The one kind of machine of ``block_kinds`` (seed -> kind; None where it has none), or a one-line error
+    naming each kind's seeds: blocks of two kinds are never pooled in one paired analysis (module docstring)."""
+    by_kind: dict[str, list[int]] = {}
+    for seed, kind in sorted(block_kinds.items()):
+        by_kind.setdefault(kind, []).append(seed)
+    if len(by_kind) > 1:
+        listed = "; ".join(f"seed{'s' if len(v) > 1 else ''} {', '.join(map(str, v))} on {k}" for k, v in by_kind.items())
+        raise ValueError(f"{what} of different kinds of machine cannot be pooled in one paired analysis ({listed}): "
+                         "give each kind its own --out (move the other kind's seed folders there)")
+    return next(iter(by_kind), None)
+
+
 def holm(pvalues: list[float | None]) -> list[float | None]:
     """Holm's step-down adjusted p-values, in the given order (None stays None and is not counted in m)."""
     present = sorted((p, i) for i, p in enumerate(pvalues) if p is not None)
@@ -128,12 +170,29 @@ def holm(pvalues: list[float | None]) -> list[float | None]:
     return out
 
 
+def holm_once(pvalues: list[float | None], experiments: list[Any]) -> list[float | None]:
+    """Holm's correction with each experiment counted once: entries of one ``experiments`` key (one pair of runs
+    standing for several cells of a table, e.g. a miniature for two paper sizes) are one member of the family,
+    with the p of its first entry, and every entry gets its experiment's corrected p. m is the number of distinct
+    experiments with a p, not of entries: copies of one comparison do not make the correction stricter."""
+    first: dict[Any, float] = {}
+    for p, key in zip(pvalues, experiments):
+        if p is not None:
+            first.setdefault(key, p)
+    keys = list(first)
+    adjusted = dict(zip(keys, holm([first[k] for k in keys])))
+    return [adjusted[key] if p is not None else None for p, key in zip(pvalues, experiments)]
+
+
 def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_is_better: bool = False,
               reference: float | None = None, margin: float | None = None,
               alpha: float = 0.05) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """One row per label of ``order`` (the module's formulas) and what the table's header must say:
-    ``{"blocks": [...], "unpaired": [...], "mixed": bool, "alpha": α, "holm_m": m}``."""
+    ``{"blocks": [...], "unpaired": [...], "mixed": bool, "alpha": α, "holm_m": m, "kind": ..., "failed": [...]}``;
+    a ValueError where the blocks are of two kinds of machine (:func:`one_kind`)."""
     by_block = blocks(records)
+    kind = one_kind({b.seed: b.runs[baseline].kind for b in by_block
+                     if baseline in b.runs and b.runs[baseline].kinds})
     unpaired: list[str] = []
     rows = []
     for label in order:
@@ -149,6 +208,9 @@ def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_
             if run.machine != base.machine:
                 unpaired.append(f"{label} seed {b.seed} ({run.machine}; its baseline: {base.machine})")
                 continue
+            if run.kind != base.kind:  # one machine, another device or precision
+                unpaired.append(f"{label} seed {b.seed} ({run.kind}; its baseline: {base.kind})")
+                continue
             if run.status == "finished" and base.status == "finished" and None not in (run.value, base.value):
                 diffs.append(run.value - base.value)
             if run.s_per_update and base.s_per_update:
@@ -158,21 +220,25 @@ def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_
         base_values = [r.value for r in records if r.label == baseline and r.status == "finished"
                        and r.value is not None]
         delta, lo, hi = mean_difference(diffs) if label != baseline else (math.nan, None, None)
+        by_status = {s: [r.seed for r, t in zip(mine, states) if t == s] for s in ("trained", "stalled", "diverged")}
         rows.append({
             "label": label, "runs": len(mine), "trained": states.count("trained"),
-            "stalled": states.count("stalled"), "diverged": states.count("diverged"),
+            "stalled": states.count("stalled"), "diverged": states.count("diverged"), "seeds": by_status,
+            "failed": label != baseline and bool(by_status["stalled"] or by_status["diverged"]),
             "mean": mean, "std": std, "values": {r.seed: r.value for r in mine if r.status == "finished"},
             "pairs": len(diffs), "delta": delta, "ci_low": lo, "ci_high": hi,
             "p_paired": paired_p(diffs) if label != baseline else None,
+            "p_wilcoxon": wilcoxon_p(diffs) if label != baseline else None,
             "p_welch": welch_p(finished, base_values) if label != baseline else None,
             "time_ratio": sum(ratios) / len(ratios) if ratios else None,
         })
-    adjusted = holm([r["p_paired"] for r in rows])
+    adjusted = holm([None if r["failed"] else r["p_paired"] for r in rows])  # failures are not findings
     for r, p in zip(rows, adjusted):
         r["p_holm"] = p
         r["holds"] = p is not None and p < alpha
     header = {
-        "baseline": baseline, "alpha": alpha, "holm_m": sum(p is not None for p in adjusted),
+        "baseline": baseline, "alpha": alpha, "holm_m": sum(p is not None for p in adjusted), "kind": kind,
+        "failed": [r["label"] for r in rows if r["failed"]],
         "blocks": [{"seed": b.seed, "machines": b.machines, "commits": b.commits, "runs": len(b.runs),
                     "baseline": baseline in b.runs} for b in by_block],
         "unpaired": unpaired, "mixed": any(len(b.machines) > 1 for b in by_block),
@@ -208,15 +274,23 @@ def header_lines(header: dict[str, Any], metric_label: str) -> list[str]:
     commits = sorted({c for b in header["blocks"] for c in b["commits"]})
     out.append(f"Blocks: {len(header['blocks'])} (block k = seed k of every row); machines: {where}; "
                f"code: {', '.join(commits) or 'unknown'}.")
+    if header.get("kind"):
+        out.append(f"Kind of machine: {header['kind']}, every block (a table pools blocks of one kind).")
     if header.get("budget"):
         out.append(header["budget"][0].upper() + header["budget"][1:] + ".")
     if header.get("reference") is not None:
         out.append(f"Status: diverged (non-finite loss), stalled (finished within {header['margin']:g} of the "
                    f"context-free reference, {header.get('reference_label') or 'reference'}: "
                    f"{header['reference']:.3f}), else trained.")
+    n = len(header["blocks"])
     out.append(f"Δ: the paired difference to {base} (row − {base} in the same block), mean over blocks, with its 95% "
-               f"CI (Student's t); p paired: paired t-test; p Welch: unpaired; p Holm: Holm's correction over the "
-               f"{header['holm_m']} rows with a paired p; holds: p Holm < {header['alpha']:g}.")
+               f"CI (Student's t); p paired: paired t-test; p Wilcoxon: exact signed-rank test of the same "
+               f"differences, uncorrected (with n = {n} blocks the smallest attainable exact Wilcoxon p is "
+               f"2/2^{n} = {2 / 2 ** n:.2g}); p Welch: unpaired; p Holm: Holm's correction of the paired t-test over "
+               f"the {header['holm_m']} rows with a paired p and no failed run; holds: p Holm < {header['alpha']:g}.")
+    if header.get("failed"):
+        out.append(f"Failures are not findings: {', '.join(header['failed'])} had a stalled or diverged run; listed "
+                   "apart below the table, outside Holm's family.")
     for b in header["blocks"]:
         if len(b["machines"]) > 1:
             out.append(f"WARNING: block seed{b['seed']} mixes machines ({', '.join(b['machines'])}).")
@@ -233,9 +307,12 @@ def markdown(rows: list[dict[str, Any]], header: dict[str, Any], columns: dict[s
     base = header["baseline"]
     names = list(dict.fromkeys(k for c in columns.values() for k in c))
     head = [*(("λ" if k == "lambda" else k) for k in names), f"time × {base}", f"{metric_label} (mean ± std)",
-            f"Δ vs {base} [95% CI]", "p paired", "p Welch", "p Holm", "holds", "trained / stalled / diverged"]
+            f"Δ vs {base} [95% CI]", "p paired", "p Wilcoxon", "p Welch", "p Holm", "holds",
+            "trained / stalled / diverged"]
     body = []
     for r in rows:
+        if r.get("failed"):
+            continue
         col = columns.get(r["label"], {})
         ok = not math.isnan(r["mean"])
         interval = (f" [{_num(r['ci_low'], decimals, True)}, {_num(r['ci_high'], decimals, True)}]"
@@ -245,24 +322,52 @@ def markdown(rows: list[dict[str, Any]], header: dict[str, Any], columns: dict[s
             _num(r["time_ratio"], 3) if r["time_ratio"] is not None else "-",
             f"{r['mean']:.{decimals}f} ± {r['std']:.{decimals}f}" if ok else "none finished",
             "-" if r["label"] == base else _num(r["delta"], decimals, True) + interval + f" ({r['pairs']} pairs)",
-            _p(r["p_paired"]), _p(r["p_welch"]), _p(r["p_holm"]),
+            _p(r["p_paired"]), _p(r.get("p_wilcoxon")), _p(r["p_welch"]), _p(r["p_holm"]),
             "-" if r["label"] == base else ("yes" if r["holds"] else "no"),
             f"{r['trained']} / {r['stalled']} / {r['diverged']}"])
-    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
-    line = lambda r: "| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731
-    table = [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in body]
+    table = _grid(head, body)
+    failed = _failed_table(rows, columns, names, metric_label, decimals)
     better = [r for r in rows if r["holds"] and (r["delta"] > 0) == higher_is_better]
     worse = [r for r in rows if r["holds"] and (r["delta"] > 0) != higher_is_better]
     verdict = (f"Differences that hold after Holm's correction: better than {base}: "
                f"{', '.join(r['label'] for r in better) or 'none'}; worse: {', '.join(r['label'] for r in worse) or 'none'}.")
-    return "\n".join([*header_lines(header, metric_label), "", *table, "", verdict])
+    return "\n".join([*header_lines(header, metric_label), "", *table, "", verdict, *failed])
+
+
+def _grid(head: list[str], body: list[list[str]]) -> list[str]:
+    """A markdown table, its columns padded to their widest cell."""
+    widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(v.ljust(w) for v, w in zip(r, widths)) + " |"  # noqa: E731
+    return [line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(r) for r in body]
+
+
+def _failed_table(rows: list[dict[str, Any]], columns: dict[str, dict[str, str]], names: list[str],
+                  metric_label: str, decimals: int) -> list[str]:
+    """The rows with a stalled or diverged run, apart: each run by its status (seed: metric), no test."""
+    failed = [r for r in rows if r.get("failed")]
+    if not failed:
+        return []
+    head = [*(("λ" if k == "lambda" else k) for k in names), f"{metric_label} (mean ± std)",
+            "trained / stalled / diverged", f"trained runs (seed: {metric_label})", "stalled runs", "diverged runs"]
+
+    def runs(r: dict[str, Any], what: str) -> str:
+        seeds = r["seeds"][what]
+        values = r["values"]
+        return ", ".join(f"{s}: {values[s]:.{decimals}f}" if values.get(s) is not None else str(s)
+                         for s in seeds) or "-"
+
+    body = [[*(_cell(columns.get(r["label"], {}).get(k, "-")) for k in names),
+             f"{r['mean']:.{decimals}f} ± {r['std']:.{decimals}f}" if not math.isnan(r["mean"]) else "none finished",
+             f"{r['trained']} / {r['stalled']} / {r['diverged']}", runs(r, "trained"), runs(r, "stalled"),
+             runs(r, "diverged")] for r in failed]
+    return ["", "Rows with a stalled or diverged run (not findings; outside Holm's family):", "", *_grid(head, body)]
 
 
 def to_csv(rows: list[dict[str, Any]], columns: dict[str, dict[str, str]]) -> str:
     """The rows with their describing columns, one line each (per-seed values as seed:value pairs)."""
     names = list(dict.fromkeys(k for c in columns.values() for k in c))
     buf = io.StringIO()
-    keys = [k for k in rows[0] if k != "values"]
+    keys = [k for k in rows[0] if k not in ("values", "seeds")]
     writer = csv.writer(buf)
     writer.writerow([*names, *keys, "values"])
     for r in rows:

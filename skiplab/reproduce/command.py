@@ -193,9 +193,7 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         cells = []
         for r in tqdm(resolved, desc=f"{t.id} cells", unit="cell", disable=not progress or not needed):
             cells.append(_cell_result(t, r, sc, seeds, root, resolved, progress))
-        for c, p in zip(cells, blocks.holm([c.get("p_paired") for c in cells])):
-            if p is not None:
-                c["p_holm"] = p
+        holm_m = holm_cells(cells)
         result = {
             "table": t.id, "source": t.source, "title": t.title, "metric": t.metric,
             "higher_is_better": t.higher_is_better, "ours_metric": _ours_metric(t, resolved), "scale": sc.name,
@@ -208,6 +206,8 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
             "train_time_s": sum(runs.train_time(c) for _, c in needed),
             "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
             "run_machines": run_machines([Path(c.out) for _, c in needed]),
+            "run_kinds": run_kinds([Path(c.out) for _, c in needed]),
+            "holm_m": holm_m,
         }
         table_dir = Path(out) / sc.name / t.id
         table_dir.mkdir(parents=True, exist_ok=True)
@@ -227,6 +227,18 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
     return written
 
 
+def holm_cells(cells: list[dict[str, Any]]) -> int:
+    """Each cell's ``p_holm``: Holm's correction of the paired p over the table's experiments, an experiment being
+    one pair of runs (the cell's and its baseline's) measured one way, counted once however many cells it stands
+    for (:func:`skiplab.analysis.blocks.holm_once`); return the family's size."""
+    experiments = [(tuple(c.get("runs", ())), tuple(c.get("baseline_runs", ())), c.get("measured", ""))
+                   for c in cells]
+    for c, p in zip(cells, blocks.holm_once([c.get("p_paired") for c in cells], experiments)):
+        if p is not None:
+            c["p_holm"] = p
+    return len({e for c, e in zip(cells, experiments) if c.get("p_paired") is not None})
+
+
 def run_machines(dirs: list[Path]) -> dict[str, dict[str, Any]]:
     """Where a table's runs were trained, from each finished run's config.json: machine name -> its number of runs
     and the code versions they name (a run resumed elsewhere counts for every machine it trained on)."""
@@ -242,6 +254,21 @@ def run_machines(dirs: list[Path]) -> dict[str, dict[str, Any]]:
             for e in envs:
                 if run_dir.machine_name(e) == name and e.get("git_commit") and e["git_commit"] not in entry["commits"]:
                     entry["commits"].append(e["git_commit"])
+    return seen
+
+
+def run_kinds(dirs: list[Path]) -> dict[str, dict[str, Any]]:
+    """The kinds of machine (:func:`skiplab.run_dir.machine_kind`) a table's finished runs trained on: kind -> its
+    number of runs and whether it is a GPU."""
+    seen: dict[str, dict[str, Any]] = {}
+    for d in dirs:
+        if not (d / "summary.json").is_file() or not (d / "config.json").is_file():
+            continue
+        stored = run_dir.read_json(d / "config.json")
+        gpu = str(stored.get("device") or "").startswith("cuda")
+        for kind in run_dir.kinds(stored):
+            entry = seen.setdefault(kind, {"runs": 0, "gpu": gpu})
+            entry["runs"] += 1
     return seen
 
 
@@ -292,6 +319,8 @@ def _cell_result(t: Table, r: Resolved, sc: Scale, seeds: int, root: Path, resol
         return {**out, "delta": None, "p": None, "test": None}
     base_seeds = [_measure(t, base, _seeded(base, k, root), sc, progress) for k in range(1, seeds + 1)]
     base_values = [m["value"] for m in base_seeds if m and m.get("value") is not None]
+    out["baseline_runs"] = [str(_seeded(base, k, root).out) for k in range(1, seeds + 1)]
+    out["measured"] = f"{cell.run.metric or r.setting.metric or t.metric} {cell.run.probe or ''}".strip()
     delta = (out["mean"] - sum(base_values) / len(base_values)) if values and base_values else None
     task = get_task(r.task)
     if t.probes:
@@ -326,6 +355,8 @@ def listing() -> str:
             unit = f"; ours in {ours}, not the paper's {t.metric}" if ours != t.metric else ""
             lines.append(f"    {name:5s}: {ran}/{len(resolved)} cells, {len(needed)} runs ({sc.seeds} seeds), "
                          f"{estimate}{unit}")
+            if name in dict(t.out_of_reach):
+                lines.append(f"           OUT OF REACH at {name} scale: {dict(t.out_of_reach)[name]}")
             lines += [f"           {line}" for line in _given_prepared(t, sc)]
     return "\n".join(lines)
 

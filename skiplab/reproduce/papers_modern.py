@@ -57,6 +57,8 @@ DEEPNET_TABLE1 = Table(
            + _deepnet_row("NormFormer", None, (27.0, 28.3, 27.8, None), _NO_DESIGN.format("NormFormer"))
            + _deepnet_row("DeepNet", "DeepNorm", (27.8, 28.8, 29.0, 28.9))),
     average=0,
+    out_of_reach=(("cpu", "its depths run to 100-100 layers (200 Transformer layers a run): tens of hours of "
+                          "training on a 2-core CPU (the estimate above), not the scale's hour a table"),),
     reading=("Every skiplab row is its encoder-decoder Transformer at the setting's size with the row's connection on "
              "every sub-layer, dropout 0.4 as the paper's base setting; DeepNet is DeepNorm (α, β of the "
              "encoder-decoder: encoder 0.81(N⁴M)^(1/16) and 0.87(N⁴M)^(−1/16), decoder (3M)^(1/4) and (12M)^(−1/4)). "

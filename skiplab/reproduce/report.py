@@ -88,6 +88,20 @@ def _md_table(head: tuple[str, ...], body: list[tuple[str, ...]]) -> str:
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, body)])
 
 
+def scale_line(result: dict[str, Any]) -> str:
+    """What the header says of the scale and where its runs trained: the scale's own description where every run
+    trained on a CPU, else its settings and the kinds of machine they trained on (a scale sized for a 2-core CPU
+    whose runs trained on a GPU says so)."""
+    kinds = result.get("run_kinds") or {}
+    where = "; ".join(f"{k} ({v['runs']} runs)" for k, v in kinds.items())
+    seeds = f"seeds 1-{result['seeds']}"
+    if any(v.get("gpu") for v in kinds.values()):
+        return (f"Scale `{result['scale']}`: its settings (models, data, updates), trained on {where}, not on the "
+                f"machine the scale is sized for; {seeds}.")
+    trained = f" Trained on: {where}." if where else ""
+    return f"Scale `{result['scale']}`: {result['scale_about']}; {seeds}.{trained}"
+
+
 def markdown(result: dict[str, Any], brief: bool = False) -> str:
     """The table with its header (source, metric, scale, settings, seeds) and, unless ``brief``, how it was made."""
     direction = "higher" if result["higher_is_better"] else "lower"
@@ -98,14 +112,15 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
                   f"better for both). The two are not the same quantity and cannot be compared as numbers: compare "
                   f"the orderings and the signs of the differences to the baseline.")
     parts = [f"### {result['table']}: {result['title']}",
-             f"Source: {source(result)}. {metric} "
-             f"Scale `{result['scale']}`: {result['scale_about']}; seeds 1-{result['seeds']}.",
+             f"Source: {source(result)}. {metric} {scale_line(result)}",
              _md_table(head(result), rows(result)),
              "Δ: the row's mean minus its baseline row's in the same column (the paper's numbers and ours); "
              f"p: {'; '.join(tests) if tests else 'no test (one side has no runs or seeds to compare)'}."
              + (" p paired, Holm: the t-test of the seed-matched differences (seed k of the row minus seed k of its "
-                "baseline), with Holm's correction over the table's cells that have one (skiplab.analysis.blocks)."
-                if _holm(result) else "")]
+                "baseline), with Holm's correction over the table's experiments that have one, each pair of runs "
+                "counted once however many cells it stands for"
+                + (f" ({result['holm_m']} in the family)" if result.get("holm_m") is not None else "")
+                + " (skiplab.analysis.blocks)." if _holm(result) else "")]
     if brief:
         return "\n\n".join(parts)
     if result["settings"]:

@@ -451,7 +451,7 @@ CPU = Scale("cpu", {
                             "fashion-mnist-scenes (12,000 train / 1,000 test scenes), captioner-small (d 128, 2 + 2 "
                             "layers, PreAct trunk over 64 x 64 pixels), 3,000 updates of 50 pairs, lr 1e-3, warm-up "
                             "300, the last 5 checkpoints averaged, beam 3", seconds_per_run=1400),
-}, seeds=2, about="miniatures for a 2-core CPU: about an hour per table, 2 seeds per row")
+}, seeds=2, about="miniatures for a 2-core CPU: about an hour per table at the default 2 seeds a row")
 
 # ---- smoke ------------------------------------------------------------------------------------------------
 _SMOKE_IMAGE_RUN = dict(epochs=1, train_subset=64, test_subset=32, batch_size=32)

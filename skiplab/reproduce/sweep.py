@@ -35,6 +35,12 @@ and per design and depth, over the lrs η swept:
 
 The best lr is thus chosen among the lrs at which every seed trained: a lower mean of fewer seeds, the
 others having diverged, does not win.
+
+A sweep's runs are all of one kind of machine (:func:`skiplab.run_dir.machine_kind`: a CPU model with its kernel
+set in fp32, a GPU model with its precision): runs already there of another kind than the rest, or than this
+machine's where runs are left to train here, are refused before anything is trained or written (one line naming
+the kinds), and the table's header names the kind. The paired differences (:mod:`skiplab.analysis.blocks`) carry
+the exact Wilcoxon p beside the t-test's, and a cell with a stalled or diverged run leaves Holm's family.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from tqdm import tqdm
 
 from .. import run_dir
 from ..analysis import blocks
+from ..device import pick_device
 from ..models import parse_model_spec, with_options
 from ..tasks import connection_variants, get as get_task
 from . import report, runs, stats, sweep_report
@@ -144,7 +151,7 @@ def record(task: str, p: Point, seed: int, cfg: Any) -> dict[str, Any]:
     steps = summary.get("steps")
     conf = run_dir.read_json(out / "config.json") if (out / "config.json").is_file() else {}
     return {"connection": p.connection, "depth": p.depth, "lr": p.lr, "seed": seed, "dir": str(out),
-            "machines": run_dir.machines(conf) if conf else [],
+            "machines": run_dir.machines(conf) if conf else [], "kinds": run_dir.kinds(conf) if conf else [],
             "status": runs.state(cfg), spec.metric: summary.get(spec.metric),
             spec.final_valid[0]: summary.get(spec.final_valid[0]), "steps": steps,
             "train_time_s": summary.get("train_time_s"),
@@ -195,21 +202,61 @@ def paired(rows: list[dict[str, Any]], records: list[dict[str, Any]], spec: Any,
     unpaired, machines = [], set()
     for depth, lr in dict.fromkeys((r["depth"], r["lr"]) for r in rows):
         mine = [r for r in records if r["depth"] == depth and r["lr"] == lr]
-        recs = [blocks.RunRecord(r["connection"], r["seed"], r["status"], value(r), tuple(r["machines"]))
-                for r in mine]
+        recs = [blocks.RunRecord(r["connection"], r["seed"], r["status"], value(r), tuple(r["machines"]),
+                                 kinds=tuple(r.get("kinds", ()))) for r in mine]
         machines |= {m for r in mine for m in r["machines"]}
         order = list(dict.fromkeys(r["connection"] for r in mine))
         stats_, header = blocks.summarise(recs, order, first, spec.higher_is_better, level, spec.stall_margin)
         unpaired += [f"{u} at depth {depth}, lr {lr:g}" for u in header["unpaired"]]
         for s in stats_:
             row = next(r for r in rows if (r["connection"], r["depth"], r["lr"]) == (s["label"], depth, lr))
-            row.update({k: s[k] for k in ("delta", "ci_low", "ci_high", "pairs", "p_paired", "stalled")})
+            row.update({k: s[k] for k in ("delta", "ci_low", "ci_high", "pairs", "p_paired", "p_wilcoxon", "stalled",
+                                          "failed")})
             if math.isnan(row["delta"]):
                 row["delta"] = None
-    for row, p in zip(rows, blocks.holm([r.get("p_paired") for r in rows])):
+    family = [None if r.get("failed") else r.get("p_paired") for r in rows]  # failures are not findings
+    for row, p in zip(rows, blocks.holm(family)):
         row["p_holm"] = p
-    return {"baseline": first, "unpaired": unpaired, "machines": sorted(machines),
-            "holm_m": sum(r.get("p_paired") is not None for r in rows)}
+    kind = one_kind([r for r in records if r.get("kinds")])
+    return {"baseline": first, "unpaired": unpaired, "machines": sorted(machines), "kind": kind,
+            "holm_m": sum(p is not None for p in family), "blocks": len({r["seed"] for r in records}),
+            "failed": [f"{r['connection']} at depth {r['depth']}, lr {r['lr']:g}" for r in rows if r.get("failed")]}
+
+
+def one_kind(records: list[dict[str, Any]], here: str | None = None) -> str | None:
+    """The one kind of machine of the runs (``kinds`` of each record; ``here``: the kind of runs left to train),
+    or a one-line error naming each kind's number of runs."""
+    counts: dict[str, int] = {}
+    for r in records:
+        kind = " + ".join(r["kinds"])
+        counts[kind] = counts.get(kind, 0) + 1
+    if here is not None:
+        counts.setdefault(here, 0)
+    if len(counts) > 1:
+        listed = "; ".join(f"{n} run{'s' if n != 1 else ''} on {k}" if n else f"runs to train here on {k}"
+                           for k, n in counts.items())
+        raise ValueError(f"a sweep's runs are of different kinds of machine ({listed}): one paired analysis pools "
+                         "one kind; give each kind its own --out and --runs")
+    return next(iter(counts), None)
+
+
+def check_kinds(task: str, base: Any, points: list[Point], seeds: int, root: Path) -> None:
+    """Refuse (:func:`one_kind`) a sweep whose runs already there, and this machine where runs are left to train,
+    are of more than one kind of machine."""
+    there, left = [], False
+    for p in points:
+        for k in range(1, seeds + 1):
+            cfg = _seeded(task, p, k, root)
+            path = Path(cfg.out) / "config.json"
+            if path.is_file():
+                there.append({"kinds": run_dir.kinds(run_dir.read_json(path))})
+            if runs.state(cfg) in ("partial", "missing"):
+                left = True
+    here = None
+    if left:
+        env, device = run_dir.environment(), str(pick_device(getattr(base, "device", "cpu")))
+        here = run_dir.machine_kind(env, device, bool(getattr(base, "amp", False)) and device.startswith("cuda"))
+    one_kind(there, here)
 
 
 def _watched(records: list[dict[str, Any]]) -> dict[str, Any]:
@@ -250,9 +297,10 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
         raise ValueError(f"--seeds and --jobs must be >= 1, got {seeds} and {jobs}")
     out = Path(base.out)
     root = Path(runs_dir) if runs_dir else out / "runs"
-    plan(task, base, connections, depths, lrs)  # every axis checked before the data are made
+    check_kinds(task, base, plan(task, base, connections, depths, lrs)[0], seeds, root)  # before the data are made
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
     points, axes = plan(task, base, connections, depths, lrs)
+    check_kinds(task, base, points, seeds, root)
     # block by block: seed k of every cell (the first design's, each cell's baseline, first) before seed k + 1
     needed = [(task, _seeded(task, p, k, root)) for k in range(1, seeds + 1) for p in points]
     t0 = time.time()

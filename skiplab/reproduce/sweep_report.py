@@ -25,11 +25,15 @@ from ..analysis.report import pyplot
 from .report import _md_table, duration
 
 COLUMNS = ("connection", "depth", "lr", "runs", "finished", "diverged", "stalled", "n", "mean", "std", "valid_mean",
-           "s_per_update", "loss_spikes", "max_grad_norm", "delta", "ci_low", "ci_high", "pairs", "p_paired", "p_holm")
+           "s_per_update", "loss_spikes", "max_grad_norm", "delta", "ci_low", "ci_high", "pairs", "p_paired", "p_wilcoxon", "failed", "p_holm")
 
 
 def _num(v: float | None, digits: int) -> str:
     return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _p(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2g}"
 
 
 def _lr(v: float | None) -> str:
@@ -79,8 +83,9 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
     pairing = result.get("pairing")
     if pairing:  # paired with the first design in each block (seed) of the same depth and lr
         base = pairing["baseline"]
-        head += (f"Δ vs {base} [95% CI]", "p Holm", "stalled")
-        body = [(*b, _delta_cell(r, base, digits), "-" if r.get("p_holm") is None else f"{r['p_holm']:.2g}",
+        head += (f"Δ vs {base} [95% CI]", "p Wilcoxon", "p Holm", "stalled")
+        body = [(*b, _delta_cell(r, base, digits), _p(r.get("p_wilcoxon")),
+                 "failed: not in the family" if r.get("failed") else _p(r.get("p_holm")),
                  str(r.get("stalled", 0))) for b, r in zip(body, result["rows"])]
     direction = "higher" if result["higher_is_better"] else "lower"
     parts = [f"### Sweep: {title(result)}",
@@ -88,10 +93,17 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
              "run is counted, never averaged in. s/update: training time over updates, mean over finished seeds.",
              _md_table(head, body)]
     if pairing:
-        parts.append(f"Δ: the paired difference to {pairing['baseline']} at the same depth and lr, block by block "
-                     "(block k: seed k), mean with its 95% CI (Student's t); p Holm: the paired t-test's p with Holm's "
-                     f"correction over the {pairing['holm_m']} rows that have one; stalled: finished within "
-                     "the task's margin of the context-free reference (skiplab.analysis.blocks).")
+        n = pairing.get("blocks") or result["axes"]["seeds"]
+        kind = f"Kind of machine: {pairing['kind']}, every run. " if pairing.get("kind") else ""
+        parts.append(f"{kind}Δ: the paired difference to {pairing['baseline']} at the same depth and lr, block by "
+                     "block (block k: seed k), mean with its 95% CI (Student's t); p Wilcoxon: the exact signed-rank "
+                     f"test of the same differences, uncorrected (with n = {n} blocks the smallest attainable exact "
+                     f"Wilcoxon p is 2/2^{n} = {2 / 2 ** n:.2g}); p Holm: the paired t-test's p with Holm's "
+                     f"correction over the {pairing['holm_m']} rows that have one and no failed run; stalled: "
+                     "finished within the task's margin of the context-free reference (skiplab.analysis.blocks).")
+        if pairing.get("failed"):
+            parts.append("Failures are not findings: a row with a stalled or diverged run is outside Holm's family: "
+                         + "; ".join(pairing["failed"]) + ".")
         if pairing["unpaired"]:
             parts.append("WARNING: no same-machine baseline, left out of Δ: " + "; ".join(pairing["unpaired"]))
     ref = result.get("reference")

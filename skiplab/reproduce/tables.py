@@ -53,6 +53,7 @@ class Table:
     reading: str = ""  # how an ambiguous row is read here
     compare: tuple[tuple[str, str], ...] = ()  # (row, its baseline row) where that is not ``baseline``
     notes: tuple[str, ...] = field(default_factory=tuple)
+    out_of_reach: tuple[tuple[str, str], ...] = ()  # (scale, why): runnable there in principle, not in practice
 
     @property
     def rows(self) -> list[str]:

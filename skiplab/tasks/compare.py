@@ -11,11 +11,17 @@ both. Runs are labelled by what varied. What the table reports is the task's (sk
     OUT/compare.json            the comparison's config, the budget, every run's summary, blocks and rows
     OUT/budget.json             --budget flops or time: every variant's updates (skiplab.tasks.budget)
 
-**Blocks.** Seed k of every variant is block k; the runs train block by block (the baseline first in each), so a
-comparison cut short leaves whole blocks behind it, and ``--jobs N`` trains N runs of a block side by side.
-Before a block trains here, its runs already there are checked: a block begun on another machine is refused
-(one line naming the block, the machines and what to do), so that every design keeps a baseline trained on its
-own machine; ``--mixed-blocks`` allows it, and the table's header then names the runs left without a pair.
+**Blocks.** Seed k of every variant is block k (``--seeds N``: 1..N; ``A-B``: A..B); the runs train block by block
+(the baseline first in each), so a comparison cut short leaves whole blocks behind it, and ``--jobs N`` trains N
+runs of a block side by side. Before a block trains here, its runs already there are checked: a block begun on
+another machine is refused (one line naming the block, the machines and what to do), so that every design keeps a
+baseline trained on its own machine; ``--mixed-blocks`` allows it, and the table's header then names the runs left
+without a pair.
+
+**One kind of machine.** A block's kind of machine (:func:`skiplab.run_dir.machine_kind`: a CPU model with its
+kernel set in fp32, a GPU model with its precision) is its baseline run's: where that run is there, the kind its
+config.json records, else this machine's, where it will train. Blocks of two kinds are refused before anything
+is written or trained (one line naming each kind's seeds), and the table's header names the one kind.
 
 Runs already finished (or diverged) are skipped, finished runs not yet scored are scored, and runs cut
 short are resumed, so an interrupted comparison continues where it stopped when the same command is
@@ -33,6 +39,7 @@ from tqdm import tqdm
 
 from .. import run_dir
 from ..analysis import blocks, comparison
+from ..device import pick_device
 from ..models import format_model_spec, parse_model_spec
 from . import budget as budgets
 from . import check_same_run, get
@@ -40,33 +47,37 @@ from .parallel import state, train_missing
 from .variants import Variant, run_name
 
 
-def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool = True, jobs: int = 1,
-            budget: str = "updates", mixed_blocks: bool = False) -> list[dict[str, Any]]:
-    """Train ``base`` once per variant and seed 1..``seeds`` under ``base.out``, block by block (``jobs`` runs side
-    by side), each variant given ``budget`` (:mod:`skiplab.tasks.budget`); print and write the table."""
+def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ...], progress: bool = True,
+            jobs: int = 1, budget: str = "updates", mixed_blocks: bool = False) -> list[dict[str, Any]]:
+    """Train ``base`` once per variant and seed (``seeds``: 1..N, or the seeds listed) under ``base.out``, block by
+    block (``jobs`` runs side by side), each variant given ``budget`` (:mod:`skiplab.tasks.budget`); print and write
+    the table."""
     spec = get(task)
-    if not variants or seeds < 1 or jobs < 1:
+    seed_list = tuple(range(1, seeds + 1)) if isinstance(seeds, int) else tuple(seeds)
+    if not variants or not seed_list or min(seed_list) < 1 or jobs < 1:
         raise ValueError("give at least one variant, seeds >= 1 and jobs >= 1")
     for v in variants:  # a bad combination fails before any run
         dataclasses.replace(base, **v.changes)
     budgets.check(spec, base, budget)
     root = Path(base.out)
+    block_kinds(base, variants, seed_list)  # blocks of two kinds of machine: refused before anything is written
     root.mkdir(parents=True, exist_ok=True)
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
     t0 = time.time()
     plan = budgets.plan(spec, base, variants, budget, root)
-    here = run_dir.machine_name(run_dir.environment())
+    here: tuple[str, str] | None = None  # this machine's name and kind, once a block has runs to train
 
     def config(v: Variant, seed: int) -> Any:
         steps = {"max_steps": plan[v.label]["max_steps"]} if budget != "updates" else {}
         return dataclasses.replace(base, **v.changes, **steps, seed=seed, out=str(root / run_name(v.label) / f"seed{seed}"))
 
-    for seed in tqdm(range(1, seeds + 1), desc="compare", unit="block", disable=not progress):
+    for seed in tqdm(seed_list, desc="compare", unit="block", disable=not progress):
         block = [config(v, seed) for v in variants]
         for cfg in block:
             check_same_run(cfg)
         todo = [c for c in block if state(c) in ("partial", "missing")]
         if todo and not mixed_blocks:
+            here = here or _here(base)
             _check_block(seed, block, here)
         train_missing([(task, c) for c in todo], workers=jobs, progress=False)
 
@@ -76,7 +87,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
     stored: dict[str, dict[str, Any]] = {}
     reference = None
     for v in variants:
-        for seed in range(1, seeds + 1):
+        for seed in seed_list:
             cfg = config(v, seed)
             out = Path(cfg.out)
             summary = run_dir.read_json(out / "summary.json")
@@ -94,7 +105,8 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
                 v.label, seed, summary["status"], summary.get(spec.metric), tuple(run_dir.machines(conf)),
                 conf.get("environment", {}).get("git_commit"),
                 summary["train_time_s"] / steps if summary["status"] == "finished" and steps else None,
-                {"loss_spikes": summary.get("loss_spikes"), "max_grad_norm": summary.get("max_grad_norm")}))
+                {"loss_spikes": summary.get("loss_spikes"), "max_grad_norm": summary.get("max_grad_norm")},
+                tuple(run_dir.kinds(conf)) if conf else ()))
 
     labels = [v.label for v in variants]
     rows, header = blocks.summarise(records, labels, labels[0], spec.higher_is_better,
@@ -110,10 +122,11 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
     specs = (parse_model_spec(dataclasses.replace(base, **v.changes).model) for v in variants)
     models = sorted({format_model_spec(name, {k: o for k, o in options.items() if k != "connection"})
                      for name, options in specs})  # the models compared, whatever connections they hold
-    title = f"{models[0] if len(models) == 1 else 'models'} on {data}, {seeds} seed(s), {length}"
+    title = f"{models[0] if len(models) == 1 else 'models'} on {data}, {_seeds_text(seed_list)}, {length}"
     comparison.plot_curves(curves, spec.curves, root / "curves.png", title, x=spec.x)
     run_dir.write_json(root / "compare.json", {
-        "config": dataclasses.asdict(base), "variants": [dataclasses.asdict(v) for v in variants], "seeds": seeds,
+        "config": dataclasses.asdict(base), "variants": [dataclasses.asdict(v) for v in variants],
+        "seeds": len(seed_list), "seed_list": list(seed_list),
         "budget": budget, "plan": plan, "header": header, "columns": columns, "rows": rows, "runs": results,
         "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
     })
@@ -123,18 +136,54 @@ def compare(task: str, base, variants: list[Variant], seeds: int, progress: bool
     return rows
 
 
-def _check_block(seed: int, block: list[Any], here: str) -> None:
-    """An error where block ``seed`` has runs begun on a machine other than ``here`` and runs left to train."""
+def _seeds_text(seeds: tuple[int, ...]) -> str:
+    """"3 seed(s)" for seeds 1..3, else the seeds themselves ("seeds 4, 5")."""
+    if seeds == tuple(range(1, len(seeds) + 1)):
+        return f"{len(seeds)} seed(s)"
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
+def _here(base: Any) -> tuple[str, str]:
+    """This machine's name and the kind of machine a run of ``base`` trains on here (its device and precision as
+    training resolves them: :class:`skiplab.train.run.Run`)."""
+    env = run_dir.environment()
+    device = str(pick_device(base.device)) if hasattr(base, "device") else "cpu"
+    amp = bool(getattr(base, "amp", False)) and device.startswith("cuda")
+    return run_dir.machine_name(env), run_dir.machine_kind(env, device, amp)
+
+
+def block_kinds(base: Any, variants: list[Variant], seeds: tuple[int, ...]) -> dict[int, str]:
+    """Each block's kind of machine (the module docstring): its baseline run's where config.json is there, else this
+    machine's where the block has runs left to train; a ValueError where they are of two kinds."""
+    root, kinds, here = Path(base.out), {}, None
+    for seed in seeds:
+        outs = [root / run_name(v.label) / f"seed{seed}" for v in variants]
+        first = outs[0] / "config.json"
+        if first.is_file():
+            kinds[seed] = " + ".join(run_dir.kinds(run_dir.read_json(first)))
+        elif any(not (o / "summary.json").is_file() for o in outs):
+            here = here or _here(base)[1]
+            kinds[seed] = here
+    blocks.one_kind(kinds)
+    return kinds
+
+
+def _check_block(seed: int, block: list[Any], here: tuple[str, str]) -> None:
+    """An error where block ``seed`` has runs begun on a machine (or kind of machine) other than ``here`` (name,
+    kind) and runs left to train."""
     elsewhere = {}
     for cfg in block:
         path = Path(cfg.out) / "config.json"
         if path.is_file():
-            names = run_dir.machines(run_dir.read_json(path))
-            if any(n != here for n in names):
+            stored = run_dir.read_json(path)
+            names, kinds = run_dir.machines(stored), run_dir.kinds(stored)
+            if any(n != here[0] for n in names):
                 elsewhere[Path(cfg.out).parent.name] = " + ".join(names)
+            elif any(k != here[1] for k in kinds):
+                elsewhere[Path(cfg.out).parent.name] = " + ".join(kinds)
     if elsewhere:
         begun = ", ".join(f"{k} on {m}" for k, m in elsewhere.items())
-        raise ValueError(f"block seed{seed} was begun on another machine ({begun}); this is {here}: finish it there, "
+        raise ValueError(f"block seed{seed} was begun on another machine ({begun}); this is {here[0]}: finish it there, "
                          f"or move its runs (*/seed{seed}) aside to train the whole block here, or give --mixed-blocks "
                          "(its designs then lack a same-machine baseline; the table names them)")
 

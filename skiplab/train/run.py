@@ -135,7 +135,7 @@ class Run:
         run_dir.restore_rng(ranks[self.group.rank] if ranks else ckpt["rng"])
         for line in self.group.on_main(lambda: (
                 run_dir.note_changes(self.out, self.stored, self.config, self.changed),
-                run_dir.note_machine(self.out, int(ckpt.get(key, 0))),
+                run_dir.note_machine(self.out, int(ckpt.get(key, 0)), str(self.device), self.amp),
                 run_dir.resume_metrics(self.out, ckpt[key], key=key, record=ckpt.get("record")))):
             if line:
                 self.say(line)

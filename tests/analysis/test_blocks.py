@@ -5,7 +5,8 @@ import math
 import pytest
 from scipy import stats
 
-from skiplab.analysis.blocks import RunRecord, holm, markdown, mean_difference, paired_p, status, summarise
+from skiplab.analysis.blocks import (RunRecord, holm, holm_once, markdown, mean_difference, one_kind, paired_p, status,
+                                     summarise, wilcoxon_p)
 
 
 def test_confidence_interval_of_a_difference_by_hand():
@@ -104,3 +105,89 @@ def test_markdown_says_which_differences_hold():
     table = markdown(rows, header, {k: {"connection": k} for k in "ABC"}, "bits per byte", 3)
     assert "better than A: B; worse: none" in table
     assert "| -0.096 [" in table and "(5 pairs)" in table  # d = -0.10, -0.09, -0.11, -0.09, -0.09
+
+
+def test_exact_wilcoxon_by_hand_and_against_scipy(monkeypatch):
+    """d = 1, −2, 3, 4, 5: ranks of |d| 1..5, W⁻ = 2, W⁺ = 13. Of the 2^5 = 32 equally likely sign patterns, those
+    with W ≤ 2 on one side are the positive sets {}, {1}, {2}: 3, so p = 2 · 3/32 = 0.1875; all of one sign: the
+    smallest attainable p, 2/2^5 = 0.0625."""
+    assert wilcoxon_p([1.0, -2.0, 3.0, 4.0, 5.0]) == pytest.approx(6 / 32, abs=1e-12)
+    assert wilcoxon_p([0.1, 0.2, 0.3, 0.4, 0.5]) == pytest.approx(2 / 2 ** 5, abs=1e-12)
+    d = [-0.031, -0.052, -0.018, 0.007, -0.044, -0.025]
+    assert wilcoxon_p(d) == pytest.approx(stats.wilcoxon(d, method="exact").pvalue, rel=1e-12)
+    assert wilcoxon_p([0.3]) is None and wilcoxon_p([0.0, 0.0]) is None
+    # the oracle is live: with the normal approximation instead of the exact distribution the hand value is missed
+    exact = stats.wilcoxon
+    monkeypatch.setattr(stats, "wilcoxon", lambda x, method="exact": exact(x, method="approx"))
+    assert wilcoxon_p([1.0, -2.0, 3.0, 4.0, 5.0]) != pytest.approx(6 / 32, abs=1e-3)
+
+
+def _table(values, states=None, kinds=None):
+    states, kinds = states or {}, kinds or {}
+    return [RunRecord(k, s, states.get((k, s), "finished"), v, ("m",), kinds=(kinds.get((k, s), "m, fp32"),))
+            for k, vs in values.items() for s, v in enumerate(vs, 1)]
+
+
+VALUES = {"A": [2.70, 2.80, 2.75, 2.72, 2.78], "B": [2.60, 2.71, 2.64, 2.63, 2.69],
+          "C": [2.80, 2.91, 2.83, 2.86, 2.88], "D": [2.71, 2.79, 2.77, 2.71, 2.80]}
+
+
+def test_the_wilcoxon_column_beside_the_t_test():
+    rows, header = summarise(_table(VALUES), list(VALUES), "A")
+    d = [b - a for a, b in zip(VALUES["A"], VALUES["B"])]
+    assert rows[1]["p_wilcoxon"] == pytest.approx(stats.wilcoxon(d, method="exact").pvalue) == 0.0625
+    assert rows[0]["p_wilcoxon"] is None
+    table = markdown(rows, header, {k: {"connection": k} for k in VALUES}, "bits per byte", 3)
+    assert "| p paired | p Wilcoxon |" in table.replace("  ", "")
+    assert "with n = 5 blocks the smallest attainable exact Wilcoxon p is 2/2^5 = 0.062" in table
+    assert "Kind of machine: m, fp32, every block" in table
+
+
+def test_a_row_with_a_stalled_or_diverged_run_leaves_holms_family():
+    """C stalls in block 2 (2.91, within 0.05 of the reference 2.95): it is no finding. Holm's m falls from 3 to 2, the
+    other rows' corrected p with it, and C is listed apart with its runs by status, not in the verdict."""
+    rows, header = summarise(_table(VALUES), list(VALUES), "A", reference=3.2, margin=0.05)
+    assert header["holm_m"] == 3 and header["failed"] == []
+    full = {r["label"]: r["p_holm"] for r in rows}
+    rows, header = summarise(_table(VALUES), list(VALUES), "A", reference=2.95, margin=0.05)  # C's 2.91 stalls
+    by = {r["label"]: r for r in rows}
+    assert header["holm_m"] == 2 and header["failed"] == ["C"]
+    assert by["C"]["failed"] and by["C"]["p_holm"] is None and not by["C"]["holds"]
+    assert by["C"]["p_paired"] is not None  # computed, but not a member of the family
+    assert by["C"]["seeds"] == {"trained": [1, 3, 4, 5], "stalled": [2], "diverged": []}
+    ps = [by["B"]["p_paired"], by["D"]["p_paired"]]
+    assert [by["B"]["p_holm"], by["D"]["p_holm"]] == pytest.approx(holm(ps))
+    assert by["B"]["p_holm"] < full["B"]  # one member fewer: a weaker correction
+    # a diverged run fails its row alike
+    rows, header = summarise(_table(VALUES, states={("D", 4): "diverged"}), list(VALUES), "A")
+    assert header["failed"] == ["D"] and header["holm_m"] == 2
+    table = markdown(rows, header, {k: {"connection": k} for k in VALUES}, "bits per byte", 3)
+    assert "Failures are not findings: D had a stalled or diverged run" in table
+    main, _, apart = table.partition("Rows with a stalled or diverged run")
+    assert "| D " not in main and "| D " in apart
+    assert "1: 2.710, 2: 2.790, 3: 2.770, 5: 2.800" in apart and "| 4 " in apart.replace("  ", " ")
+
+
+def test_blocks_of_two_kinds_of_machine_are_refused():
+    """Blocks 4 and 5's baseline trained on a GPU in bf16, blocks 1-3's on a CPU: one paired analysis would pool
+    two kinds, refused in one line naming each kind's seeds; a design of another kind than its block's baseline
+    (one block finished elsewhere) is left unpaired instead."""
+    gpu = {(k, s): "NVIDIA H100 80GB HBM3, bf16 autocast" for k in VALUES for s in (4, 5)}
+    with pytest.raises(ValueError) as err:
+        summarise(_table(VALUES, kinds=gpu), list(VALUES), "A")
+    message = str(err.value)
+    assert "\n" not in message and "seeds 1, 2, 3 on m, fp32" in message
+    assert "seeds 4, 5 on NVIDIA H100 80GB HBM3, bf16 autocast" in message
+    rows, header = summarise(_table(VALUES, kinds={("B", 5): "m, bf16 autocast"}), list(VALUES), "A")
+    assert rows[1]["pairs"] == 4 and header["unpaired"] == ["B seed 5 (m, bf16 autocast; its baseline: m, fp32)"]
+    assert one_kind({1: "x", 2: "x"}) == "x" and one_kind({}) is None
+
+
+def test_holm_counts_one_experiment_once():
+    """Four cells, two experiments: cells 1-2 are one pair of runs (p 0.01), cells 3-4 another (p 0.04). Holm over
+    m = 2: 2 · 0.01 = 0.02, max(0.02, 1 · 0.04) = 0.04 — not m = 4 (0.04, 0.04, 0.08, 0.08)."""
+    ps = [0.01, 0.01, 0.04, 0.04, None]
+    keys = ["x", "x", "y", "y", "z"]
+    assert holm_once(ps, keys) == [pytest.approx(0.02)] * 2 + [pytest.approx(0.04)] * 2 + [None]
+    assert holm(ps) == [pytest.approx(0.04)] * 2 + [pytest.approx(0.08)] * 2 + [None]  # each copy counted
+    assert holm_once(ps, list(range(5))) == holm(ps)  # distinct experiments: plain Holm
