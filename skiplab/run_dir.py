@@ -34,6 +34,8 @@ from typing import IO, Any
 import torch
 from torch import Tensor
 
+from .device import thread_settings
+
 try:
     import fcntl
 except ImportError:  # Windows: run directories are not locked
@@ -54,9 +56,9 @@ def _check(out: Path, resume: bool, overwrite: bool) -> bool:
     """Whether ``out`` may be used as asked (else a RunDirError); True where its files are to be replaced."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other")
-    if resume:
-        if not (out / "last.pt").is_file():
-            raise RunDirError(f"nothing to resume in {out}: no last.pt there")
+    if resume:  # config.json alone: a run stopped before its first save, which starts again (Run.resume)
+        if not ((out / "last.pt").is_file() or (out / "config.json").is_file()):
+            raise RunDirError(f"nothing to resume in {out}: neither last.pt nor config.json there")
         return False
     if not (out.exists() and any(p.name != LOCK for p in out.iterdir())):
         return False
@@ -68,26 +70,31 @@ def _check(out: Path, resume: bool, overwrite: bool) -> bool:
 
 
 def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> Path:
-    """Make ``out`` ready for a run: fresh, resumed (must hold last.pt) or replaced (``overwrite``), and held
-    by this process (:func:`hold`) until :func:`release`. Checked before anything is written, and again once
-    held (another process may have written there in between)."""
+    """Make ``out`` ready for a run: fresh, resumed (it holds last.pt, or config.json alone: a run stopped before
+    its first save) or replaced (``overwrite``), and held by this process (:func:`hold`) until :func:`release`.
+    Checked before anything is written, and again once held (another process may have written there in between)."""
     out = Path(out)
     _check(out, resume, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     hold(out)
     try:
         if _check(out, resume, overwrite):
-            for path in out.iterdir():
-                if path.name == LOCK:
-                    continue
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
+            clear(out)
     except BaseException:
         release(out)
         raise
     return out
+
+
+def clear(out: Path) -> None:
+    """Remove everything in the run directory ``out`` but its lock."""
+    for path in out.iterdir():
+        if path.name == LOCK:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 # -- one process a run directory ---------------------------------------------------------------------------
@@ -154,7 +161,8 @@ def processor() -> str:
 
 def environment() -> dict[str, Any]:
     """What produced a result: versions, the machine (CPU results depend on the processor's kernels: the
-    instruction set torch's CPU kernels use is recorded), device, and the code's git commit where there is one."""
+    instruction set torch's CPU kernels use is recorded), device, the CPU threads and how they were fixed
+    (:func:`skiplab.device.thread_settings`), and the code's git commit where there is one."""
     try:
         here = Path(__file__).resolve().parent
         commit = subprocess.run(
@@ -168,7 +176,7 @@ def environment() -> dict[str, Any]:
         "cpu": processor(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "threads": torch.get_num_threads(),
+        **thread_settings(),  # threads, interop_threads, mkl_dynamic, thread_env
         "git_commit": commit or None,
     }
 
@@ -291,19 +299,23 @@ def note_changes(out: Path, stored: dict[str, Any], new: dict[str, Any], changed
 
 
 def note_machine(out: Path, at: int) -> str:
-    """A run resumed on another machine or code version than config.json's ``environment`` names: the new one goes
-    into config.json's ``resumed_on`` (with the step it went on from), so that tables can tell a run trained on two
-    machines; return a line saying so ("" where nothing changed)."""
+    """A run resumed on another machine, code version or number of CPU threads than config.json's ``environment``
+    names (a CPU's kernels split their sums by the thread count, so the updates from there may differ in their last
+    bits): the new one goes into config.json's ``resumed_on`` (with the step it went on from), so that tables can
+    tell a run trained on two machines; return a line saying so ("" where nothing changed)."""
     stored = read_json(out / "config.json")
     now, first = environment(), stored.get("environment", {})
     seen = [first, *(e["environment"] for e in stored.get("resumed_on", []))]
     last = seen[-1]
-    if machine_name(now) == machine_name(last) and now.get("git_commit") == last.get("git_commit"):
+    if machine_name(now) == machine_name(last) and now.get("git_commit") == last.get("git_commit") and \
+            now.get("threads") == last.get("threads", now.get("threads")):
         return ""
     write_json(out / "config.json", {**stored, "resumed_on": [*stored.get("resumed_on", []),
                                                               {"at": at, "environment": now}]})
-    return (f"{out}: resumed at {at} on {machine_name(now)}, code {now.get('git_commit') or 'unknown'} "
-            f"(before: {machine_name(last)}, code {last.get('git_commit') or 'unknown'}); config.json records it")
+
+    def where(env: dict[str, Any]) -> str:
+        return f"{machine_name(env)}, threads {env.get('threads', '?')}, code {env.get('git_commit') or 'unknown'}"
+    return f"{out}: resumed at {at} on {where(now)} (before: {where(last)}); config.json records it"
 
 
 def machines(stored: dict[str, Any]) -> list[str]:
