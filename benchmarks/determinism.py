@@ -66,14 +66,14 @@ def gemm_check(mcfg, batch: int) -> None:
               "grad W_ffn (g^T x)": ((f, rows), (rows, d)), "grad W_qkv (g^T x)": ((3 * d, rows), (rows, d))}
     mats = {k: (torch.randn(*a, generator=g), torch.randn(*b, generator=g)) for k, (a, b) in shapes.items()}
     n = torch.get_num_threads()
-    first = {k: a @ b for k, (a, b) in mats.items()}  # as the process started: MKL's dynamic choice on
+    first = {k: a @ b for k, (a, b) in mats.items()}  # as the repeats ran (--settings default: MKL chooses)
     torch.set_num_threads(1)
     one = {k: a @ b for k, (a, b) in mats.items()}
     torch.set_num_threads(n)  # MKL's dynamic choice off
     fixed = {k: a @ b for k, (a, b) in mats.items()}
     for k in mats:
         print(f"gemm {k} {tuple(shapes[k][0])}x{tuple(shapes[k][1])}: 1 thread == {n} fixed: "
-              f"{torch.equal(one[k], fixed[k])}; at start (dynamic) == {n} fixed: {torch.equal(first[k], fixed[k])}")
+              f"{torch.equal(one[k], fixed[k])}; as the repeats had it == {n} fixed: {torch.equal(first[k], fixed[k])}")
 
 
 def spin() -> None:

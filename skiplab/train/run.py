@@ -104,10 +104,13 @@ class Run:
             return None
         defaults = {f.name: f.default for f in dataclasses.fields(self.cfg)}
         if not (self.out / "last.pt").is_file():  # stopped before its first save: config.json alone
-            stored = run_dir.read_json(self.out / "config.json").get("config") or {}
-            run_dir.check_resumable(self.out, upgrade(stored) if upgrade else stored, self.config,
-                                    extendable=extendable, defaults=defaults)
-            self.group.on_main(lambda: run_dir.clear(self.out))
+            def restart() -> None:  # on rank 0 alone: its error, if any, reaches every rank
+                stored = run_dir.read_json(self.out / "config.json").get("config") or {}
+                run_dir.check_resumable(self.out, upgrade(stored) if upgrade else stored, self.config,
+                                        extendable=extendable, defaults=defaults)
+                run_dir.clear(self.out)
+
+            self.group.on_main(restart)
             self.resuming = False
             self.say(f"{self.out}: stopped before its first checkpoint; the run starts again from the beginning")
             return None

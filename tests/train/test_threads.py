@@ -50,8 +50,9 @@ def test_two_runs_on_two_threads_and_a_stopped_one_end_with_the_same_weights(tex
     for key in a["model"]:
         assert torch.equal(a["model"][key], b["model"][key]), key
         assert torch.equal(a["model"][key], c["model"][key]), key
-    for state in a["optimizer"]["state"]:
-        assert torch.equal(a["optimizer"]["state"][state]["exp_avg_sq"], b["optimizer"]["state"][state]["exp_avg_sq"])
+    for k, state in a["optimizer"]["state"].items():
+        for other in (b, c):
+            assert torch.equal(state["exp_avg_sq"], other["optimizer"]["state"][k]["exp_avg_sq"]), k
     valid = [[r["valid_loss"] for r in run_dir.read_metrics(tmp_path / n)] for n in "abc"]
     assert valid[0] == valid[1] == valid[2] and len(valid[0]) == 2
     env = json.loads((tmp_path / "a" / "config.json").read_text())["environment"]
