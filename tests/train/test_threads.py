@@ -28,7 +28,7 @@ def skiplab(*argv, threads: int = 2) -> subprocess.CompletedProcess:
 
 
 def test_fixing_the_threads_turns_mkls_dynamic_choice_off():
-    code = ("import json; from skiplab.device import fix_threads, thread_settings; "
+    code = ("import json; from skiplab.run_dir import fix_threads, thread_settings; "
             "print(json.dumps([thread_settings(), fix_threads()]))")
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
     env.pop("MKL_DYNAMIC", None)
