@@ -21,6 +21,7 @@ drops the rest, a last line torn by a killed process included, saying what it dr
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import platform
@@ -54,9 +55,9 @@ def _check(out: Path, resume: bool, overwrite: bool) -> bool:
     """Whether ``out`` may be used as asked (else a RunDirError); True where its files are to be replaced."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other")
-    if resume:
-        if not (out / "last.pt").is_file():
-            raise RunDirError(f"nothing to resume in {out}: no last.pt there")
+    if resume:  # config.json alone: a run stopped before its first save, which starts again (Run.resume)
+        if not ((out / "last.pt").is_file() or (out / "config.json").is_file()):
+            raise RunDirError(f"nothing to resume in {out}: neither last.pt nor config.json there")
         return False
     if not (out.exists() and any(p.name != LOCK for p in out.iterdir())):
         return False
@@ -68,26 +69,31 @@ def _check(out: Path, resume: bool, overwrite: bool) -> bool:
 
 
 def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> Path:
-    """Make ``out`` ready for a run: fresh, resumed (must hold last.pt) or replaced (``overwrite``), and held
-    by this process (:func:`hold`) until :func:`release`. Checked before anything is written, and again once
-    held (another process may have written there in between)."""
+    """Make ``out`` ready for a run: fresh, resumed (it holds last.pt, or config.json alone: a run stopped before
+    its first save) or replaced (``overwrite``), and held by this process (:func:`hold`) until :func:`release`.
+    Checked before anything is written, and again once held (another process may have written there in between)."""
     out = Path(out)
     _check(out, resume, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     hold(out)
     try:
         if _check(out, resume, overwrite):
-            for path in out.iterdir():
-                if path.name == LOCK:
-                    continue
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
+            clear(out)
     except BaseException:
         release(out)
         raise
     return out
+
+
+def clear(out: Path) -> None:
+    """Remove everything in the run directory ``out`` but its lock."""
+    for path in out.iterdir():
+        if path.name == LOCK:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 # -- one process a run directory ---------------------------------------------------------------------------
@@ -152,9 +158,48 @@ def processor() -> str:
     return platform.processor() or platform.machine()
 
 
+# -- the CPU's threads ---------------------------------------------------------------------------------------
+# environment variables that set how many threads the CPU kernels use, whether a library may change that count
+# while a run goes on, and MKL's code branch: recorded with every run where set
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_DYNAMIC", "MKL_DYNAMIC", "MKL_CBWR", "OMP_PROC_BIND",
+              "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
+
+
+def fix_threads(threads: int = 0) -> dict[str, Any]:
+    """Fix the number of threads the CPU kernels use for the rest of the process (``threads``, else the number the
+    process has: ``OMP_NUM_THREADS`` or the cores) and return :func:`thread_settings`.
+
+    ``torch.set_num_threads`` also turns MKL's dynamic thread choice off (``mkl_set_dynamic(0)``, which a process
+    that never calls it leaves on): MKL computes the same product the same way only when its number of threads
+    is fixed (oneMKL Developer Guide, "Reproducibility Conditions": a fixed number of threads, ``MKL_DYNAMIC`` and
+    ``OMP_DYNAMIC`` false). torch's own kernels split their work by the thread count alone. So two runs of one
+    config on one machine with the same count make the same updates, to the bit (docs/images.md)."""
+    torch.set_num_threads(threads or torch.get_num_threads())
+    return thread_settings()
+
+
+def thread_settings() -> dict[str, Any]:
+    """The thread count of torch's kernels (intra-op) and of its inter-op pool, whether MKL may change its thread
+    count at run time (None where that cannot be read), and the :data:`THREAD_ENV` variables that are set."""
+    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+            "mkl_dynamic": _mkl_dynamic(), "thread_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
+
+
+def _mkl_dynamic() -> bool | None:
+    """MKL's dynamic thread choice (MKL_DYNAMIC) as the MKL linked into torch has it now; None without MKL or where
+    the build does not expose it."""
+    if not torch.backends.mkl.is_available():
+        return None
+    try:
+        return bool(ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_get_dynamic())
+    except (OSError, AttributeError):
+        return None
+
+
 def environment() -> dict[str, Any]:
     """What produced a result: versions, the machine (CPU results depend on the processor's kernels: the
-    instruction set torch's CPU kernels use is recorded), device, and the code's git commit where there is one."""
+    instruction set torch's CPU kernels use is recorded), device, the CPU threads and how they were fixed
+    (:func:`thread_settings`), and the code's git commit where there is one."""
     try:
         here = Path(__file__).resolve().parent
         commit = subprocess.run(
@@ -168,7 +213,7 @@ def environment() -> dict[str, Any]:
         "cpu": processor(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "threads": torch.get_num_threads(),
+        **thread_settings(),  # threads, interop_threads, mkl_dynamic, thread_env
         # a copy of the tree without its .git (a device's working copy) names its commit in SKIPLAB_GIT_COMMIT
         "git_commit": commit or os.environ.get("SKIPLAB_GIT_COMMIT") or None,
     }
@@ -292,21 +337,25 @@ def note_changes(out: Path, stored: dict[str, Any], new: dict[str, Any], changed
 
 
 def note_machine(out: Path, at: int, device: str | None = None, amp: bool | None = None) -> str:
-    """A run resumed on another machine, kind of machine (``device`` and ``amp``, where given: :func:`kinds`) or
-    code version than config.json's ``environment`` names: the new one goes into config.json's ``resumed_on``
-    (with the step it went on from), so that tables can tell a run trained on two machines; return a line saying
-    so ("" where nothing changed)."""
+    """A run resumed on another machine, kind of machine (``device`` and ``amp``, where given: :func:`kinds`), code
+    version or number of CPU threads than config.json's ``environment`` names (a CPU's kernels split their sums by
+    the thread count, so the updates from there may differ in their last bits): the new one goes into config.json's
+    ``resumed_on`` (with the step it went on from), so that tables can tell a run trained on two machines; return a
+    line saying so ("" where nothing changed)."""
     stored = read_json(out / "config.json")
     now, first = environment(), stored.get("environment", {})
     seen = [first, *(e["environment"] for e in stored.get("resumed_on", []))]
     last = seen[-1]
     entry = {"at": at, "environment": now, **({"device": device, "amp": amp} if device is not None else {})}
     same_kind = device is None or machine_kind(now, device, bool(amp)) == _segments(stored)[-1]
-    if machine_name(now) == machine_name(last) and now.get("git_commit") == last.get("git_commit") and same_kind:
+    if machine_name(now) == machine_name(last) and now.get("git_commit") == last.get("git_commit") and same_kind \
+            and now.get("threads") == last.get("threads", now.get("threads")):
         return ""
     write_json(out / "config.json", {**stored, "resumed_on": [*stored.get("resumed_on", []), entry]})
-    return (f"{out}: resumed at {at} on {machine_name(now)}, code {now.get('git_commit') or 'unknown'} "
-            f"(before: {machine_name(last)}, code {last.get('git_commit') or 'unknown'}); config.json records it")
+
+    def where(env: dict[str, Any]) -> str:
+        return f"{machine_name(env)}, threads {env.get('threads', '?')}, code {env.get('git_commit') or 'unknown'}"
+    return f"{out}: resumed at {at} on {where(now)} (before: {where(last)}); config.json records it"
 
 
 def machines(stored: dict[str, Any]) -> list[str]:

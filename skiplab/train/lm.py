@@ -315,7 +315,8 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     if prep is not None:  # its shards' headers and its tokenizer checked before anything is written
         prep.tokenizer_bytes(), prep.tokens("train"), prep.tokens("valid")
     pretrained = b""  # a pretrained tokenizer's file is read before anything is written: a bad one fails here
-    if cfg.tokenizer not in LM_TOKENIZERS and not (resume or cfg.binary or prep):
+    saved = resume and (Path(cfg.out) / "last.pt").is_file()  # the tokenizer is the checkpoint's
+    if cfg.tokenizer not in LM_TOKENIZERS and not (saved or cfg.binary or prep):
         pretrained = group.on_main(lambda: read_pretrained(cfg.tokenizer).to_bytes())
     run = Run(cfg, "lm", group, device, resume=resume, overwrite=overwrite)
     ckpt = run.resume(extendable=BUDGET + (("max_steps",) if cfg.schedule in ("constant", "wsd") else ()))

@@ -31,11 +31,14 @@ own entries, ``rng`` (the task's generators, the global RNG states, and under to
 rank's own, in rank order), ``world_size`` and the save's ``record``.
 
 What resume guarantees: a run stopped after any save and resumed goes on exactly as if it had never
-stopped, to the bit, given the same number of processes (its RNG states and batch shares are per rank)
+stopped, to the bit, given the same number of processes (its RNG states and batch shares are per rank),
+the same machine and number of CPU threads (a Run fixes the count it starts with: ``run_dir.fix_threads``;
+config.json's environment records it, and a resume with another count is noted in ``resumed_on``)
 and the same config, apart from the fields a task lets grow (a budget) and where the run lives
 (``run_dir.PLACE``: a moved run resumes). Anything else is refused with a one-line error before a file
-is touched. A resumed run's metrics.jsonl is cut back to the records its checkpoint covers, and a
-changed field is written into config.json, each said in a line.
+is touched. A run stopped before its first save (config.json alone) resumes by starting again from
+the beginning, said in a line, where its config matches. A resumed run's metrics.jsonl is cut back to
+the records its checkpoint covers, and a changed field is written into config.json, each said in a line.
 
 Under torchrun every rank holds a Run; rank 0 alone writes, and what it reads or raises reaches every
 rank (``Group.on_main``). ``checkpoint`` gathers every rank's RNG state, so every rank calls it.
@@ -67,6 +70,7 @@ class Run:
     def __init__(self, cfg: Any, kind: str, group: distributed.Group, device: torch.device,
                  resume: bool = False, overwrite: bool = False) -> None:
         self.cfg, self.kind, self.group, self.device, self.resuming = cfg, kind, group, device, resume
+        run_dir.fix_threads()  # the CPU kernels' thread count fixed (MKL's dynamic choice off): same config, same bits
         self.amp = cfg.amp and device.type == "cuda"  # bf16 autocast: CUDA only
         self.out = group.on_main(lambda: run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite))
         self.model: nn.Module | None = None
@@ -92,14 +96,28 @@ class Run:
                extendable: tuple[str, ...] = ()) -> dict[str, Any] | None:
         """The checkpoint to go on from (last.pt; None for a fresh run), refused unless it is this task's,
         of this config (``upgrade`` brings a stored config to today's form; ``extendable`` fields may
-        differ) and of this number of processes. The task reads its own entries from it."""
+        differ) and of this number of processes. The task reads its own entries from it. A run stopped before
+        its first save (config.json alone) starts again from the beginning, said in a line, where its config
+        is this one (else refused as a checkpoint's would be): None, its files removed, a fresh run."""
         if not self.resuming:
+            return None
+        defaults = {f.name: f.default for f in dataclasses.fields(self.cfg)}
+        if not (self.out / "last.pt").is_file():  # stopped before its first save: config.json alone
+            def restart() -> None:  # on rank 0 alone: its error, if any, reaches every rank
+                stored = run_dir.read_json(self.out / "config.json").get("config") or {}
+                run_dir.check_resumable(self.out, upgrade(stored) if upgrade else stored, self.config,
+                                        extendable=extendable, defaults=defaults)
+                run_dir.clear(self.out)
+
+            self.group.on_main(restart)
+            self.resuming = False
+            self.say(f"{self.out}: stopped before its first checkpoint; the run starts again from the beginning")
             return None
         ckpt = run_dir.load_checkpoint(self.out / "last.pt", kind=self.kind)
         self.resume_step = int(ckpt.get("step", 0))
         self.stored = upgrade(ckpt["config"]) if upgrade else ckpt["config"]
         self.changed = run_dir.check_resumable(self.out, self.stored, self.config, extendable=extendable,
-                                               defaults={f.name: f.default for f in dataclasses.fields(self.cfg)})
+                                               defaults=defaults)
         distributed.check_resume_world(ckpt.get("world_size", 1), self.group, str(self.out))
         return ckpt
 

@@ -1,4 +1,5 @@
-"""Run directories that survive being moved and a process killed mid-write; one place per model setting."""
+"""Run directories that survive being moved, a process killed mid-write or before its first checkpoint; one place per
+model setting."""
 
 import json
 import shutil
@@ -9,6 +10,10 @@ import torch
 from skiplab import run_dir
 from skiplab.cli import main
 from skiplab.train.image import ImageTrainConfig, train
+from skiplab.train.run import Run
+from tests.train.test_distributed import one_thread
+from tests.train.test_lm import args as lm_args
+from tests.train.test_lm import text  # noqa: F401 (a fixture)
 from tests.train.test_mt import corpus, interrupt_after_step, tiny_args  # noqa: F401 (corpus is a fixture)
 
 IMAGE = ["train", "image", "--dataset", "fashion-mnist", "--epochs", "3", "--train-subset", "128",
@@ -202,3 +207,65 @@ def test_an_old_image_run_resumes(fashion_dir, tmp_path, monkeypatch):
     run_dir.save_checkpoint(old / "last.pt", {**ckpt, "config": legacy(ckpt["config"])})
     assert main(["train", "image", "--resume", "--out", str(old)]) == 0
     same_weights(straight, old)
+
+
+def stop_at_first_save(monkeypatch):
+    """Stop training (as a kill does) at its first save, before the checkpoint is written: the run leaves its
+    config.json (and its lock file) alone. Return the undo."""
+    real = Run.save
+
+    def kill(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Run, "save", kill)
+    return lambda: monkeypatch.setattr(Run, "save", real)
+
+
+def test_an_image_run_stopped_before_its_first_checkpoint_resumes_from_the_beginning(fashion_dir, straight, tmp_path,
+                                                                                    monkeypatch, capsys):
+    out = tmp_path / "run"
+    undo = stop_at_first_save(monkeypatch)
+    assert main(image_args(fashion_dir, out)) == 130
+    undo()
+    assert sorted(p.name for p in out.iterdir() if p.name != run_dir.LOCK) == ["config.json"]
+    capsys.readouterr()
+    assert main(["train", "image", "--resume", "--out", str(out)]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if "first checkpoint" in x]
+    assert lines == [f"{out}: stopped before its first checkpoint; the run starts again from the beginning"]
+    same_weights(straight, out)
+    assert [r["epoch"] for r in records(out)] == [1, 2, 3]
+
+
+def test_an_lm_run_stopped_before_its_first_checkpoint_resumes_from_the_beginning(text, tmp_path, monkeypatch,
+                                                                                 capsys):
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    with one_thread():
+        assert main([str(a) for a in lm_args(text, straight)]) == 0
+        undo = stop_at_first_save(monkeypatch)
+        assert main([str(a) for a in lm_args(text, stopped)]) == 130
+        undo()
+        assert sorted(p.name for p in stopped.iterdir() if p.name != run_dir.LOCK) == ["config.json"]
+        capsys.readouterr()
+        assert main(["train", "lm", "--resume", "--out", str(stopped)]) == 0
+    assert "stopped before its first checkpoint; the run starts again from the beginning" in capsys.readouterr().out
+    same_weights(straight, stopped)
+    assert records(stopped) == [{**r, "tokens_per_s": s["tokens_per_s"], "time": s["time"]}
+                                for r, s in zip(records(straight), records(stopped))]
+
+
+def test_a_run_stopped_before_its_first_checkpoint_refuses_another_config(text, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "run"
+    undo = stop_at_first_save(monkeypatch)
+    with one_thread():
+        assert main([str(a) for a in lm_args(text, out)]) == 130
+    undo()
+    written = (out / "config.json").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "lm", "--resume", "--out", str(out), "--lr", "0.01"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds a run with another config (different lr)" in err
+    assert (out / "config.json").read_bytes() == written  # nothing rewritten, nothing removed
+    assert sorted(p.name for p in out.iterdir() if p.name != run_dir.LOCK) == ["config.json"]
+    shutil.rmtree(out)
+    assert main(["train", "lm", "--resume", "--out", str(out)]) == 2  # nothing there: still nothing to resume
+    assert "nothing to resume" in capsys.readouterr().err
