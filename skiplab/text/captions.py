@@ -364,6 +364,7 @@ def _array_header(path: Path, key: str) -> tuple[tuple[int, ...], np.dtype]:
             raise ValueError("it holds Python objects")
         return shape, dtype
 
+    names: list[str] = []
     try:
         if not zipfile.is_zipfile(path):
             with open(path, "rb") as f:

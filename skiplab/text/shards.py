@@ -251,6 +251,8 @@ class Prepared:
         except (OSError, ValueError, EOFError) as exc:  # pickled objects, not NumPy's format, truncated
             raise ValueError(f"{path}: not a document index, an .npy of int64 ({' '.join(str(exc).split())})") \
                 from None
+        if isinstance(ends, np.lib.npyio.NpzFile):  # an archive of arrays, not one
+            ends.close()
         if (not isinstance(ends, np.ndarray) or ends.dtype != np.int64 or ends.shape != (info["documents"], 3)
                 or not len(ends) or int(ends[-1, 0]) != info["tokens"]):
             raise ValueError(f"{path}: not the document index of the {split} split {self.sidecar} describes")
