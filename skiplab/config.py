@@ -18,10 +18,24 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+BOOLEANS = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+
+
+class BadValue(argparse.ArgumentTypeError, ValueError):
+    """A value an option's type refuses: argparse prints its message as the option's one-line error; elsewhere
+    (a model spec's options) it is a ValueError."""
+
+
+def boolean(text: str) -> bool:
+    """``true``, ``yes``, ``1`` or ``false``, ``no``, ``0`` (any case); anything else is a :class:`BadValue`."""
+    try:
+        return BOOLEANS[text.strip().lower()]
+    except KeyError:
+        raise BadValue(f"expected a boolean ({', '.join(BOOLEANS)}), got {text!r}") from None
+
+
 def _scalar_parser(tp: type):
-    if tp is bool:
-        return lambda s: {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}[s.lower()]
-    return tp
+    return boolean if tp is bool else tp
 
 
 def parse_list(text: str) -> tuple[str, ...]:

@@ -1,6 +1,9 @@
 import subprocess
 import sys
 
+import pytest
+
+from skiplab import config
 from skiplab.cli import main
 
 
@@ -52,3 +55,18 @@ def test_a_missing_optional_package_is_one_line(capsys, tmp_path, monkeypatch):
     code = main(["train", "lm", "--tokenizer", f"tiktoken:gpt2:{ranks}", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("skiplab: error:") and "pip install" in err, err
+
+
+@pytest.mark.parametrize("argv", [["train", "lm", "--activation-checkpointing"], ["train", "lm", "--amp"],
+                                  ["train", "lm", "--compile"], ["train", "lm", "--bias"], ["train", "image", "--amp"]])
+def test_a_boolean_option_given_another_word_is_one_line(argv, capsys, tmp_path):
+    """A bool field's option (a training option or a model option) takes true/yes/1 or false/no/0, any case; any
+    other word is argparse's one line and exit code 2, before anything is written."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        main([*argv, "maybe", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert f"error: argument {argv[-1]}: expected a boolean (true, yes, 1, false, no, 0), got 'maybe'" in err
+    assert not out.exists()
+    assert [config.boolean(w) for w in ("Yes", "TRUE", "1", "no", "False", "0")] == [True] * 3 + [False] * 3

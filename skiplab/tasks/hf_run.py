@@ -17,9 +17,9 @@ point elsewhere later) and its recipe. Its tokenizer is the folder's ``tokenizer
 ``--tokenizer hf:FILE`` reads it (GPT-2's ``vocab.json`` and ``merges.txt`` are first made into one); end of
 text is the file's (``hf_tokenizer.EOT_NAMES``), or, where the file names none or several, the token of the
 config's ``eos_token_id``. A folder without a tokenizer gives a run that reads pre-tokenised ``.bin`` files
-alone. Weights are read with safetensors alone (no pickle is loaded),
-and the whole folder is checked (the config, every tensor against the model, the tokenizer) before anything is
-written; the run is written into a temporary folder beside ``--out`` and renamed into place.
+alone (its checkpoint's tokenizer None). Weights are read with safetensors alone (no pickle is loaded), and the
+whole folder is checked (the config, every tensor: floating-point and fitting the model, the tokenizer) before
+anything is written; the run is written into a temporary folder beside ``--out`` and renamed into place.
 
 Export is the reverse: a run's ``last.pt`` (or the mean of its last ``--average`` step checkpoints) through
 :func:`skiplab.interop.hf.hf_model` and ``save_pretrained``, with the run's tokenizer as ``tokenizer.json``
@@ -139,9 +139,14 @@ def _load_safetensors(path: Path) -> dict[str, Tensor]:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: missing (a shard the index names, or the weights)")
     try:
-        return load_file(str(path))
+        tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise ValueError(f"{path}: not a readable safetensors file ({_one_line(err)})") from None
+    for name, tensor in tensors.items():  # the buffers some checkpoints hold (a bool mask) are not weights
+        if not tensor.is_floating_point() and not name.endswith(hf.NOT_WEIGHTS):
+            raise ValueError(f"{path}: {name} holds {str(tensor.dtype).removeprefix('torch.')} values, not "
+                             "floating-point weights")
+    return tensors
 
 
 def read_hf_weights(folder: Path) -> dict[str, Tensor]:
@@ -247,7 +252,7 @@ def import_hf(source: str | Path, out: str | Path, overwrite: bool = False, **op
     rng = {"windows": torch.Generator().manual_seed(cfg.seed).get_state(), **run_dir.rng_state()}
     state = {"kind": "lm", "config": dataclasses.asdict(cfg), "model_config": dataclasses.asdict(mcfg),
              "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 0,
-             "best_valid_loss": math.inf, "tokenizer": tok.to_bytes() if tok else b"", "rng": rng, "world_size": 1,
+             "best_valid_loss": math.inf, "tokenizer": tok.to_bytes() if tok else None, "rng": rng, "world_size": 1,
              "imported": imported}
     specs = sorted({c.spec for _, c in iter_connections(model)})
 

@@ -209,34 +209,69 @@ class ImageFolder:
     """Images read with PIL from ``root``: ``folder[record]`` is a uint8 array (H, W) or (H, W, C).
 
     The size checked is ``size`` (height, width) when given, else the record's own (a COCO file states it).
-    ``mode`` converts (e.g. "RGB": COCO holds a few grey images); None keeps the file's.
+    ``mode`` converts (e.g. "RGB": COCO holds a few grey images); None keeps the file's. ``channels``, where given,
+    is checked too: the image's bands once read (after ``mode``), 1 for a grey one. :meth:`check` reads a file's
+    header alone, so that every image of a set can be checked before a run writes anything.
     """
 
-    def __init__(self, root: str | Path, size: tuple[int, int] | None = None, mode: str | None = None) -> None:
-        self.root, self.size, self.mode = Path(root), size, mode
+    def __init__(self, root: str | Path, size: tuple[int, int] | None = None, mode: str | None = None,
+                 channels: int | None = None) -> None:
+        self.root, self.size, self.mode, self.channels = Path(root), size, mode, channels
+
+    def _size(self, record: CaptionedImage) -> tuple[int, int] | None:
+        return self.size or (None if record.height is None else (record.height, record.width))
 
     def __getitem__(self, record: CaptionedImage) -> np.ndarray:
-        path = self.root / record.file_name
-        size = self.size or (None if record.height is None else (record.height, record.width))
-        return read_image(path, size, self.mode)
+        return read_image(self.root / record.file_name, self._size(record), self.mode, self.channels)
+
+    def check(self, record: CaptionedImage) -> Path:
+        """``record``'s file, its header read (not its pixels): a one-line error naming it where it is missing,
+        not an image, or not of the size and channels :meth:`__getitem__` checks."""
+        from PIL import Image, UnidentifiedImageError
+
+        path = _file(self.root / record.file_name)
+        try:
+            with Image.open(path) as image:
+                shape, mode = (image.height, image.width), self.mode or image.mode
+                bands = Image.getmodebands(mode)
+        except (UnidentifiedImageError, OSError, ValueError) as exc:
+            raise ValueError(f"{path}: not a readable image ({' '.join(str(exc).split())})") from None
+        _check_image(path, shape, bands, mode, self._size(record), self.channels)
+        return path
 
 
-def read_image(path: str | Path, size: tuple[int, int] | None = None, mode: str | None = None) -> np.ndarray:
-    """One image file as uint8 (H, W) or (H, W, C); its (height, width) must be ``size`` when given."""
+def read_image(path: str | Path, size: tuple[int, int] | None = None, mode: str | None = None,
+               channels: int | None = None) -> np.ndarray:
+    """One image file as uint8 (H, W) or (H, W, C); its (height, width) must be ``size`` and its channels (after
+    ``mode``; 1 for (H, W)) ``channels`` where given."""
     from PIL import Image, UnidentifiedImageError
 
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
+    path = _file(Path(path))
     try:
         with Image.open(path) as image:
-            array = np.asarray(image.convert(mode) if mode else image)
+            shown = image.convert(mode) if mode else image
+            array, mode = np.asarray(shown), shown.mode
     except (UnidentifiedImageError, OSError) as exc:
         raise ValueError(f"{path}: not a readable image ({' '.join(str(exc).split())})") from None
-    if size is not None and array.shape[:2] != tuple(size):
-        raise ValueError(f"{path}: image of {array.shape[0]}x{array.shape[1]} (height x width), "
-                         f"expected {size[0]}x{size[1]}")
+    _check_image(path, array.shape[:2], 1 if array.ndim == 2 else array.shape[2], mode, size, channels)
     return array
+
+
+def _file(path: Path) -> Path:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    return path
+
+
+def _check_image(path: Path, shape: tuple[int, ...], bands: int, mode: str, size: tuple[int, int] | None,
+                 channels: int | None) -> None:
+    """A one-line error naming ``path`` where its (height, width) is not ``size`` or its bands not ``channels``."""
+    if size is not None and tuple(shape) != tuple(size):
+        raise ValueError(f"{path}: image of {shape[0]}x{shape[1]} (height x width), expected {size[0]}x{size[1]}")
+    if channels is not None and bands != channels:
+        found = "a grey image (1 channel)" if bands == 1 else f"an {mode} image ({bands} channels)"
+        kind = {1: " (grey)", 3: " (RGB)"}.get(channels, "")
+        raise ValueError(f"{path}: {found}, expected {channels} channel{'s' if channels > 1 else ''}{kind}")
 
 
 class FeatureFolder:
@@ -263,13 +298,25 @@ class FeatureFolder:
     def __getitem__(self, record: CaptionedImage) -> np.ndarray:
         path = self.path(record)
         array = _load_array(path, self.key)
-        if self.shape is None:
-            self.shape = array.shape
-        expected = tuple(self.shape)
-        if len(array.shape) != len(expected) or any(e is not None and e != n for e, n in zip(expected, array.shape)):
-            shown = "(" + ", ".join("*" if e is None else str(e) for e in expected) + ")"
-            raise ValueError(f"{path}: features of shape {tuple(array.shape)}, expected {shown}")
+        self._check(path, array.shape, array.dtype)
         return array
+
+    def check(self, record: CaptionedImage) -> Path:
+        """``record``'s file, its array's header read (not its values): a one-line error naming it where it is
+        missing, not an array file, or not of the shape (and a floating-point type) :meth:`__getitem__` checks."""
+        path = self.path(record)
+        self._check(path, *_array_header(path, self.key))
+        return path
+
+    def _check(self, path: Path, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        if self.shape is None:
+            self.shape = tuple(shape)
+        expected = tuple(self.shape)
+        if len(shape) != len(expected) or any(e is not None and e != n for e, n in zip(expected, shape)):
+            shown = "(" + ", ".join("*" if e is None else str(e) for e in expected) + ")"
+            raise ValueError(f"{path}: features of shape {tuple(shape)}, expected {shown}")
+        if not np.issubdtype(dtype, np.floating):
+            raise ValueError(f"{path}: features of type {dtype}, expected floating-point values")
 
 
 Source = ImageFolder | FeatureFolder | Callable[[CaptionedImage], np.ndarray]
@@ -303,6 +350,35 @@ def _load_array(path: Path, key: str) -> np.ndarray:
         if key not in loaded.files:
             raise ValueError(f"{path}: no array named {key!r} (found: {', '.join(loaded.files) or 'none'})")
         return loaded[key]
+
+
+def _array_header(path: Path, key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, dtype) of the array of an .npy file, or the one named ``key`` in an .npz, from its header alone."""
+    import zipfile
+
+    def header(f) -> tuple[tuple[int, ...], np.dtype]:
+        version = np.lib.format.read_magic(f)
+        shape, _, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                           else np.lib.format.read_array_header_2_0(f))
+        if dtype.hasobject:
+            raise ValueError("it holds Python objects")
+        return shape, dtype
+
+    names: list[str] = []
+    try:
+        if not zipfile.is_zipfile(path):
+            with open(path, "rb") as f:
+                return header(f)
+        with zipfile.ZipFile(path) as z:
+            names = [n.removesuffix(".npy") for n in z.namelist()]
+            if key not in names:
+                raise KeyError(key)
+            with z.open(f"{key}.npy") as f:
+                return header(f)
+    except KeyError:
+        raise ValueError(f"{path}: no array named {key!r} (found: {', '.join(names) or 'none'})") from None
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise ValueError(f"{path}: not a NumPy array file ({' '.join(str(exc).split())})") from None
 
 
 def _read_json(path: Path) -> object:

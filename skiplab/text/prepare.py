@@ -6,8 +6,10 @@ The corpus and tokenizer options are those of ``skiplab train lm``: a named corp
 ``--data-dir``) or files (``--corpus '' --train-file ... --valid-file ... [--test-file ...]``), and
 ``--tokenizer`` bytes, bpe / unigram (trained here on the training split, ``--vocab-size``) or a pretrained one
 from its file. A split's tokens are exactly :func:`skiplab.train.lm.stream`'s: each document encoded, then end
-of text. The folder is written beside itself (``OUT.partial``) and renamed when complete: nothing partial is
-left under ``OUT``, and an existing ``OUT`` is never replaced.
+of text. The folder is written beside itself (``OUT.partial``, marked as this command's by a file
+``.skiplab-prepare`` inside) and renamed when complete: nothing partial is left under ``OUT``, and an existing
+``OUT`` is never replaced. An ``OUT.partial`` that an interrupted run of this command left (it holds the mark) is
+removed by the next; one without the mark is not this command's, and is left as it is (a one-line error).
 
 The text is streamed (:func:`skiplab.text.documents.iter_documents`): a split is read a document at a time and
 written a shard at a time, so memory holds one document, one shard's tokens and, for valid and test, the
@@ -39,6 +41,7 @@ from .shards import (FORMAT_NAME, FORMAT_VERSION, MAX_SHARD_TOKENS, SIDECAR, TOK
 from .windows import count_words
 
 INDEXED = ("valid", "test")  # splits whose document ends are kept (--valid-tokens cuts at one)
+MARK = ".skiplab-prepare"  # inside OUT.partial: the folder is this command's work (an interrupted run's may go)
 
 
 @dataclass(frozen=True)
@@ -88,9 +91,13 @@ def prepare(cfg: PrepareConfig, progress: bool = True) -> dict[str, Any]:
         raise FileExistsError(f"{out}: already exists; give another --out or remove it")
     tokenizer = read_pretrained(cfg.tokenizer).to_bytes() if cfg.tokenizer not in LM_TOKENIZERS else b""
     work = out.with_name(out.name + ".partial")
+    if work.exists() and not (work / MARK).is_file():
+        raise FileExistsError(f"{work}: already exists and is not what an interrupted skiplab prepare lm leaves "
+                              "(no .skiplab-prepare mark in it); move it away or give another --out")
     if work.exists():  # what an interrupted run of this command left
         shutil.rmtree(work)
     work.mkdir(parents=True)
+    (work / MARK).write_text(f"the work folder of skiplab prepare lm --out {out}; removed when complete\n")
     try:
         if not tokenizer:  # bpe / unigram train on the whole train split, held in memory; bytes needs no text
             train_texts = cfg.documents("train").texts if cfg.tokenizer != "bytes" else []
@@ -108,6 +115,7 @@ def prepare(cfg: PrepareConfig, progress: bool = True) -> dict[str, Any]:
         for split in cfg.splits():
             meta["splits"][split] = _write_split(cfg, split, tok, work, progress)
         (work / SIDECAR).write_text(json.dumps(meta, indent=2) + "\n")
+        (work / MARK).unlink()
         os.replace(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

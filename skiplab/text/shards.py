@@ -23,10 +23,13 @@ windows a run on the text draws. Bytes and words are the text's (:class:`skiplab
 document, the cumulative tokens, UTF-8 bytes and words at its end (int64, shape (documents, 3)), so that the
 first documents holding ``--valid-tokens`` are cut where the text would be cut, with their bytes and words.
 
-Nothing is scanned when a prepared folder is read: the sidecar gives the largest id, and each shard's header
-and size are checked against it. Shards without a sidecar (llm.c's, a glob of them) are scanned once for their
-largest id. A bad header, an id past the vocabulary, shards of two token types, or a sidecar that does not
-match its shards is a one-line error naming the file.
+Nothing is tokenised when a prepared folder is read: each shard's header and size are checked against the
+sidecar, and its tokens are scanned once a process for their largest id (a max over the memmap: a sequential read,
+no copy), which must not pass the largest id the sidecar gives its split. Shards without a sidecar (llm.c's, a glob
+of them) are scanned once for an id past the vocabulary. A bad header, an id past the vocabulary or the sidecar's
+largest, shards of two token types, a sidecar that does not match its shards or whose fields are not what they
+should be (``splits`` not an object, say), or a document index that is not one, is a one-line error naming the
+file.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ SIDECAR = "prepared.json"
 TOKENIZER_FILE = "tokenizer.bin"
 FORMAT_NAME, FORMAT_VERSION = "skiplab-prepared-lm", 1
 MAX_SHARD_TOKENS = 2**31 - 1  # llm.c's limit: the count is an int32
+_SCANNED: set[tuple[str, int, int, int]] = set()  # (shard, size, mtime, largest id allowed) scanned by this process
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -213,7 +217,8 @@ class Prepared:
         return self.meta["splits"][split]
 
     def tokens(self, split: str) -> np.ndarray | ShardedTokens:
-        """The split's shards, memory-mapped, each checked against the sidecar (type, count), none scanned."""
+        """The split's shards, memory-mapped, each checked against the sidecar: type, count, and largest id (each
+        shard scanned once a process, :func:`_check_ids`)."""
         info, dtype = self.split(split), np.dtype(self.meta["dtype"])
         parts = []
         for shard in info["shards"]:
@@ -223,6 +228,9 @@ class Prepared:
                 raise ValueError(f"{path}: {tokens.dtype} tokens, where {self.sidecar} says {dtype}")
             if len(tokens) != shard["tokens"]:
                 raise ValueError(f"{path}: {len(tokens)} tokens, where {self.sidecar} says {shard['tokens']}")
+            _check_ids(path, tokens, int(info["max_id"]),
+                       f"where {self.sidecar} gives the {split} split's largest as {int(info['max_id'])} "
+                       f"(vocabulary {self.vocab_size})")
             parts.append(tokens)
         if sum(len(p) for p in parts) != info["tokens"] or not parts:
             raise ValueError(f"{self.sidecar}: the {split} shards hold {sum(len(p) for p in parts)} tokens, "
@@ -236,11 +244,46 @@ class Prepared:
         if not info.get("index"):
             raise ValueError(f"{self.sidecar}: the {split} split has no document index; --valid-tokens needs one")
         path = self.root / info["index"]
-        ends = np.load(path, allow_pickle=False)
-        if ends.ndim != 2 or ends.shape != (info["documents"], 3) or int(ends[-1, 0]) != info["tokens"]:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file, named by {self.sidecar}")
+        try:
+            ends = np.load(path, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as exc:  # pickled objects, not NumPy's format, truncated
+            raise ValueError(f"{path}: not a document index, an .npy of int64 ({' '.join(str(exc).split())})") \
+                from None
+        if isinstance(ends, np.lib.npyio.NpzFile):  # an archive of arrays, not one
+            ends.close()
+        if (not isinstance(ends, np.ndarray) or ends.dtype != np.int64 or ends.shape != (info["documents"], 3)
+                or not len(ends) or int(ends[-1, 0]) != info["tokens"]):
             raise ValueError(f"{path}: not the document index of the {split} split {self.sidecar} describes")
         k = min(int(np.searchsorted(ends[:, 0], tokens, side="left")), len(ends) - 1)
         return int(ends[k, 0]), int(ends[k, 1]), int(ends[k, 2])
+
+
+def _kind(value: object) -> str:
+    """What a JSON value is, in words ("a list", "null", ...)."""
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(value), "a number")
+
+
+def _object(value: object, where: str) -> dict:
+    """``value`` where it is a JSON object; else a TypeError saying what ``where`` is instead."""
+    if not isinstance(value, dict):
+        raise TypeError(f"{where} is {_kind(value)}, not an object")
+    return value
+
+
+def _check_ids(path: Path, tokens: np.ndarray, largest: int, where: str) -> None:
+    """A one-line error unless no id of ``tokens`` (a shard's memmap) passes ``largest``; ``where`` says where that
+    bound comes from. Scanned once a process a shard (as long as its size and modification time stay)."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns, largest)
+    if key in _SCANNED:
+        return
+    top = int(tokens.max()) if len(tokens) else -1
+    if top > largest:
+        raise ValueError(f"{path}: holds token id {top}, {where}")
+    _SCANNED.add(key)
 
 
 def is_prepared(folder: str | Path | None) -> bool:
@@ -266,11 +309,16 @@ def read_prepared(folder: str | Path) -> Prepared:
         vocab, eot, dtype = int(meta["vocab_size"]), int(meta["eot"]), np.dtype(meta["dtype"])
         for key in ("tokenizer", "tokenizer_file", "tokenizer_sha256", "corpus"):
             str(meta[key])
-        splits = meta["splits"]
-        tops = {s: int(info["max_id"]) for s, info in splits.items()}
-        for info in splits.values():
+        splits = _object(meta["splits"], "splits")
+        tops = {s: int(_object(info, f"splits.{s}")["max_id"]) for s, info in splits.items()}
+        for s, info in splits.items():
             int(info["tokens"]), int(info["bytes"]), int(info["words"]), int(info["documents"]), str(info["name"])
-            [(str(s["file"]), int(s["tokens"])) for s in info["shards"]]
+            if not isinstance(info["shards"], list):
+                raise TypeError(f"splits.{s}.shards is {_kind(info['shards'])}, not a list")
+            for k, x in enumerate(info["shards"]):
+                str(_object(x, f"splits.{s}.shards[{k}]")["file"]), int(x["tokens"])
+            if not isinstance(info.get("index", ""), str):
+                raise TypeError(f"splits.{s}.index is {_kind(info['index'])}, not a file name")
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: a sidecar missing or mangling a field ({' '.join(str(exc).split())})") from None
     if dtype not in MAGIC_OF or dtype != token_dtype(vocab):

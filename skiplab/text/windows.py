@@ -76,8 +76,26 @@ def read_bin(path: str | Path, dtype: str, vocab_size: int) -> Stream:
     files = expand(path)
     tokens, _ = read_token_files(path, dtype, vocab_size)
     metas = [f.with_name(f.name + ".json") for f in files]
-    n_bytes = sum(int(json.loads(m.read_text()).get("bytes", 0)) for m in metas) if all(m.is_file() for m in metas) else 0
+    n_bytes = sum(map(sidecar_bytes, metas)) if all(m.is_file() for m in metas) else 0
     return Stream(tokens, n_bytes, files[0].name if len(files) == 1 else Path(path).name)
+
+
+def sidecar_bytes(path: Path) -> int:
+    """The ``"bytes"`` of a token file's sidecar ``FILE.bin.json`` (0 where it gives none): a JSON object whose
+    ``bytes``, where present, is a whole number >= 0; anything else is a one-line error naming the file."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: not JSON ({' '.join(str(exc).split())}); a token file's sidecar is "
+                         '{"bytes": N}') from None
+    if not isinstance(meta, dict):
+        raise ValueError(f"{path}: a {type(meta).__name__}, not an object; a token file's sidecar is "
+                         '{"bytes": N}')
+    n_bytes = meta.get("bytes", 0)
+    if not isinstance(n_bytes, int) or isinstance(n_bytes, bool) or n_bytes < 0:
+        raise ValueError(f'{path}: "bytes" is {json.dumps(n_bytes)}, not the text\'s UTF-8 bytes (a whole number '
+                         ">= 0)")
+    return n_bytes
 
 
 def window_starts(stream: Stream, n: int, batch: int, gen: torch.Generator) -> list[int]:

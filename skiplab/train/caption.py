@@ -28,10 +28,12 @@ The data, by ``dataset``:
   / ``test_scenes`` of them, composed with ``scene_seed`` (the same scenes for every run of every seed).
 - ``''`` (files): ``captions``, Karpathy's split file (``dataset_coco.json``: train + restval, val, test) or a COCO
   captions file (``captions_train2014.json`` style; then ``valid_captions`` and ``test_captions`` name the other
-  splits' files), with the images in ``image_dir`` (each of ``image_size`` pixels a side; :class:`~skiplab.text.
-  captions.ImageFolder`) or their features in ``feature_dir`` (one ``.npy`` / ``.npz`` per image; the model's
-  ``input`` must be ``features``). A relative path among these is inside ``data_dir`` where one is given (how
-  ``reproduce`` finds COCO under its ``--data-root``).
+  splits' files), with the images in ``image_dir`` (each of ``image_size`` pixels a side, of the model's
+  ``channels``: a model of 3 reads COCO's few grey images widened to RGB, a model of 1 refuses a colour image;
+  :class:`~skiplab.text.captions.ImageFolder`) or their features in ``feature_dir`` (one ``.npy`` / ``.npz`` per
+  image, floating-point (regions, ``feature_dim``); the model's ``input`` must be ``features``). Every file's
+  header is checked before a run writes anything. A relative path among these is inside ``data_dir`` where one is
+  given (how ``reproduce`` finds COCO under its ``--data-root``).
 """
 
 from __future__ import annotations
@@ -132,14 +134,15 @@ class Split:
     raw: list[list[str]]  # every image's captions as written (what the metrics score against)
     tokens: list[list[list[str]]]  # the same, tokenised
     load: Any  # index -> uint8 image array (H, W) / (H, W, C), or features (N, F)
-    files: Any = None  # index -> the file ``load`` reads (None: in memory)
+    files: Any = None  # index -> the file ``load`` reads, its header checked (None: in memory)
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def check(self) -> None:
-        """Every image's file is there and the first one loads as the model takes it: a one-line error naming
-        the file otherwise (the others are checked as they are read)."""
+        """Every image's file is there and its header says what the model takes (an image's size and channels,
+        features' width and type), and the first one loads: a one-line error naming the file otherwise, before a
+        run writes anything."""
         if self.files is not None:
             for i in range(len(self)):
                 self.files(i)
@@ -159,21 +162,17 @@ def load_split(cfg: CaptionTrainConfig | dict[str, Any], split: str) -> Split:
         return Split(f"{DATASET} {split} ({n} scenes, seed {c['scene_seed']})", list(range(n)), scenes.captions,
                      [[tokenize(t) for t in caps] for caps in scenes.captions], lambda i: pixels[i])
     records = _records(c, split)
-    if c["feature_dir"]:
-        features = FeatureFolder(data_path(c, "feature_dir"), shape=(None, None))
-        load, files = (lambda i: features[records[i]]), (lambda i: features.path(records[i]))
-    else:
-        size = model_config(c["model"], vocab_size=10).image_size
-        images = ImageFolder(data_path(c, "image_dir"), size=(size, size))
-        load, files = (lambda i: images[records[i]]), (lambda i: _exists(images.root / records[i].file_name))
+    mcfg = model_config(c["model"], vocab_size=10)
+    if c["feature_dir"]:  # any number of regions, each of the model's width
+        features = FeatureFolder(data_path(c, "feature_dir"), shape=(None, mcfg.feature_dim))
+        load, files = (lambda i: features[records[i]]), (lambda i: features.check(records[i]))
+    else:  # a colour model widens grey images (COCO holds a few); a grey model refuses colour ones
+        size = mcfg.image_size
+        images = ImageFolder(data_path(c, "image_dir"), size=(size, size), mode="RGB" if mcfg.channels == 3 else None,
+                             channels=mcfg.channels)
+        load, files = (lambda i: images[records[i]]), (lambda i: images.check(records[i]))
     name = f"{Path(c['captions']).name} {split} ({len(records)} images)"  # no folder: the same wherever it lies
     return Split(name, [r.id for r in records], [r.raw for r in records], [r.captions for r in records], load, files)
-
-
-def _exists(path: Path) -> Path:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    return path
 
 
 def data_path(c: dict[str, Any], key: str) -> str:
@@ -196,13 +195,19 @@ def _records(c: dict[str, Any], split: str) -> list[CaptionedImage]:
 
 
 def _is_coco(path: Path) -> bool:
-    """Whether ``path`` holds a COCO captions file (a top-level "annotations") rather than Karpathy's; a file that
-    is missing or not JSON is left to the Karpathy reader, whose error names it."""
+    """Whether ``path`` holds a COCO captions file rather than Karpathy's: a top-level "annotations", or images
+    listed COCO's way (a "file_name", where Karpathy's have a "filename"), so that a COCO file without its
+    annotations is told so by the COCO reader. A file that is missing or not JSON is left to the Karpathy reader,
+    whose error names it."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    return isinstance(data, dict) and "annotations" in data
+    if not isinstance(data, dict):
+        return False
+    images = data.get("images")
+    first = images[0] if isinstance(images, list) and images else None
+    return "annotations" in data or (isinstance(first, dict) and "file_name" in first and "filename" not in first)
 
 
 def fashion_dir(data_dir: str) -> Path:

@@ -20,6 +20,8 @@ process with the same ``grad_accum`` computes.
 from __future__ import annotations
 
 import dataclasses
+import filecmp
+import json
 import math
 import shutil
 import time
@@ -312,8 +314,12 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         raise ValueError(f"--grad-accum {cfg.grad_accum} must be a multiple of the {group.world_size} processes "
                          "(each takes whole micro-batches)")
     prep = prepared(cfg)  # a prepared folder: its tokenizer and shards, nothing tokenised
-    if prep is not None:  # its shards' headers and its tokenizer checked before anything is written
+    if prep is not None:  # its shards, its tokenizer and its document index checked before anything is written
         prep.tokenizer_bytes(), prep.tokens("train"), prep.tokens("valid")
+        if cfg.valid_tokens:
+            prep.first_documents("valid", cfg.valid_tokens)
+    # token files are read (each scanned once) and their sidecars checked before anything is written
+    token_files = (stream(cfg, "train", None), stream(cfg, "valid", None)) if cfg.binary else None
     pretrained = b""  # a pretrained tokenizer's file is read before anything is written: a bad one fails here
     saved = resume and (Path(cfg.out) / "last.pt").is_file()  # the tokenizer is the checkpoint's
     if cfg.tokenizer not in LM_TOKENIZERS and not (saved or cfg.binary or prep):
@@ -344,8 +350,8 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         data = group.on_main(lambda: train_lm_tokenizer(cfg.tokenizer, documents(cfg, "train").texts, run.out / "spm",
                                                         cfg.vocab_size).to_bytes())
         tok = load_lm_tokenizer(data)
-    train_data, valid_data = group.main_first(lambda: (stream(cfg, "train", tok), stream(cfg, "valid", tok,
-                                                                                        cfg.valid_tokens)))
+    train_data, valid_data = token_files or group.main_first(lambda: (stream(cfg, "train", tok),
+                                                                      stream(cfg, "valid", tok, cfg.valid_tokens)))
     vocab = tok.vocab_size if tok else cfg.vocab_size
 
     mcfg = cfg.model_config(vocab)
@@ -429,8 +435,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
                       "tokens_per_s": tokens / max(elapsed, 1e-9), "time": elapsed}
             improved = record["valid_loss"] < best
             best = min(best, record["valid_loss"])
+            # no tokenizer (token files) is None: an empty bytes is what torch.load(weights_only=True) refuses
             state = run.checkpoint(record, rng={"windows": gen.get_state()}, step=step, best_valid_loss=best,
-                                   tokenizer=tok.to_bytes() if tok else b"")
+                                   tokenizer=tok.to_bytes() if tok else None)
             run.save(state, improved, step=step, keep=cfg.keep_checkpoints)
             bar.set_postfix(loss=f"{record['train_loss']:.3f}", valid=f"{record['valid_loss']:.3f}",
                             **({"bpb": f"{record['valid_bpb']:.3f}"} if record["valid_bpb"] else {}))
@@ -458,21 +465,46 @@ def _check_stable(ckpt: dict[str, Any], max_steps: int, where: str) -> None:
 def branch(source: str | Path, out: str | Path, overwrite: bool = False, max_steps: int = 0) -> Path:
     """A new run directory ``out`` going on from the step checkpoint ``source`` of a wsd run (``train lm --branch``):
     the checkpoint as its last.pt, its config.json, its metrics and steps (which the resume cuts at the checkpoint);
-    ``train lm --resume --out OUT --max-steps M`` then decays it to M updates (``max_steps``, checked here before
-    anything is written). The source is not changed."""
+    ``train lm --resume --out OUT --max-steps M`` then decays it to M updates (``max_steps``).
+
+    Everything is checked before anything is written or removed: the checkpoint (a wsd run's, in its stable phase
+    for ``max_steps``), the config.json beside it (the config of the run that wrote it), and ``out``, which is
+    replaced only with ``overwrite`` and only where it holds a run (as :func:`run_dir.prepare` rules). A branch of
+    the same checkpoint that has not saved since it was made (its start failed) is made again without
+    ``overwrite``, so that the same command runs once its input is fixed. The source is not changed."""
     source, out = Path(source), Path(out)
+    if source.is_dir():
+        source = source / "last.pt"
     ckpt = run_dir.load_checkpoint(source, kind="lm")
     if ckpt["config"].get("schedule") != "wsd":
         raise ValueError(f"{source}: a run of the {ckpt['config'].get('schedule')} schedule; --branch takes a "
                          "checkpoint of a --schedule wsd run")
     _check_stable(ckpt, max_steps or ckpt["config"]["max_steps"], str(source))
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    beside = source.parent / "config.json"
+    if not beside.is_file():
+        raise FileNotFoundError(f"{beside}: no such file; --branch takes a step checkpoint inside the directory of "
+                                "the run that wrote it (its config.json beside it)")
+    stored = run_dir.read_json(beside)
+    if not isinstance(stored, dict) or not isinstance(stored.get("config"), dict):
+        raise run_dir.RunDirError(f"{beside}: not a run's config.json (no \"config\" object)")
+    defaults = {f.name: f.default for f in dataclasses.fields(LMTrainConfig)}
+    other = run_dir.changed_settings({**defaults, **stored["config"]}, {**defaults, **ckpt["config"]},
+                                     ignore=run_dir.PLACE + BUDGET + ("max_steps",))
+    if other:
+        raise run_dir.RunDirError(f"{beside}: the config of another run than {source.name}'s (different "
+                                  f"{', '.join(other)}); --branch takes a step checkpoint inside the directory of "
+                                  "the run that wrote it")
+    again = _unsaved_branch(out, source)
+    if not again and out.exists() and any(p.name != run_dir.LOCK for p in out.iterdir()):
+        if not overwrite:
+            raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
+        if not (out / "config.json").is_file():
+            raise run_dir.RunDirError(f"{out} is not a skiplab run directory (no config.json); refusing to "
+                                      "overwrite it")
+    if again:
+        print(f"{out}: a branch of {source} that has not saved since it was made; made again")
+    run_dir.prepare(out, overwrite=True)  # held by this process (and the training that follows); its files removed
     step = ckpt["step"]
-    stored = run_dir.read_json(source.parent / "config.json")
     run_dir.write_json(out / "config.json", {**stored, "branched_from": {"checkpoint": str(source.resolve()),
                                                                         "step": step}})
     for name in ("metrics.jsonl", run_dir.STEPS_FILE):  # whole: the resume cuts both at the checkpoint's step
@@ -480,6 +512,15 @@ def branch(source: str | Path, out: str | Path, overwrite: bool = False, max_ste
             shutil.copyfile(source.parent / name, out / name)
     shutil.copyfile(source, out / "last.pt")
     return out
+
+
+def _unsaved_branch(out: Path, source: Path) -> bool:
+    """Whether ``out`` holds a branch of the checkpoint ``source`` whose last.pt is still that checkpoint."""
+    try:
+        made = json.loads((out / "config.json").read_text()).get("branched_from", {})
+        return made.get("checkpoint") == str(source.resolve()) and filecmp.cmp(source, out / "last.pt", shallow=False)
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def checkpoint_tokenizer(ckpt: dict[str, Any]) -> LMTokenizer | None:

@@ -260,3 +260,43 @@ def test_a_tokenizer_without_end_of_text_takes_the_configs_eos(text, tmp_path, c
         assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 0
     _, _, tok = load_run(tmp_path / "run")
     assert tok.eot == 0 and tok.header["eot_token"] == "<pad>"
+
+
+def test_a_folder_of_integer_weights_is_one_line_and_writes_nothing(text, tmp_path, capsys):
+    """Weights are floating-point: a folder whose tensors are integers is one line naming the file and a tensor,
+    before anything is written (nn.Module.to refused it with a traceback)."""
+    folder = hf_folder(tmp_path / "hf", "gpt2")
+    state = safetensors_torch.load_file(folder / "model.safetensors")
+    safetensors_torch.save_file({k: (v * 100).to(torch.int64) for k, v in state.items()}, folder / "model.safetensors",
+                                metadata={"format": "pt"})
+    capsys.readouterr()
+    assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 2
+    one_line_error(capsys, rf"{folder / 'model.safetensors'}: transformer\.\S+ holds int64 values, not "
+                           "floating-point weights")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+@pytest.mark.parametrize("tokenizer", [True, False])
+def test_an_imported_runs_checkpoint_loads_weights_only(text, tmp_path, capsys, tokenizer):
+    """Every skiplab checkpoint loads with plain torch.load(path, weights_only=True): an imported folder without a
+    tokenizer (a run on token files, as its error message suggests) too, whose last.pt held an empty bytes that
+    weights_only refuses; its run then evaluates and exports."""
+    folder = hf_folder(tmp_path / "hf", "gpt2")
+    source = data(text)
+    if not tokenizer:
+        (folder / "tokenizer.json").unlink()
+        for split in ("train", "valid", "test"):
+            torch.randint(0, 300, (400,), generator=torch.Generator().manual_seed(0)).numpy().astype("uint16").tofile(
+                tmp_path / f"{split}.bin")
+        source = ["--corpus", "", *(x for s in ("train", "valid", "test")
+                                   for x in (f"--{s}-file", tmp_path / f"{s}.bin"))]
+    out = tmp_path / "run"
+    with one_thread():
+        assert run(["import", "hf", folder, "--out", out, *source]) == 0
+        ckpt = torch.load(out / "last.pt", weights_only=True)
+        assert (ckpt["tokenizer"] is None) == (not tokenizer) and ckpt["kind"] == "lm"
+        capsys.readouterr()
+        assert run(["eval", "lm", "--checkpoint", out, "--device", "cpu"]) == 0
+        assert json.loads(capsys.readouterr().out)["tokens"] > 0
+        assert run(["export", "hf", out, "--out", tmp_path / "back"]) == 0
+    assert (tmp_path / "back" / "model.safetensors").is_file()

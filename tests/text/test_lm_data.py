@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from skiplab.cli import main
 from skiplab.data.download import DownloadError
 from skiplab.text.documents import LM_CORPORA, load_documents, read_documents
 from skiplab.text.lm_tokenizer import ByteTokenizer, load_lm_tokenizer, train_lm_tokenizer
@@ -163,3 +164,23 @@ def test_unigram_nats_by_hand():
     assert unigram_nats(uniform, scored, 3) == pytest.approx(-(2 * math.log(1 / 4) + math.log(2 / 4)))
     with pytest.raises(ValueError, match="id 2, outside the vocabulary of 2"):
         unigram_nats(train, scored, 2)
+
+
+@pytest.mark.parametrize("sidecar, said", [("[1, 2]", "a list, not an object"),
+                                           ('{"bytes": null}', '"bytes" is null, not the text\'s UTF-8 bytes'),
+                                           ('{"bytes": -4}', '"bytes" is -4'), ('{"bytes": ', "not JSON")])
+def test_a_bad_token_file_sidecar_is_one_line_naming_it(tmp_path, capsys, sidecar, said):
+    """FILE.bin.json gives the text's bytes; one that is not {"bytes": N} is one line naming it, before a run
+    writes anything."""
+    for split in ("train", "valid"):
+        np.arange(200, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
+        (tmp_path / f"{split}.bin.json").write_text('{"bytes": 400}')
+    (tmp_path / "valid.bin.json").write_text(sidecar)
+    out = tmp_path / "run"
+    assert main(["train", "lm", "--corpus", "", "--train-file", str(tmp_path / "train.bin"), "--valid-file",
+                 str(tmp_path / "valid.bin"), "--vocab-size", "256", "--model",
+                 "gpt-mini(d_model=16,heads=2,layers=1,ffn_dim=32,context=16)", "--max-steps", "1", "--device", "cpu",
+                 "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"skiplab: error: {tmp_path / 'valid.bin.json'}: {said}"), err
+    assert not out.exists()

@@ -297,3 +297,20 @@ def test_bad_tokenizers_are_one_line_before_anything_is_written(files, text, tmp
         assert "\n" not in err and err.startswith("skiplab: error: "), err
         assert re.search(message, err), (message, err)
         assert not out.exists(), spec
+
+
+@pytest.mark.parametrize("rank", [2**32 + 5, 2**32 - 1, 50257])
+def test_a_rank_past_the_encodings_vocabulary_is_one_line(files, text, tmp_path, capsys, rank):  # noqa: F811
+    """gpt2's ranks lie below its 50,257 ids: a rank at or past them (one past 2^32 overflowed tiktoken; 2^32 - 1
+    made a vocabulary of 2^32 ids) is one line naming the file, in prepare lm and in train lm, nothing written."""
+    ranks = tmp_path / "huge.tiktoken"
+    ranks.write_bytes(files["tiktoken"].read_bytes() + base64.b64encode(b"cats") + b" %d\n" % rank)
+    spec = f"tiktoken:gpt2:{ranks}"
+    for argv in (["prepare", "lm", "--corpus", "", "--train-file", text / "train.jsonl", "--valid-file",
+                  text / "valid.jsonl", "--tokenizer", spec, "--out", tmp_path / "prep"],
+                 train_args(text, tmp_path / "run", spec)):
+        assert cli(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"skiplab: error: {ranks}: rank {rank} is past gpt2's vocabulary of 50257 ids; is this " \
+                      "gpt2's file?"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.tiktoken"]

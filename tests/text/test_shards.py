@@ -248,3 +248,93 @@ def test_training_on_a_bad_folder_writes_nothing(pydocs, tmp_path, capsys):
     assert run(argv) == 2
     assert "train_000001.bin: not a token shard (magic 0, version 0" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def one_line(capsys) -> str:
+    """The one line of stderr a refused command leaves (no traceback)."""
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("skiplab: error: "), err
+    return err
+
+
+def copy_folder(source: Path, target: Path) -> Path:
+    target.mkdir()
+    for f in source.iterdir():
+        (target / f.name).write_bytes(f.read_bytes())
+    return target
+
+
+def test_a_shard_holding_an_id_its_sidecar_does_not_is_one_line_in_train_and_eval(pydocs, tmp_path, capsys):
+    """prepared.json gives each split's largest id; a shard holding a larger one (here past the vocabulary too) is
+    found by one max over its memmap, before a run writes anything, and where eval lm --data-dir reads it."""
+    out = prepared(pydocs, tmp_path / "prep")
+    bad = copy_folder(out, tmp_path / "bad")
+    meta = json.loads((bad / SIDECAR).read_text())
+    shards = {split: bad / meta["splits"][split]["shards"][-1]["file"] for split in ("train", "test")}
+    for shard in shards.values():
+        tokens = np.array(open_shard(shard))
+        tokens[len(tokens) // 2] = 300  # the vocabulary is 257; the sidecar says 256
+        write_shard(shard, tokens)
+    argv = ["train", "lm", "--data-dir", bad, "--model", TINY, "--batch-size", "2", "--max-steps", "1",
+            "--device", "cpu", "--out", tmp_path / "run"]
+    with one_thread():
+        assert run(argv) == 2
+        err = one_line(capsys)
+        assert f"{shards['train']}: holds token id 300, where {bad / SIDECAR} gives the train split's " \
+               "largest as 256 (vocabulary 257)" in err, err
+        assert not (tmp_path / "run").exists()
+        argv[argv.index(bad)] = out  # the same command on the good folder trains
+        assert run(argv) == 0
+        before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+        capsys.readouterr()
+        assert run(["eval", "lm", "--checkpoint", tmp_path / "run", "--data-dir", bad, "--device", "cpu"]) == 2
+        assert f"{shards['test']}: holds token id 300" in one_line(capsys)
+        assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+
+
+@pytest.mark.parametrize("splits, said", [([], "splits is a list, not an object"), (None, "splits is null"),
+                                          ({"train": [1]}, "splits.train is a list, not an object")])
+def test_a_sidecar_whose_splits_are_not_an_object_is_one_line(pydocs, tmp_path, capsys, splits, said):
+    bad = copy_folder(prepared(pydocs, tmp_path / "prep"), tmp_path / "bad")
+    meta = json.loads((bad / SIDECAR).read_text())
+    (bad / SIDECAR).write_text(json.dumps({**meta, "splits": splits}))
+    assert run(["train", "lm", "--data-dir", bad, "--model", TINY, "--max-steps", "1", "--device", "cpu",
+                "--out", tmp_path / "run"]) == 2
+    err = one_line(capsys)
+    assert f"{bad / SIDECAR}: a sidecar missing or mangling a field ({said}" in err, err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("garbage", ["objects", "bytes", "npz"])
+def test_a_garbage_document_index_is_one_line_naming_it(pydocs, tmp_path, capsys, garbage):
+    """--valid-tokens reads valid.docs.npy (NumPy's format, never unpickled): one that is not an index is one
+    line naming the file, before the run writes anything."""
+    bad = copy_folder(prepared(pydocs, tmp_path / "prep"), tmp_path / "bad")
+    index = bad / "valid.docs.npy"
+    if garbage == "objects":
+        np.save(index, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    elif garbage == "bytes":
+        index.write_bytes(b"not an array at all")
+    else:
+        with open(index, "wb") as f:
+            np.savez(f, ends=np.zeros((5, 3), dtype=np.int64))
+    assert run(["train", "lm", "--data-dir", bad, "--model", TINY, "--valid-tokens", "100", "--max-steps", "1",
+                "--device", "cpu", "--out", tmp_path / "run"]) == 2
+    assert f"skiplab: error: {index}: not " in one_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_prepare_never_removes_a_partial_folder_it_did_not_make(pydocs, tmp_path, capsys):
+    """OUT.partial is this command's work folder; one without its mark is someone else's and is kept (one line),
+    one an interrupted run left (marked) is removed and the folder made."""
+    argv = ["prepare", "lm", "--corpus", "", "--train-file", pydocs / "train.jsonl.gz", "--valid-file",
+            pydocs / "valid.jsonl.gz", "--out", tmp_path / "out"]
+    mine = tmp_path / "out.partial"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert run(argv) == 2
+    assert f"{mine}: already exists and is not what an interrupted skiplab prepare lm leaves" in one_line(capsys)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"] and not (tmp_path / "out").exists()
+    (mine / ".skiplab-prepare").write_text("")  # as an interrupted run leaves it
+    assert run(argv) == 0
+    assert not mine.exists() and sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")) == []

@@ -372,3 +372,85 @@ def test_teacher_forcing_pads_and_shifts():
 
     tgt_in, tgt_out = teacher_forcing([[2, 7, 8, 3], [2, 9]])  # one ended by EOS, one cut without it
     assert tgt_in.tolist() == [[2, 7, 8], [2, 0, 0]] and tgt_out.tolist() == [[7, 8, 3], [9, 0, 0]]
+
+
+FEATURES = "captioner-base(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,feature_dim=8)"
+PIXELS = ("captioner-small(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,trunk_width=4,channels={},"
+          "image_size=32)")
+
+
+def spoil(coco: dict[str, Path], case: str) -> tuple[list[str], Path, str]:
+    """One bad input of a files run: (its options, the file named, what the line says)."""
+    from PIL import Image
+
+    trains = sorted(coco["images"].glob("COCO_train*"))
+    if case == "features of mixed widths":
+        bad = coco["feats"] / "4.npz"
+        np.savez_compressed(bad, feat=np.zeros((3, 9), np.float32))
+        return ["--model", FEATURES, "--feature-dir", str(coco["feats"])], bad, \
+            "features of shape (3, 9), expected (*, 8)"
+    if case == "features all of the wrong width":
+        return ["--model", FEATURES.replace("feature_dim=8", "feature_dim=16"), "--feature-dir",
+                str(coco["feats"])], coco["feats"] / "1.npz", "features of shape (3, 8), expected (*, 16)"
+    if case == "integer features":
+        bad = coco["feats"] / "2.npz"
+        np.savez_compressed(bad, feat=np.ones((3, 8), np.int64))
+        return ["--model", FEATURES, "--feature-dir", str(coco["feats"])], bad, \
+            "features of type int64, expected floating-point values"
+    if case == "an image of another size after the first":
+        Image.fromarray(np.zeros((16, 16, 3), np.uint8)).save(trains[3])
+        return ["--model", PIXELS.format(3), "--image-dir", str(coco["images"])], trains[3], \
+            "image of 16x16 (height x width), expected 32x32"
+    assert case == "an RGB image among grey ones"
+    for path in coco["images"].glob("*.png"):
+        Image.fromarray(np.zeros((32, 32), np.uint8)).save(path)
+    Image.fromarray(np.zeros((32, 32, 3), np.uint8)).save(trains[3])
+    return ["--model", PIXELS.format(1), "--image-dir", str(coco["images"])], trains[3], \
+        "an RGB image (3 channels), expected 1 channel (grey)"
+
+
+@pytest.mark.parametrize("case", ["features of mixed widths", "features all of the wrong width", "integer features",
+                                  "an image of another size after the first", "an RGB image among grey ones"])
+def test_every_image_file_is_checked_before_a_run_writes(tmp_path, capsys, case):
+    """Each image's (or its features') file header is read before the run directory is made: a bad one anywhere
+    in the set is one line naming it, and nothing is written (config.json was, which then blocked the retry)."""
+    coco = write_coco(tmp_path / "coco")
+    options, bad, said = spoil(coco, case)
+    out = tmp_path / "run"
+    assert main(["train", "caption", "--dataset", "", "--min-count", "1", "--batch-size", "10", "--max-steps", "1",
+                 "--warmup", "1", "--save-every", "1", "--device", "cpu", "--captions", str(coco["karpathy"]),
+                 *options, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"skiplab: error: {bad}: {said}", err
+    assert not out.exists()
+
+
+def test_a_colour_model_reads_grey_images_widened(tmp_path):
+    """COCO holds a few grey images: a model of 3 channels reads them as RGB (the grey value in each channel)."""
+    from PIL import Image
+
+    coco = write_coco(tmp_path / "coco")
+    grey = np.arange(32 * 32, dtype=np.uint8).reshape(32, 32)
+    Image.fromarray(grey).save(coco["images"] / "COCO_train_000000000002.png")
+    cfg = CaptionTrainConfig(max_steps=1, dataset="", captions=str(coco["karpathy"]), image_dir=str(coco["images"]),
+                             model=PIXELS.format(3))
+    split = load_split(cfg, "train")
+    split.check()
+    image = split.load(split.ids.index(2))
+    assert image.shape == (32, 32, 3) and all(np.array_equal(image[..., c], grey) for c in range(3))
+
+
+def test_a_coco_file_without_annotations_is_told_so(tmp_path, capsys):
+    """A COCO captions file (images with "file_name") that lacks "annotations" was read as Karpathy's, whose
+    message asked for a "filename"; it is told as COCO's, in one line, nothing written."""
+    coco = write_coco(tmp_path / "coco")
+    data = json.loads(coco["train"].read_text())
+    del data["annotations"]
+    coco["train"].write_text(json.dumps(data))
+    out = tmp_path / "run"
+    assert main(["train", "caption", "--dataset", "", "--max-steps", "1", "--device", "cpu", "--model",
+                 PIXELS.format(3), "--captions", str(coco["train"]), "--valid-captions", str(coco["val"]),
+                 "--image-dir", str(coco["images"]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"skiplab: error: {coco['train']}: no 'annotations' list at the top level", err
+    assert not out.exists()

@@ -430,3 +430,73 @@ def test_a_padded_vocabulary_trains_evaluates_and_samples_real_tokens_alone(text
     with torch.no_grad():
         logits = trained.model(torch.zeros(1, 4, dtype=torch.long))
     assert logits.shape[-1] == 257
+
+
+WSD = ("--schedule", "wsd", "--decay", "0.5", "--eval-every", "2", "--warmup", "1", "--keep-checkpoints", "9")
+
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def refused(capsys, message: str) -> None:
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("skiplab: error: ") and message in err, err
+
+
+def test_a_branch_without_its_runs_config_leaves_the_run_it_would_replace(text, tmp_path, capsys):
+    """A step checkpoint taken out of its run directory has no config.json beside it: --branch says so in one line
+    before it removes anything, so the run --overwrite would replace is left whole."""
+    short, existing, lone = tmp_path / "short", tmp_path / "existing", tmp_path / "lone"
+    with one_thread():
+        assert run(args(text, short, *WSD, "--max-steps", "8")) == 0
+        assert run(args(text, existing, "--max-steps", "2", "--eval-every", "2")) == 0
+    lone.mkdir()
+    shutil.copyfile(short / "checkpoint_4.pt", lone / "checkpoint_4.pt")
+    before = files_of(existing)
+    capsys.readouterr()
+    assert run(["train", "lm", "--branch", lone / "checkpoint_4.pt", "--max-steps", "12", "--out", existing,
+                "--overwrite"]) == 2
+    refused(capsys, f"{lone / 'config.json'}: no such file; --branch takes a step checkpoint inside the directory of "
+                    "the run that wrote it")
+    assert files_of(existing) == before
+    notes = tmp_path / "notes"  # a folder that is not a run is never replaced, --overwrite or not
+    notes.mkdir()
+    (notes / "keep.txt").write_text("keep me")
+    assert run(["train", "lm", "--branch", short / "checkpoint_4.pt", "--max-steps", "12", "--out", notes,
+                "--overwrite"]) == 2
+    refused(capsys, "notes is not a skiplab run directory (no config.json); refusing to overwrite it")
+    assert files_of(notes) == {"keep.txt": b"keep me"}
+
+
+def test_a_branch_beside_another_runs_config_writes_nothing_and_a_failed_start_does_not_block(text, tmp_path, capsys):
+    """A checkpoint in a folder whose config.json is another run's is refused before RUN is made (it was left
+    half-made, blocking the retry); a branch whose start fails (its data moved) is made again by the same command
+    once the data are back."""
+    short, other = tmp_path / "short", tmp_path / "other"
+    with one_thread():
+        assert run(args(text, short, *WSD, "--max-steps", "8")) == 0
+        assert run(args(text, other, "--max-steps", "2", "--eval-every", "2", "--lr", "2e-3")) == 0
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    shutil.copyfile(short / "checkpoint_4.pt", mixed / "checkpoint_4.pt")
+    shutil.copyfile(other / "config.json", mixed / "config.json")
+    branched = tmp_path / "branched"
+    argv = ["train", "lm", "--branch", mixed / "checkpoint_4.pt", "--max-steps", "12", "--out", branched]
+    capsys.readouterr()
+    assert run(argv) == 2
+    refused(capsys, f"{mixed / 'config.json'}: the config of another run than checkpoint_4.pt's (different ")
+    assert not branched.exists()
+    shutil.copyfile(short / "config.json", mixed / "config.json")  # the input fixed
+    moved = text.parent / f"{text.name}-moved"
+    text.rename(moved)
+    try:
+        with one_thread():
+            assert run(argv) == 2  # the branch is made, its start fails: the training text is not there
+        refused(capsys, "train.jsonl: no such file")
+    finally:
+        moved.rename(text)
+    with one_thread():
+        assert run(argv) == 0  # the same command: the branch that never saved is made again
+    assert "has not saved since it was made; made again" in capsys.readouterr().out
+    assert json.loads((branched / "summary.json").read_text())["steps"] == 12

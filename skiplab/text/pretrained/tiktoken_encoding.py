@@ -16,7 +16,8 @@ tokens that file publishes for the name (:data:`ENCODINGS`). The ranks are read 
                                  merge i making token 256 + i (checked)
 
 and kept in the ``.tiktoken`` form. End of text is the encoding's ``<|endoftext|>`` (or the special token named
-by ``eot=``); the vocabulary is one past the largest id, special tokens included (``n_vocab``). Text is encoded
+by ``eot=``); the vocabulary is one past the largest id, special tokens included (``n_vocab``), and a file whose
+ranks reach past the encoding's published vocabulary (:data:`VOCABULARY`) is refused. Text is encoded
 with ``encode_ordinary``: a special token's text inside a document is text, so every text round-trips exactly.
 ``TiktokenEncoding.tokenizer_json`` writes the encoding as a Hugging Face tokenizer.json with the same ids (what
 ``skiplab export hf`` writes for a run with one).
@@ -57,6 +58,10 @@ ENCODINGS: dict[str, tuple[str, dict[str, int]]] = {  # name -> (pattern, specia
     "cl100k_base": (CL100K, {ENDOFTEXT: 100257, **FIM, ENDOFPROMPT: 100276}),
     "o200k_base": (O200K, {ENDOFTEXT: 199999, ENDOFPROMPT: 200018}),
 }
+# Each encoding's vocabulary as published (``n_vocab``: openai_public.py's explicit_n_vocab, or one past its largest
+# special token): every rank of its file lies below it, so a rank at or past it is a file of another encoding or a
+# broken one (a rank of 2^32 - 1 would make a vocabulary of 2^32 ids, an embedding no machine holds).
+VOCABULARY = {"gpt2": 50257, "r50k_base": 50257, "p50k_base": 50281, "cl100k_base": 100277, "o200k_base": 200019}
 INSTALL = "'tiktoken>=0.7'"
 _POSSESSIVE_INTERVAL = re.compile(r"(\\[pP]\{\w+\}|\\.|\[(?:\\.|[^\]\\])*\]|[^\\()\[\]])(\{\d+(?:,\d*)?\})\+")
 
@@ -186,9 +191,14 @@ def parse_ranks(data: bytes, where: str) -> dict[bytes, int]:
 
 
 def check_ranks(ranks: dict[bytes, int], specials: dict[str, int], name: str, where: str) -> None:
-    """Every byte a token, no rank twice, no rank an id of the encoding's special tokens."""
+    """Every byte a token, no rank twice, every rank below the encoding's vocabulary (:data:`VOCABULARY`), none an
+    id of its special tokens."""
     if not ranks:
         raise ValueError(f"{where}: no ranks in the file")
+    top = max(ranks.values())
+    if top >= VOCABULARY[name]:
+        raise ValueError(f"{where}: rank {top} is past {name}'s vocabulary of {VOCABULARY[name]} ids; is this "
+                         f"{name}'s file?")
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
         raise ValueError(f"{where}: byte 0x{missing[0]:02x} has no rank ({len(missing)} bytes missing): not a "
