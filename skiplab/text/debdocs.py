@@ -1,8 +1,9 @@
 """``debdocs``: a corpus of English technical prose built from the documentation Debian ships.
 
-    apt-get update && apt-get install -y linux-doc-6.1 postgresql-doc-15 perl-doc git-doc erlang-doc \\
-        python-django-doc cmake-doc sqlite3-doc manpages manpages-dev debian-reference-en debian-policy \\
-        developers-reference
+    apt-get update && apt-get install -y --no-install-recommends linux-doc-6.1 postgresql-doc-15 perl-doc \\
+        git-doc erlang-doc python-django-doc cmake-doc sqlite3-doc manpages manpages-dev debian-reference-en \\
+        debian-policy developers-reference python-sqlalchemy-doc nodejs-doc octave-doc sphinx-doc bind9-doc \\
+        libssl-doc vim-doc zsh-doc postfix-doc
     skiplab corpus debdocs --out DIR            # DIR/train.jsonl.gz, valid.jsonl.gz, test.jsonl.gz, manifest.json
     skiplab prepare lm --corpus debdocs --data-dir DIR --tokenizer bytes --out DIR/bytes
 
@@ -79,6 +80,16 @@ SOURCES: tuple[Source, ...] = (
     Source("debian-policy", "html", ("/usr/share/doc/debian-policy/*.html",),
            HTML_EXCLUDE + ("*-1.html",)),  # the one-page copies of the chaptered documents
     Source("developers-reference", "html", ("/usr/share/developers-reference/*.html",)),
+    Source("python-sqlalchemy-doc", "html", ("/usr/share/doc/python-sqlalchemy-doc/html/*.html",)),
+    Source("nodejs-doc", "html", ("/usr/share/doc/nodejs/api/*.html",),
+           HTML_EXCLUDE + ("*/all.html",)),  # every other page in one
+    Source("octave-doc", "html", ("/usr/share/doc/octave/octave.html/*.html",)),
+    Source("sphinx-doc", "html", ("/usr/share/doc/sphinx-doc/html/*.html",)),
+    Source("bind9-doc", "html", ("/usr/share/doc/bind9-doc/arm/*.html",)),
+    Source("libssl-doc", "man", ("/usr/share/man/man[1-9]/*",)),
+    Source("vim-doc", "html", ("/usr/share/doc/vim/html/*.html",)),
+    Source("zsh-doc", "html", ("/usr/share/doc/zsh-common/html/*.html",)),
+    Source("postfix-doc", "html", ("/usr/share/doc/postfix/html/*.html",)),
 )
 
 

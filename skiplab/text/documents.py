@@ -72,10 +72,6 @@ LM_CORPORA: dict[str, LMCorpus] = {
     "pydocs": LMCorpus("pydocs", files={s: f"{s}.jsonl.gz" for s in LM_SPLITS},
                        about="the Python 3.11 documentation's reStructuredText sources, one document a file "
                              "(no download: give --data-dir)"),
-    "debdocs": LMCorpus("debdocs", files={s: f"{s}.jsonl.gz" for s in LM_SPLITS},
-                        about="documentation Debian ships (the Linux kernel's, PostgreSQL's, Perl's, git's, ...), "
-                              "one document a page; built from the installed packages: skiplab corpus debdocs "
-                              "--out DIR, then give --data-dir DIR"),
     "enwik8": LMCorpus("enwik8", urls={"enwik8.zip": "http://mattmahoney.net/dc/enwik8.zip"}, archive="enwik8.zip",
                        stream="enwik8", cuts=(90 * _M, 5 * _M, 5 * _M), binary=True,
                        about="the first 10^8 bytes of an English Wikipedia XML dump (Hutter prize)"),
@@ -100,6 +96,10 @@ LM_CORPORA: dict[str, LMCorpus] = {
         about="C4 English (allenai/c4 'en' shards, c4-train.NNNNN-of-01024.json.gz and "
               "c4-validation.NNNNN-of-00008.json.gz; the shards present are read, none downloaded); it publishes "
               "no test split: test is validation"),
+    "debdocs": LMCorpus("debdocs", files={s: f"{s}.jsonl.gz" for s in LM_SPLITS},
+                        about="documentation Debian ships (the Linux kernel's, PostgreSQL's, Perl's, git's, ...), "
+                              "one document a page; built from the installed packages: skiplab corpus debdocs "
+                              "--out DIR, then give --data-dir DIR"),
 }
 
 

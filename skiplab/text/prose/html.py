@@ -5,11 +5,11 @@ themes do), only that element's text; elsewhere the whole ``<body>``. In either,
 left out: ``<script>``, ``<style>``, ``<nav>``, ``<header>``, ``<footer>``, forms, and the navigation that the
 documentation generators write as ``<div>``\\ s (those whose class or id is one of :data:`DROP_NAMES`: DocBook's
 ``navheader``/``navfooter``, Sphinx's ``sphinxsidebar``, ``related`` and ``headerlink`` anchors, asciidoc's ``toc``
-and ``footer``, Sphinx's local ``contents``, SQLite's ``nosearch`` header, ...). Block elements (:data:`BLOCKS`) end
-a line, so a paragraph, heading, list item or table row is a line of its own; the text inside a block has its
-whitespace collapsed to single spaces, as a browser shows it, except in ``<pre>``, whose lines are kept as they are
-(code listings stay as text). Table cells are separated by a tab. Character references are decoded (Python's
-:class:`html.parser.HTMLParser` with ``convert_charrefs``).
+and ``footer``, Sphinx's local ``contents``, SQLite's ``nosearch`` header, Node.js's ``column2`` and ``#`` ``mark``
+anchors, ...). Block elements (:data:`BLOCKS`) end a line, so a paragraph, heading, list item or table row is a line
+of its own; the text inside a block has its whitespace collapsed to single spaces, as a browser shows it, except in
+``<pre>``, whose lines are kept as they are (code listings stay as text). Table cells are separated by a tab.
+Character references are decoded (Python's :class:`html.parser.HTMLParser` with ``convert_charrefs``).
 
 The parser is forgiving, as pages are: a closing tag closes every element opened after its match (a ``<p>`` or
 ``<li>`` left open inside a ``<div>`` ends with it), a closing tag with no open match is ignored, and void elements
@@ -32,7 +32,7 @@ SKIP_TAGS = frozenset({"script", "style", "nav", "header", "footer", "form", "bu
 DROP_NAMES = frozenset({"navheader", "navfooter", "navigation", "footer", "sphinxsidebar", "sphinxsidebarwrapper",
                         "related", "headerlink", "toc", "toctitle", "breadcrumbs", "leftnav", "topbar", "searchbox",
                         "global-nav", "hd", "ft", "nav", "rst-footer-buttons", "wy-nav-side", "contents",
-                        "nosearch", "fancy-toc1", "fancy-toc2", "fancy_toc_mark"})
+                        "nosearch", "fancy-toc1", "fancy-toc2", "fancy_toc_mark", "gtoc", "column2", "mark"})
 _SPACE = re.compile(r"[ \t\n\r\f\v]+")
 _MAIN = re.compile(r"""<main[\s>]|role\s*=\s*["']?main\b""", re.IGNORECASE)
 
