@@ -9,8 +9,9 @@
 
 What is read (:data:`SOURCES`): for each package, the files dpkg says it installed (``var/lib/dpkg/info/PKG.list``
 under ``--root``) that match the source's patterns and none of its exclusions, in path order; its version from
-dpkg's ``status``. Nothing is downloaded. A package pattern (``linux-doc-*``) takes every installed package it
-matches; a source none of whose packages is installed is an error naming the ``apt-get install`` to run.
+dpkg's ``status``; a symbolic link (another name of a page read under its own) is skipped. Nothing is downloaded. A
+package pattern (``linux-doc-*``) takes every installed package it matches; a source none of whose packages is
+installed is an error naming the ``apt-get install`` to run.
 
 Each file is one document: its prose (:func:`skiplab.text.prose.to_text`: HTML pages, manual pages,
 reStructuredText or plain text without their markup; code listings kept as text; tables of numbers and binary
