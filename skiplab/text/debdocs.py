@@ -40,6 +40,7 @@ import json
 import os
 import shutil
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -164,7 +165,12 @@ def documents(root: Path, source: Source, package: str) -> Iterator[tuple[str, s
             continue
         file = root / path.lstrip("/")
         if file.is_file() and not file.is_symlink():
-            yield path, to_text(source.kind, file.read_bytes())
+            try:
+                text = to_text(source.kind, file.read_bytes())
+            except (OSError, EOFError, zlib.error) as exc:  # a corrupt gzip file (BadGzipFile is an OSError)
+                raise ValueError(f"{file}: cannot be read ({' '.join(str(exc).split()) or type(exc).__name__})") \
+                    from None
+            yield path, text
 
 
 def build(cfg: DebdocsConfig, sources: tuple[Source, ...] = SOURCES, progress: bool = True) -> dict[str, Any]:
@@ -173,8 +179,8 @@ def build(cfg: DebdocsConfig, sources: tuple[Source, ...] = SOURCES, progress: b
     if out.exists():
         raise FileExistsError(f"{out}: already exists; give another --out or remove it")
     if cfg.packages:
-        sources = tuple(s for s in sources if any(fnmatch.fnmatchcase(s.package, p) or s.package == p
-                                                   for p in cfg.packages))
+        sources = tuple(s for s in sources if any(fnmatch.fnmatchcase(s.package, p) or fnmatch.fnmatchcase(p, s.package)
+                                                   for p in cfg.packages))  # "linux-doc-*" or "linux-doc-6.1"
         if not sources:
             raise ValueError(f"--packages {','.join(cfg.packages)}: no source of debdocs is named so; known: "
                              + ", ".join(s.package for s in SOURCES))
