@@ -179,8 +179,10 @@ def build(cfg: DebdocsConfig, sources: tuple[Source, ...] = SOURCES, progress: b
     if out.exists():
         raise FileExistsError(f"{out}: already exists; give another --out or remove it")
     if cfg.packages:
-        sources = tuple(s for s in sources if any(fnmatch.fnmatchcase(s.package, p) or fnmatch.fnmatchcase(p, s.package)
-                                                   for p in cfg.packages))  # "linux-doc-*" or "linux-doc-6.1"
+        # a source's own pattern ("linux-doc-*") or an installed package's name ("linux-doc-6.1")
+        wanted = cfg.packages
+        sources = tuple(s for s in sources
+                        if any(fnmatch.fnmatchcase(s.package, p) or fnmatch.fnmatchcase(p, s.package) for p in wanted))
         if not sources:
             raise ValueError(f"--packages {','.join(cfg.packages)}: no source of debdocs is named so; known: "
                              + ", ".join(s.package for s in SOURCES))
