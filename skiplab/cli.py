@@ -18,6 +18,7 @@
     skiplab eval caption --checkpoint RUN  BLEU-1..4, METEOR, ROUGE-L, CIDEr of a split; --figure draws captions
     skiplab compare caption [...]        connections x seeds, then a CIDEr table
     skiplab prepare lm --out DIR [...]   tokenise an LM corpus once into shards (train lm --data-dir DIR)
+    skiplab corpus debdocs --out DIR     build the debdocs corpus from the installed Debian documentation
     skiplab import hf DIR --out RUN      a Hugging Face GPT-2 or LLaMA folder as a language-model run
     skiplab export hf RUN --out DIR      a PreLN or PreRMS language-model run as a Hugging Face folder
     skiplab curves RUN [RUN ...]         learning curves of runs in one figure
@@ -42,6 +43,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import time
 import typing
 import warnings
 from pathlib import Path
@@ -70,6 +72,15 @@ DEMO_CONNECTIONS, DEMO_SEEDS = ("1xSkip", "2xSkip", "2xSkip+LN", "2rSkip+LN"), 2
 # Captioning on fashion-mnist-scenes: PostLN against SAS, one seed, about five minutes on 2 CPU cores.
 CAPTION_DEMO = dict(model="captioner-small", train_scenes=3000, valid_scenes=200, test_scenes=200, max_steps=400,
                     warmup=100, lr=1e-3, save_every=100, max_caption_len=30, out="runs/demo-caption")
+
+
+def cmd_corpus(args: argparse.Namespace) -> None:
+    from .text.debdocs import DebdocsConfig, build
+    t0 = time.perf_counter()
+    m = build(config.from_arguments(DebdocsConfig, args))
+    print(f"{args.out}: " + ", ".join(f"{s} {v['documents']:,} documents, {v['bytes']:,} bytes"
+                                      for s, v in m["splits"].items())
+          + f"; build_sha256 {m['build_sha256']} ({time.perf_counter() - t0:.0f} s)")
 
 
 def cmd_connections(args: argparse.Namespace) -> None:
@@ -323,6 +334,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=lambda a: print(f"{a.out}: " + ", ".join(
         f"{s} {v['tokens']:,} tokens in {len(v['shards'])} shard(s)"
         for s, v in prepare(config.from_arguments(PrepareConfig, a)).get("splits", {}).items())))
+
+    from .text.debdocs import DebdocsConfig  # `skiplab corpus debdocs`: a corpus from the installed docs
+    corp = sub.add_parser("corpus", help="build a corpus from what is installed here").add_subparsers(
+        dest="corpus", required=True, metavar="CORPUS")
+    p = corp.add_parser("debdocs", help="English technical prose from Debian's documentation packages",
+                        description="English technical prose from Debian's documentation packages: train, valid "
+                                    "and test JSON Lines and a manifest (docs/language-models.md)")
+    config.add_arguments(p, DebdocsConfig)
+    p.set_defaults(func=cmd_corpus)
 
     p = sub.add_parser("translate", help="translate stdin to stdout with a trained run")
     add_decoding_arguments(p)

@@ -96,6 +96,10 @@ LM_CORPORA: dict[str, LMCorpus] = {
         about="C4 English (allenai/c4 'en' shards, c4-train.NNNNN-of-01024.json.gz and "
               "c4-validation.NNNNN-of-00008.json.gz; the shards present are read, none downloaded); it publishes "
               "no test split: test is validation"),
+    "debdocs": LMCorpus("debdocs", files={s: f"{s}.jsonl.gz" for s in LM_SPLITS},
+                        about="documentation Debian ships (the Linux kernel's, PostgreSQL's, Perl's, git's, ...), "
+                              "one document a page; built from the installed packages: skiplab corpus debdocs "
+                              "--out DIR, then give --data-dir DIR"),
 }
 
 

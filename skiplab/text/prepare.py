@@ -49,7 +49,8 @@ class PrepareConfig:
     """What ``skiplab prepare lm`` tokenises, with what, and where the shards go."""
 
     corpus: str = field(default="pydocs", metadata={
-        "help": "pydocs, enwik8, text8, wikitext-103-raw, tinystories or c4-en; '' = the --train-file etc. given"})
+        "help": "pydocs, enwik8, text8, wikitext-103-raw, tinystories, c4-en or debdocs; "
+                "'' = the --train-file etc. given"})
     data_dir: str = field(default="", metadata={"help": "where the corpus is ('' = its default place)"})
     train_file: str = field(default="", metadata={"help": "with --corpus '': a .jsonl[.gz], .txt[.gz] or folder"})
     valid_file: str = field(default="", metadata={"help": "with --corpus '': the validation split, likewise"})

@@ -62,7 +62,8 @@ class LMTrainConfig:
         "help": "model spec: a preset, optionally with options, e.g. gpt-small(connection=2rSkip+LN); the model "
                 "options below add to it"})
     corpus: str = field(default="pydocs", metadata={
-        "help": "pydocs, enwik8, text8, wikitext-103-raw, tinystories or c4-en; '' = the --train-file etc. given"})
+        "help": "pydocs, enwik8, text8, wikitext-103-raw, tinystories, c4-en or debdocs; "
+                "'' = the --train-file etc. given"})
     data_dir: str = field(default="", metadata={
         "help": "where the corpus is ('' = its default place), or a folder of skiplab prepare lm"})
     train_file: str = field(default="", metadata={
