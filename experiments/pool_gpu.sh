@@ -9,7 +9,9 @@
 #           warm-up 64, cosine to 1e-4, clipping at 1.0, bf16 autocast, torch.compile, per-step telemetry; the
 #           final model's test bits per byte
 # Usage: experiments/pool_gpu.sh DATA OUT BLOCK
-#   DATA   the prepared debdocs folder (GPT-2 tokens); TOKENIZER=tiktoken:gpt2:FILE names the ranks it was made with
+#   DATA   the prepared debdocs folder (GPT-2 tokens); TOKENIZER=tiktoken:gpt2:FILE names the ranks it was made with.
+#          CORPUS=DIR (the built corpus, skiplab corpus debdocs) prepares DATA from it first where DATA has no
+#          prepared.json (a card's machine gets the 32 MB corpus rather than the 69 MB of shards)
 #   BLOCK  the block to train (blocks 1..BLOCK-1 already in OUT, or put back with RECORDED=docs/results/lm/pool-gpu,
 #          are not trained again); afterwards: experiments/collect_runs.sh OUT docs/results/lm/pool-gpu
 #   DESIGNS=... a subset; JOBS=N runs side by side (default 8: the whole block at once)
@@ -18,7 +20,7 @@
 set -euo pipefail
 data=$1 out=$2 block=$3
 designs=${DESIGNS:-PreLN,PostLN,PeriLN,HC,mHC,PreLN+ValueRes,2rSkip+LN,SAS}
-skiplab=${SKIPLAB:-skiplab}
+read -ra skiplab <<< "${SKIPLAB:-skiplab}"  # a command, e.g. "python3 -m skiplab"
 mkdir -p "$out"
 "$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out"
 if [[ -n ${SMOKE:-} ]]; then
@@ -27,11 +29,15 @@ if [[ -n ${SMOKE:-} ]]; then
           --compile false)
     jobs=${JOBS:-1}
 else
+    tokenizer=${TOKENIZER:?TOKENIZER=tiktoken:gpt2:FILE, the ranks DATA was prepared with}
+    if [[ -n ${CORPUS:-} && ! -f $data/prepared.json ]]; then
+        "${skiplab[@]}" prepare lm --corpus debdocs --data-dir "$CORPUS" --tokenizer "$tokenizer" --out "$data"
+    fi
     args=(--model "gpt-small(d_model=384,heads=6,layers=8,ffn_dim=1536,context=512,pad_vocab=64)" --corpus debdocs
-          --data-dir "$data" --tokenizer "${TOKENIZER:?TOKENIZER=tiktoken:gpt2:FILE, the ranks DATA was prepared with}"
+          --data-dir "$data" --tokenizer "$tokenizer"
           --batch-size 64 --max-steps 640 --warmup 64 --eval-every 160 --valid-tokens 262144 --device cuda
           --compile true)
     jobs=${JOBS:-8}
 fi
-"$skiplab" compare lm "${args[@]}" --lr 1e-3 --min-lr 1e-4 --connections "$designs" --seeds "$block" \
+"${skiplab[@]}" compare lm "${args[@]}" --lr 1e-3 --min-lr 1e-4 --connections "$designs" --seeds "$block" \
     --jobs "$jobs" --out "$out"

@@ -42,3 +42,22 @@ def test_the_card_scale_needs_the_tokenizer(tmp_path):
     done = run({"TOKENIZER": ""}, str(tmp_path / "data"), str(tmp_path / "out"), "1")
     assert done.returncode != 0 and "TOKENIZER=tiktoken:gpt2:FILE" in done.stderr
     assert not list((tmp_path / "out").glob("*/seed1"))
+
+
+def test_the_cards_record_script_packs_the_block(tmp_path):
+    """experiments/gpu_record.sh (the bench skipped here: tests/test_bench_gpu.py runs it): the block's small files
+    and table in one archive."""
+    import tarfile
+
+    data = tiny_pydocs(tmp_path / "pydocs")
+    script = SCRIPT.with_name("gpu_record.sh")
+    done = subprocess.run(["bash", str(script), str(tmp_path / "results"), "1", str(data), "unused.tiktoken"],
+                          capture_output=True, text=True, timeout=600, cwd=SCRIPT.parents[1],
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "BENCH": "0", "SMOKE": "1",
+                               "DESIGNS": "PreLN", "WORK": str(tmp_path / "work"),
+                               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert "pool block 1: exit 0" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    with tarfile.open(tmp_path / "results" / "pool-gpu.tgz") as tar:
+        names = tar.getnames()
+    assert "./table.md" in names and any(n.endswith("seed1/summary.json") for n in names)
+    assert not any(n.endswith(".pt") for n in names)

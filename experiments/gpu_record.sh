@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One card's records in one call: the GPU bench (skiplab bench --groups gpu), then one block of the GPU evidence
+# track (experiments/pool_gpu.sh), prepared from the debdocs corpus where its shards are not there yet. Everything it
+# measures lands in RESULTS: bench/bench.md and bench.json, bench.log, pool.log, and pool-gpu.tgz (every run's small
+# files and the block's table). Run from the repository's root on a machine with a card and torch; skiplab need not
+# be installed (it runs as python3 -m skiplab from the tree).
+# Usage: experiments/gpu_record.sh RESULTS BLOCK CORPUS TIKTOKEN
+#   CORPUS    the built debdocs corpus (skiplab corpus debdocs; 32 MB); TIKTOKEN: gpt2.tiktoken
+#   BENCH_BUDGET=SECONDS the bench's --gpu-budget (default 270); BENCH=0 or POOL=0 skips one; WORK=DIR holds the
+#   prepared shards and the runs (default /tmp); SMOKE=1 the block at smoke size on a CPU, CORPUS a pydocs-shaped folder
+set -uo pipefail
+results=$1 block=$2 corpus=$3 tiktoken=$4
+mkdir -p "$results"
+export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$results/card.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$results/card.txt"
+work=${WORK:-/tmp}
+if [[ ${BENCH:-1} != 0 ]]; then
+    python3 -m skiplab bench --groups gpu --gpu-budget "${BENCH_BUDGET:-270}" --out "$results/bench" \
+        > "$results/bench.log" 2>&1
+    echo "bench: exit $?"; grep '^\[bench\] gpu' "$results/bench.log"
+fi
+if [[ ${POOL:-1} != 0 ]]; then
+    data=$work/debdocs-gpt2
+    if [[ -n ${SMOKE:-} ]]; then data=$corpus; fi
+    CORPUS=$corpus TOKENIZER=tiktoken:gpt2:$tiktoken SKIPLAB="python3 -m skiplab" \
+        "$(dirname "$0")/pool_gpu.sh" "$data" "$work/pool-gpu" "$block" > "$results/pool.log" 2>&1
+    echo "pool block $block: exit $?"; tail -n 30 "$results/pool.log"
+    (cd "$work/pool-gpu" && find . \( -name '*.json' -o -name '*.jsonl' -o -name 'table.*' -o -name '*.png' \) \
+        -not -name 'prepared*' | tar czf "$results/pool-gpu.tgz" -T -)
+fi
