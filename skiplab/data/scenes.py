@@ -93,7 +93,7 @@ CLASS_WORDS = (  # (singular, plural) for Fashion-MNIST labels 0-9
     ("bag", "bags"), ("ankle boot", "ankle boots"),
 )
 CELL_NAMES = ("top left", "top right", "bottom left", "bottom right")
-NUMBERS = ("none", "one", "two", "three")
+NUMBERS = ("none", "one", "two", "three", "four", "five", "six")  # the easy set uses one to three
 SCENE_SPLITS = {"train": 12000, "val": 1000, "test": 1000}
 HOLDOUT = 5000  # training images kept for val
 CANVAS, CELL, PAD = 64, 32, 2  # 2 x 32 = 64; 28 + 2 x 2 = 32
