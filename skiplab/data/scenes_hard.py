@@ -11,8 +11,9 @@ the last row and column of pixels stay 0), numbered 0-8 row by row (cell j: row 
 It holds k garments, k uniform in {1, ..., 6}, in k distinct cells chosen uniformly. Each garment is a
 Fashion-MNIST image with two drawn attributes, each uniform:
 
-    size   small: resized to 12x12; large: resized to 20x20, by area averaging (PIL's BOX filter, OpenCV's
-           INTER_AREA): out = A x A^T with A (s, 28), A[i, j] = (s / 28) * |[i 28/s, (i+1) 28/s) ∩ [j, j+1)|
+    size   small: resized to 12x12; large: resized to 20x20, by area averaging (each output pixel the mean of the
+           input over its square, as OpenCV's INTER_AREA): out = A x A^T with A (s, 28),
+           A[i, j] = (s / 28) * |[i 28/s, (i+1) 28/s) ∩ [j, j+1)|
     tone   dark: scaled so that its brightest pixel is 96; bright: so that it is 255:
            pixel = round(out * T / max(out)) (T = 96 or 255; an all-zero image stays 0)
 
