@@ -61,16 +61,15 @@ need a garment told apart from others of its kind.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from .scenes import CLASS_WORDS, HOLDOUT, SCENE_SPLITS, _count, _inventory, _join, _read_fashion, _total
+from .scenes import CLASS_WORDS, HOLDOUT, _count, _inventory, _join, _total, compose_split, \
+    draw_counts
 
 DATASET = "fashion-mnist-scenes-hard"
 CANVAS, GRID, CELL = 64, 3, 21  # 3 x 21 = 63
@@ -128,14 +127,7 @@ _AREA = [area_matrix(side) for _, side in SIZES]
 
 def compose_hard_scenes(images: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generator) -> HardScenes:
     """``n`` scenes from a pool of uint8 images (M, 28, 28) with labels 0-9 (M,); sources index the pool."""
-    if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
-        raise ValueError(f"need uint8 images (M, 28, 28) and labels (M,), got {images.dtype} {images.shape} "
-                         f"and {labels.shape}")
-    if n < 0:
-        raise ValueError(f"the number of scenes must be at least 0, got {n}")
-    counts = rng.integers(1, MAX_GARMENTS + 1, size=n)
-    if counts.sum() > len(images):
-        raise ValueError(f"{n} scenes need {counts.sum()} images without replacement; the pool holds {len(images)}")
+    counts = draw_counts(images, labels, n, MAX_GARMENTS, rng)
     order = rng.permutation(len(images))[: counts.sum()]
     cells_n = GRID * GRID
     pixels = np.zeros((n, CANVAS, CANVAS), np.uint8)
@@ -164,22 +156,7 @@ def hard_fashion_scenes(fashion_dir: str | os.PathLike, split: str, n: int | Non
                         holdout: int = HOLDOUT) -> HardScenes:
     """The scenes of ``split`` (train, val, test; ``n`` of them, default :data:`~.scenes.SCENE_SPLITS`) from the
     Fashion-MNIST IDX files in ``fashion_dir``; sources index the split's IDX file."""
-    if split not in SCENE_SPLITS:
-        raise ValueError(f"unknown split {split!r}; known: {', '.join(SCENE_SPLITS)}")
-    images, labels = _read_fashion(Path(fashion_dir), "test" if split == "test" else "train")
-    start, stop = 0, len(images)
-    if split != "test":
-        if not 0 < holdout < len(images):
-            raise ValueError(f"holdout must be between 1 and {len(images) - 1} (the training images but one), "
-                             f"got {holdout}")
-        start, stop = (len(images) - holdout, len(images)) if split == "val" else (0, len(images) - holdout)
-    rng = np.random.default_rng([seed, _SPLIT_SEEDS[split]])
-    try:
-        scenes = compose_hard_scenes(images[start:stop], labels[start:stop],
-                                     SCENE_SPLITS[split] if n is None else n, rng)
-    except ValueError as exc:
-        raise ValueError(f"{DATASET} {split}: {exc}") from None
-    return dataclasses.replace(scenes, sources=np.where(scenes.sources >= 0, scenes.sources + start, -1))
+    return compose_split(compose_hard_scenes, DATASET, _SPLIT_SEEDS, fashion_dir, split, n, seed, holdout)
 
 
 def words(caption: str) -> int:

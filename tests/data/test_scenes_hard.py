@@ -1,6 +1,6 @@
 """fashion-mnist-scenes-hard on a tiny Fashion-MNIST-format folder: determinism, every caption parsed back by a
 grammar written out again here and checked against the scene, pixels (sizes, tones, offsets) where the metadata
-says, the resize against PIL's, the vocabulary and the 30-word bound."""
+says, the resize against block means, the vocabulary and the 30-word bound."""
 
 from __future__ import annotations
 
@@ -14,20 +14,15 @@ import pytest
 from skiplab.data import scenes_hard
 from skiplab.data.idx import IMAGES_MAGIC, read_idx
 from skiplab.data.scenes_hard import compose_hard_scenes, garment_pixels, hard_fashion_scenes, hard_scene_captions
+from tests.data.test_scenes import NUMBER, WORDS, check_inventory, noun_phrase  # the kinds and counts, shared
 
 HOLDOUT = 64  # of the fixture's 256 training images: 192 for train, 64 for val; t10k holds 64
 SIZES = {"train": 30, "val": 10, "test": 10}  # at most 6 garments a scene: 180, 60, 60 images
 PINNED = "2cff6900df8a302a"  # test_the_scenes_of_a_seed_are_pinned
 
-# The grammar of the module docstring, written out again so that the check shares no code with the generator.
-WORDS = {
-    "tee shirt": (0, 1), "tee shirts": (0, 2), "pair of trousers": (1, 1), "pairs of trousers": (1, 2),
-    "pullover": (2, 1), "pullovers": (2, 2), "dress": (3, 1), "dresses": (3, 2), "coat": (4, 1), "coats": (4, 2),
-    "sandal": (5, 1), "sandals": (5, 2), "shirt": (6, 1), "shirts": (6, 2), "sneaker": (7, 1),
-    "sneakers": (7, 2), "bag": (8, 1), "bags": (8, 2), "ankle boot": (9, 1), "ankle boots": (9, 2),
-}
+# The grammar of the module docstring, written out again so that the check shares no code with the generator (the
+# kinds, articles and inventories are the easy set's, checked by its test's helpers).
 SINGULAR = {w: label for w, (label, form) in WORDS.items() if form == 1}
-NUMBER = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 CELLS = {"top left": 0, "top middle": 1, "top right": 2, "middle left": 3, "centre": 4, "middle right": 5,
          "bottom left": 6, "bottom middle": 7, "bottom right": 8}
 SIZE, TONE = {"small": 0, "large": 1}, {"dark": 0, "bright": 1}
@@ -49,24 +44,6 @@ VOCABULARY = sorted(
 
 def tokens(caption: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", caption)
-
-
-def noun_phrase(text: str) -> tuple[int, int]:
-    """(label, number) of "a bag" / "an ankle boot" / "four bags"; the article and the noun must agree."""
-    article, noun = text.split(" ", 1)
-    label, form = WORDS[noun]
-    n = NUMBER[article]
-    assert (n == 1) == (form == 1), text
-    if n == 1:
-        assert article == ("an" if noun[0] in "aeiou" else "a"), text
-    return label, n
-
-
-def check_inventory(text: str, labels: list[int]) -> None:
-    """``text`` names every kind of ``labels`` once, with its count, and nothing else."""
-    named = [noun_phrase(part) for part in re.split(r", | and ", text)]
-    assert len({label for label, _ in named}) == len(named), text
-    assert dict(named) == Counter(labels), text
 
 
 def referent(text: str, scene: list[tuple[int, int, int, int]]) -> int:
