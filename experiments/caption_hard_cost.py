@@ -18,6 +18,8 @@ import json
 import statistics
 import time
 
+from pathlib import Path
+
 import torch
 
 from skiplab.bench.steps import MTBatch, mt_step
@@ -74,9 +76,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":

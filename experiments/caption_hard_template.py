@@ -11,6 +11,7 @@ import argparse
 import json
 import random
 import re
+from pathlib import Path
 
 from skiplab.data.scenes import CLASS_WORDS
 from skiplab.data.scenes_hard import CELL_NAMES, SIZES, TONES
@@ -50,9 +51,7 @@ def main() -> None:
                                         for k in KEEP}}
     print(json.dumps(result, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
