@@ -93,7 +93,7 @@ CLASS_WORDS = (  # (singular, plural) for Fashion-MNIST labels 0-9
     ("bag", "bags"), ("ankle boot", "ankle boots"),
 )
 CELL_NAMES = ("top left", "top right", "bottom left", "bottom right")
-NUMBERS = ("none", "one", "two", "three")
+NUMBERS = ("none", "one", "two", "three", "four", "five", "six")  # the easy set uses one to three
 SCENE_SPLITS = {"train": 12000, "val": 1000, "test": 1000}
 HOLDOUT = 5000  # training images kept for val
 CANVAS, CELL, PAD = 64, 32, 2  # 2 x 32 = 64; 28 + 2 x 2 = 32
@@ -120,14 +120,7 @@ class Scenes:
 
 def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generator) -> Scenes:
     """``n`` scenes from a pool of uint8 images (M, 28, 28) with labels 0-9 (M,); sources index the pool."""
-    if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
-        raise ValueError(f"need uint8 images (M, 28, 28) and labels (M,), got {images.dtype} {images.shape} "
-                         f"and {labels.shape}")
-    if n < 0:
-        raise ValueError(f"the number of scenes must be at least 0, got {n}")
-    counts = rng.integers(1, 4, size=n)
-    if counts.sum() > len(images):
-        raise ValueError(f"{n} scenes need {counts.sum()} images without replacement; the pool holds {len(images)}")
+    counts = draw_counts(images, labels, n, 3, rng)
     order = rng.permutation(len(images))[: counts.sum()]
     pixels = np.zeros((n, CANVAS, CANVAS), np.uint8)
     cells, sources = np.full((n, 4), -1, np.int64), np.full((n, 4), -1, np.int64)
@@ -140,6 +133,20 @@ def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, rng: np.rando
         used += k
         captions.append(scene_captions(cells[i], rng))
     return Scenes(pixels, cells, sources, captions)
+
+
+def draw_counts(images: np.ndarray, labels: np.ndarray, n: int, most: int, rng: np.random.Generator) -> np.ndarray:
+    """The garments of each of ``n`` scenes, uniform in 1..``most``, checked to fit in the pool (uint8 images
+    (M, 28, 28), labels (M,)) without replacement."""
+    if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
+        raise ValueError(f"need uint8 images (M, 28, 28) and labels (M,), got {images.dtype} {images.shape} "
+                         f"and {labels.shape}")
+    if n < 0:
+        raise ValueError(f"the number of scenes must be at least 0, got {n}")
+    counts = rng.integers(1, most + 1, size=n)
+    if counts.sum() > len(images):
+        raise ValueError(f"{n} scenes need {counts.sum()} images without replacement; the pool holds {len(images)}")
+    return counts
 
 
 def scene_captions(cells: np.ndarray, rng: np.random.Generator) -> list[str]:
@@ -159,6 +166,26 @@ def fashion_scenes(fashion_dir: str | os.PathLike, split: str, n: int | None = N
                    holdout: int = HOLDOUT) -> Scenes:
     """The scenes of ``split`` (train, val, test; ``n`` of them, default :data:`SCENE_SPLITS`) from the
     Fashion-MNIST IDX files in ``fashion_dir``; sources index the split's IDX file."""
+    return compose_split(compose_scenes, DATASET, _SPLIT_SEEDS, fashion_dir, split, n, seed, holdout)
+
+
+def compose_split(compose, name: str, streams: dict[str, int], fashion_dir: str | os.PathLike, split: str,
+                  n: int | None, seed: int, holdout: int):
+    """``compose(images, labels, n, rng)`` over ``split``'s pool (:func:`split_pool`) with the generator
+    ``np.random.default_rng([seed, streams[split]])``; its ``sources`` made indices into the split's IDX file."""
+    images, labels, start = split_pool(fashion_dir, split, holdout)
+    rng = np.random.default_rng([seed, streams[split]])
+    try:
+        scenes = compose(images, labels, SCENE_SPLITS[split] if n is None else n, rng)
+    except ValueError as exc:
+        raise ValueError(f"{name} {split}: {exc}") from None
+    return dataclasses.replace(scenes, sources=np.where(scenes.sources >= 0, scenes.sources + start, -1))
+
+
+def split_pool(fashion_dir: str | os.PathLike, split: str, holdout: int = HOLDOUT) -> tuple[np.ndarray, np.ndarray, int]:
+    """The pool ``split`` (train, val, test) draws its images from: uint8 images (M, 28, 28), labels (M,) and the
+    index of its first image in its IDX file (train: the training images but the last ``holdout``; val: those;
+    test: t10k)."""
     if split not in SCENE_SPLITS:
         raise ValueError(f"unknown split {split!r}; known: {', '.join(SCENE_SPLITS)}")
     images, labels = _read_fashion(Path(fashion_dir), "test" if split == "test" else "train")
@@ -168,12 +195,7 @@ def fashion_scenes(fashion_dir: str | os.PathLike, split: str, n: int | None = N
             raise ValueError(f"holdout must be between 1 and {len(images) - 1} (the training images but one), "
                              f"got {holdout}")
         start, stop = (len(images) - holdout, len(images)) if split == "val" else (0, len(images) - holdout)
-    rng = np.random.default_rng([seed, _SPLIT_SEEDS[split]])
-    try:
-        scenes = compose_scenes(images[start:stop], labels[start:stop], SCENE_SPLITS[split] if n is None else n, rng)
-    except ValueError as exc:
-        raise ValueError(f"{DATASET} {split}: {exc}") from None
-    return dataclasses.replace(scenes, sources=np.where(scenes.sources >= 0, scenes.sources + start, -1))
+    return images[start:stop], labels[start:stop], start
 
 
 def _read_fashion(root: Path, split: str) -> tuple[np.ndarray, np.ndarray]:

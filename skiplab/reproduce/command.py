@@ -67,10 +67,12 @@ def _data_dir(root: str, name: str) -> str:
 
 
 def resolve(t: Table, cell: Cell, sc: Scale, data_root: str = "", device: str = "auto",
-            assume_prepared: bool = False) -> Resolved:
+            assume_prepared: bool = False, dataset: str = "") -> Resolved:
     """What ``cell`` runs at scale ``sc``. A setting that trains from a prepared folder under ``data_root``
     (:class:`~skiplab.reproduce.scales.PreparedData`) runs where the folder is there as it needs it, and says what
-    is needed where not; ``assume_prepared`` resolves it as if the folder were there (``--list``'s estimates)."""
+    is needed where not; ``assume_prepared`` resolves it as if the folder were there (``--list``'s estimates).
+    ``dataset`` replaces the setting's dataset where the task allows it (:meth:`~skiplab.tasks.base.Task.
+    with_dataset`; ``reproduce --dataset``)."""
     run = cell.run
     if run is None:
         return Resolved(cell, why=f"paper only: {cell.why}")
@@ -81,6 +83,10 @@ def resolve(t: Table, cell: Cell, sc: Scale, data_root: str = "", device: str = 
     cfg = task.cell_config(setting.config, run, setting)
     if isinstance(cfg, str):
         return Resolved(cell, why=f"not available at {sc.name} scale: {cfg}")
+    if dataset:
+        cfg = task.with_dataset(cfg, dataset)
+        if isinstance(cfg, str):
+            return Resolved(cell, why=f"not available at {sc.name} scale with --dataset {dataset}: {cfg}")
     if setting.prepared is not None:
         data_dir, needs = setting.prepared.find(data_root)
         if needs and not assume_prepared:
@@ -153,10 +159,10 @@ def _measure(t: Table, r: Resolved, cfg: Any, sc: Scale, progress: bool) -> dict
 
 # ---- the command -----------------------------------------------------------------------------------------
 def plan(t: Table, sc: Scale, seeds: int, root: Path, data_root: str = "", device: str = "auto",
-         rows: tuple[str, ...] = ()) -> tuple[list[Resolved], list[tuple[str, Any]]]:
+         rows: tuple[str, ...] = (), dataset: str = "") -> tuple[list[Resolved], list[tuple[str, Any]]]:
     """Every cell resolved, and the distinct (task, config) runs they need over seeds 1..``seeds`` (only those of
     ``rows`` when given)."""
-    resolved = [resolve(t, c, sc, data_root, device) for c in t.cells]
+    resolved = [resolve(t, c, sc, data_root, device, dataset=dataset) for c in t.cells]
     jobs: dict[str, tuple[str, Any]] = {}
     for r in resolved:
         if r.config is not None and (not rows or r.cell.row in rows):
@@ -168,9 +174,11 @@ def plan(t: Table, sc: Scale, seeds: int, root: Path, data_root: str = "", devic
 
 def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", seeds: int = 2, jobs: int = 1,
               data_root: str = "", device: str = "auto", progress: bool = True, argv: list[str] | None = None,
-              rows: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+              rows: tuple[str, ...] = (), dataset: str = "") -> list[dict[str, Any]]:
     """Run what ``table_ids`` need at ``scale_name`` (missing runs only; with ``rows``, only those rows' runs)
-    and write each table, every cell whose runs exist measured; return the tables."""
+    and write each table, every cell whose runs exist measured; return the tables. With ``dataset``, the cells
+    read that dataset instead of their setting's (their task must allow it) and each table is written to
+    ``OUT/<scale>/<table>-<dataset>/``, beside the setting's own."""
     tables = [get_table(i) for i in table_ids]
     sc = get_scale(scale_name)
     if seeds < 1 or jobs < 1:
@@ -180,11 +188,16 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         known = sorted({r for t in tables for r in t.rows})
         raise ValueError(f"no row {', '.join(map(repr, unknown))} in {', '.join(table_ids)}; its rows: {', '.join(known)}")
     root = Path(out) / sc.name / "runs"
+    for t in tables:  # a --dataset that no cell of a table takes is refused before anything runs
+        resolved = plan(t, sc, seeds, root, data_root, device, dataset=dataset)[0]
+        if dataset and all(r.config is None for r in resolved):
+            why = next((r.why for r in resolved if r.cell.run is not None), "it has no runs")
+            raise ValueError(f"--dataset {dataset}: no cell of {t.id} at {sc.name} scale reads it ({why})")
     written = []
     for t in tables:
         t0 = time.time()
-        resolved, needed = plan(t, sc, seeds, root, data_root, device)
-        train = plan(t, sc, seeds, root, data_root, device, rows)[1] if rows else needed
+        resolved, needed = plan(t, sc, seeds, root, data_root, device, dataset=dataset)
+        train = plan(t, sc, seeds, root, data_root, device, rows, dataset)[1] if rows else needed
         if needed:
             print(f"{t.id} at {sc.name} scale: {len(needed)} runs "
                   f"({sum(runs.state(c) == 'finished' for _, c in needed)} finished"
@@ -197,7 +210,7 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         result = {
             "table": t.id, "source": t.source, "title": t.title, "metric": t.metric,
             "higher_is_better": t.higher_is_better, "ours_metric": _ours_metric(t, resolved), "scale": sc.name,
-            "scale_about": sc.about, "seeds": seeds,
+            "scale_about": sc.about, "seeds": seeds, **({"dataset": dataset} if dataset else {}),
             "settings": {r.cell.run.setting: r.setting.about for r in resolved if r.setting is not None},
             "reading": t.reading, "notes": list(t.notes), "cells": cells,
             "command": "skiplab reproduce " + " ".join(shlex.quote(a) for a in (argv or [t.id, "--scale", sc.name,
@@ -209,7 +222,7 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
             "run_kinds": run_kinds([Path(c.out) for _, c in needed]),
             "holm_m": holm_m,
         }
-        table_dir = Path(out) / sc.name / t.id
+        table_dir = Path(out) / sc.name / (f"{t.id}-{dataset}" if dataset else t.id)
         table_dir.mkdir(parents=True, exist_ok=True)
         run_dir.write_json(table_dir / "table.json", result)
         (table_dir / "table.md").write_text(report.markdown(result))
@@ -430,6 +443,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="train only these rows' runs (comma-separated, as the table names them); cells of other "
                         "rows are still filled where their runs exist (default: every row)")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
+    p.add_argument("--dataset", default="",
+                   help="run the cells on this dataset instead of their setting's, where their task allows it (e.g. "
+                        "fashion-mnist-scenes-hard for 001-table5 at cpu scale); the table goes to "
+                        "OUT/<scale>/<table>-<dataset>/ (default: the setting's)")
     p.set_defaults(func=command)
 
 
@@ -443,5 +460,5 @@ def command(args: argparse.Namespace) -> None:
         raise ValueError(f"name a table (or all); known: {', '.join(TABLES)}")
     get_scale(args.scale)
     reproduce(parse_tables(",".join(args.tables)), args.scale, out=args.out, seeds=args.seeds, jobs=args.jobs,
-              data_root=args.data_root, rows=tuple(args.rows), device=args.device,
+              data_root=args.data_root, rows=tuple(args.rows), device=args.device, dataset=args.dataset,
               argv=sys.argv[2:] if sys.argv[1:2] == ["reproduce"] else None)

@@ -119,6 +119,11 @@ class Task:
         ``base``, its config there), or a string saying why it has none there."""
         raise NotImplementedError
 
+    def with_dataset(self, cfg: Any, name: str) -> Any:
+        """``cfg`` reading the dataset ``name`` instead of its setting's (``reproduce --dataset``), or a string saying
+        why it cannot; an error for a name the task does not know."""
+        return f"the {self.name} task's settings have no --dataset choice"
+
     def measure(self, cfg: Any, summary: dict[str, Any], metric: str, average: int, beam: int,
                 progress: bool) -> dict[str, Any]:
         """A finished run's value of a table whose metric is ``metric`` (``value``), with what tests need."""

@@ -197,6 +197,21 @@ class CaptionTask(Task):
     def describe_data(self, cfg: Any) -> str:
         return cfg.dataset or Path(cfg.captions).name
 
+    def run_label(self, cfg: Any) -> tuple[str, ...]:
+        """The data folder and model; a composed set other than the default one by its own name (the default set's
+        runs keep the names they were recorded under)."""
+        default = caption.CaptionTrainConfig.dataset
+        return (cfg.dataset if cfg.dataset not in ("", default) else self.data_name(cfg), cfg.model)
+
+    def with_dataset(self, cfg: Any, name: str) -> Any:
+        """A composed setting's config on the composed set ``name`` (the cpu and smoke settings'); a setting that
+        reads COCO files has no such choice."""
+        if name not in caption.SCENE_SETS:
+            raise ValueError(f"unknown captioning dataset {name!r} for --dataset; known: {', '.join(caption.SCENE_SETS)}")
+        if not cfg.dataset:
+            return f"this setting reads COCO files ({Path(cfg.captions).name}), not a composed set"
+        return dataclasses.replace(cfg, dataset=name)
+
     def missing_data(self, cfg: Any) -> str:
         """Caption files named by ``cfg`` that are not there (the composed set is made from Fashion-MNIST, which
         the run finds or names itself)."""

@@ -26,6 +26,9 @@ The data, by ``dataset``:
 - ``fashion-mnist-scenes``: scenes composed from Fashion-MNIST (:mod:`skiplab.data.scenes`; ``data_dir`` holds the
   Fashion-MNIST IDX files, found where the image task finds them when empty), ``train_scenes`` / ``valid_scenes``
   / ``test_scenes`` of them, composed with ``scene_seed`` (the same scenes for every run of every seed).
+- ``fashion-mnist-scenes-hard``: its harder variant (:mod:`skiplab.data.scenes_hard`: a 3x3 grid of up to six
+  garments of two sizes and two tones, counts to six, relations among garments told apart from their distractors),
+  read the same way.
 - ``''`` (files): ``captions``, Karpathy's split file (``dataset_coco.json``: train + restval, val, test) or a COCO
   captions file (``captions_train2014.json`` style; then ``valid_captions`` and ``test_captions`` name the other
   splits' files), with the images in ``image_dir`` (each of ``image_size`` pixels a side, of the model's
@@ -50,7 +53,8 @@ import torch
 from .. import decoding, distributed, run_dir
 from ..data import idx
 from ..data.images import dataset_dirs
-from ..data.scenes import DATASET, fashion_scenes
+from ..data.scenes import fashion_scenes
+from ..data.scenes_hard import hard_fashion_scenes
 from ..interop.coco_eval import CiderD
 from ..models import CaptionerConfig, caption_families, family_of, model_config
 from ..text.captions import CaptionedImage, FeatureFolder, ImageFolder, Vocabulary, read_coco_captions, \
@@ -58,7 +62,8 @@ from ..text.captions import CaptionedImage, FeatureFolder, ImageFolder, Vocabula
 from .mt import Seq2SeqData, Seq2SeqRecipe, train_seq2seq
 from .run import Run
 
-DATASETS = ("fashion-mnist-scenes", "")
+SCENE_SETS = {"fashion-mnist-scenes": fashion_scenes, "fashion-mnist-scenes-hard": hard_fashion_scenes}
+DATASETS = (*SCENE_SETS, "")
 SPLITS = ("train", "valid", "test")
 
 
@@ -70,7 +75,8 @@ class CaptionTrainConfig(Seq2SeqRecipe):
         "help": "model spec: a captioner preset, optionally with options, e.g. captioner-small(connection=SAS) or "
                 "captioner-small(encoder_connection=PostLN,decoder_connection=2rSkip+LN)"})
     dataset: str = field(default="fashion-mnist-scenes", metadata={
-        "help": "fashion-mnist-scenes (composed from Fashion-MNIST), or '' for --captions files"})
+        "help": "fashion-mnist-scenes (composed from Fashion-MNIST), fashion-mnist-scenes-hard (its harder variant), "
+                "or '' for --captions files"})
     data_dir: str = field(default="", metadata={
         "help": "fashion-mnist-scenes: the Fashion-MNIST IDX files ('' = where the image task finds them); files: "
                 "the folder relative --captions, --image-dir and --feature-dir are in"})
@@ -101,7 +107,7 @@ class CaptionTrainConfig(Seq2SeqRecipe):
     def __post_init__(self):
         super().__post_init__()
         if self.dataset not in DATASETS:
-            raise ValueError(f"unknown dataset {self.dataset!r}; known: fashion-mnist-scenes, or '' for files")
+            raise ValueError(f"unknown dataset {self.dataset!r}; known: {', '.join(SCENE_SETS)}, or '' for files")
         if family_of(self.model) not in caption_families():
             raise ValueError(f"{self.model} is not a captioning model; known: captioner-small, captioner-base")
         mcfg = self.model_config(10)  # a bad spec or option fails here, before anything is written
@@ -117,7 +123,7 @@ class CaptionTrainConfig(Seq2SeqRecipe):
                 raise ValueError(f"--image-dir needs a model reading pixels (input=pixels); {self.model} reads "
                                  f"{mcfg.input}")
         elif mcfg.input != "pixels" or mcfg.channels != 1 or mcfg.image_size != 64:
-            raise ValueError(f"fashion-mnist-scenes are 64 x 64 grey images: the model needs input=pixels, channels=1, "
+            raise ValueError(f"{self.dataset} are 64 x 64 grey images: the model needs input=pixels, channels=1, "
                              f"image_size=64 ({self.model} has {mcfg.input}, {mcfg.channels}, {mcfg.image_size})")
 
     def model_config(self, vocab_size: int) -> CaptionerConfig:
@@ -155,11 +161,12 @@ def load_split(cfg: CaptionTrainConfig | dict[str, Any], split: str) -> Split:
     c = cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg)
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; known: {', '.join(SPLITS)}")
-    if c["dataset"] == "fashion-mnist-scenes":
+    if c["dataset"] in SCENE_SETS:
         n = c[f"{split}_scenes"]
-        scenes = fashion_scenes(fashion_dir(c["data_dir"]), "val" if split == "valid" else split, n, c["scene_seed"])
+        compose = SCENE_SETS[c["dataset"]]
+        scenes = compose(fashion_dir(c["data_dir"]), "val" if split == "valid" else split, n, c["scene_seed"])
         pixels = scenes.pixels
-        return Split(f"{DATASET} {split} ({n} scenes, seed {c['scene_seed']})", list(range(n)), scenes.captions,
+        return Split(f"{c['dataset']} {split} ({n} scenes, seed {c['scene_seed']})", list(range(n)), scenes.captions,
                      [[tokenize(t) for t in caps] for caps in scenes.captions], lambda i: pixels[i])
     records = _records(c, split)
     mcfg = model_config(c["model"], vocab_size=10)
