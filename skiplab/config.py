@@ -67,6 +67,8 @@ def count(minimum: int = 1):
 def seed_list(text: str) -> tuple[int, ...]:
     """An argparse type: seeds, as ``N`` (1..N), ``A-B`` (A..B) or ``A,B,...`` (each >= 1, none twice)."""
     text = str(text).strip()
+    if text.lstrip("+-").isdigit():  # N: seeds 1..N, a count like any other
+        return tuple(range(1, count(1)(text) + 1))
     try:
         if "-" in text:
             low, _, high = text.partition("-")

@@ -1,5 +1,7 @@
 """Every count option is checked where options are parsed: zero or negative is a one-line error, nothing written."""
 
+import re
+
 import pytest
 
 from skiplab import run_dir
@@ -63,3 +65,15 @@ def test_model_options_and_library_counts_are_refused_too(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="checkpoints to average must be >= 1, got 0"):
         run_dir.average_checkpoints(tmp_path, 0)  # a slice [-0:] would have averaged them all
+
+
+def test_seeds_as_a_count_a_range_or_a_list():
+    import argparse
+
+    from skiplab.config import seed_list
+
+    assert seed_list("3") == (1, 2, 3) and seed_list("4-5") == (4, 5) and seed_list("2,7") == (2, 7)
+    for bad, said in (("0", "must be >= 1, got 0"), ("x", "expected N, A-B or A,B,..."),
+                      ("3-1", "at least one"), ("2,2", "none twice"), ("0-2", "must be >= 1")):
+        with pytest.raises(argparse.ArgumentTypeError, match=re.escape(said)):
+            seed_list(bad)
