@@ -62,6 +62,8 @@ from .tasks.compare import compare
 from .tasks.lm import add_generate_arguments, sample_text
 from .tasks.mt import add_decoding_arguments
 from .text import decode_lines, read_lines
+from .text.debdocs import DebdocsConfig, build
+from .text.prepare import PrepareConfig, prepare
 from .translate import paired_bootstrap
 from .translate.translator import Translator
 
@@ -75,7 +77,6 @@ CAPTION_DEMO = dict(model="captioner-small", train_scenes=3000, valid_scenes=200
 
 
 def cmd_corpus(args: argparse.Namespace) -> None:
-    from .text.debdocs import DebdocsConfig, build
     t0 = time.perf_counter()
     m = build(config.from_arguments(DebdocsConfig, args))
     print(f"{args.out}: " + ", ".join(f"{s} {v['documents']:,} documents, {v['bytes']:,} bytes"
@@ -325,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
         task.add_eval_arguments(p)
         p.set_defaults(func=cmd_eval)
 
-    from .text.prepare import PrepareConfig, prepare  # `skiplab prepare lm`: tokenise once into shards
+    # `skiplab prepare lm`: tokenise once into shards
     prep = sub.add_parser("prepare", help="tokenise a corpus once into shards").add_subparsers(
         dest="task", required=True, metavar="TASK")
     p = prep.add_parser("lm", help="a language-model corpus into token shards per split and a sidecar",
@@ -335,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"{s} {v['tokens']:,} tokens in {len(v['shards'])} shard(s)"
         for s, v in prepare(config.from_arguments(PrepareConfig, a)).get("splits", {}).items())))
 
-    from .text.debdocs import DebdocsConfig  # `skiplab corpus debdocs`: a corpus from the installed docs
+    # `skiplab corpus debdocs`: a corpus from the installed docs
     corp = sub.add_parser("corpus", help="build a corpus from what is installed here").add_subparsers(
         dest="corpus", required=True, metavar="CORPUS")
     p = corp.add_parser("debdocs", help="English technical prose from Debian's documentation packages",

@@ -62,7 +62,7 @@ class GpuSizes:
     warmup: int = 2
     backend: str = "inductor"
     designs: tuple[str, ...] = GPU_DESIGNS
-    budget_s: float = 270.0  # cold compiles included, the group ends within about 6 minutes on an H100
+    budget_s: float = 270.0  # no design started after this: meant to end the group within 6 minutes of a card
     hf_reference: bool = True
 
     def config(self) -> dict[str, Any]:
