@@ -19,7 +19,7 @@
 set -euo pipefail
 out=${1:-runs/pool-cpu}
 seeds=${2:-8}
-designs=${DESIGNS:-PreLN,PostLN,PeriLN,SandwichLN,DeepNorm,Admin,MixLN,LNS,LayerScale,ReZero,PreDyT,HC,mHC,PreLN+ValueRes,PreLN+UNet,2rSkip+LN,SAS}
+designs=${DESIGNS:-PreLN,PostLN,PeriLN,SandwichLN,DeepNorm,Admin,MixLN,LNS,LayerScale,ReZero,PreDyT,PreDyT(alpha0=llm),HC,mHC,PreLN+ValueRes,PreLN+UNet,2rSkip+LN,SAS}
 data=${DATA:-../shared/data/pydocs}
 skiplab=${SKIPLAB:-skiplab}
 mkdir -p "$out"
