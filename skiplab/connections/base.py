@@ -104,6 +104,19 @@ class Connection(nn.Module):
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         raise NotImplementedError
 
+    # An additive design is an identity skip plus a term, y = x + B(x) with B(x) = branch_output(F(branch_input(x)))
+    # (the pre-norm and Peri-LN families): a design across the stack that replaces the residual sum by a mix of
+    # earlier outputs (Attention Residuals, MUDD) calls B on its own inputs.
+    additive: ClassVar[bool] = False
+
+    def branch_input(self, x: Tensor) -> Tensor:
+        """What the branch reads of the block input x (an additive design's pre-norm G(x))."""
+        raise NotImplementedError(f"{type(self).__name__} is not additive")
+
+    def branch_output(self, f: Tensor) -> Tensor:
+        """What of the branch's output F joins the skip (Peri-LN: G_out(F)); most additive designs: F itself."""
+        return f
+
     def stats(self) -> dict[str, Any]:
         """The learned (or fixed) quantities behind the design; ``None`` where no forward pass ran yet."""
         return {}

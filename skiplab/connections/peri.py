@@ -28,6 +28,14 @@ class _Peri(Connection):
     def final_norm_kind(cls, spec: Spec, layers: int) -> str | None:
         return spec.norm
 
+    additive = True
+
+    def branch_input(self, x: Tensor) -> Tensor:
+        return self.norm_in(x)
+
+    def branch_output(self, f: Tensor) -> Tensor:
+        return self.norm_out(f)
+
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
         return s + self.norm_out(branch(self.norm_in(x)))

@@ -43,10 +43,15 @@ class _PreNorm(Connection):
     def final_norm_kind(cls, spec: Spec, layers: int) -> str | None:
         return spec.norm
 
+    additive = True
+
+    def branch_input(self, x: Tensor) -> Tensor:
+        h = self.norm(x)
+        return h if self.factor == 1.0 else h * self.factor
+
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
-        h = self.norm(x)
-        return s + branch(h if self.factor == 1.0 else h * self.factor)
+        return s + branch(self.branch_input(x))
 
     def stats(self) -> dict[str, float]:
         return {"scale": self.factor} if self.scaled else {}

@@ -9,7 +9,7 @@ Grammar (case-sensitive)::
              | LayerScale | MixLN | LNS | ...   -- the registry's names
     norm    := LN | BN | RMS | DyT
     option  := key "=" value                     -- e.g. f=2, init=1, gate=single, gamma=free
-    across  := ValueRes | UNet                    -- designs across the layers of a stack (connections.across)
+    across  := ValueRes | UNet | ...              -- designs across the layers of a stack (connections.across)
 
 Aliases: ``Residual`` = ``1xSkip``, ``PostLN`` = ``1xSkip+LN``.
 
@@ -162,6 +162,7 @@ def parse(text: str, registry: dict[str, type], known: str, across: dict[str, ty
         options = _options(across[a["name"]], a["name"], (a["options"] or "()")[1:-1], fail)
         stack.insert(0, Spec(name=a["name"], options=options))
         spec = a["rest"]
+    named = spec  # the connection as written, without the designs across the stack
     spec = ALIASES.get(spec, spec)
     m = _SPEC_RE.match(spec)
     if m is None:
@@ -195,8 +196,12 @@ def parse(text: str, registry: dict[str, type], known: str, across: dict[str, ty
         norm = cls.default_norm
 
     options = _options(cls, name, m["options"], fail, dyt=norm == "DyT")
-    parsed = Spec(name=name, number=number, norm=norm, options=options, stack=tuple(stack), norm_written=written)
-    return cls.canonical(parsed)
+    parsed = cls.canonical(Spec(name=name, number=number, norm=norm, options=options, stack=tuple(stack),
+                                norm_written=written))
+    for s in parsed.stack:  # designs across the stack that mean nothing together or with this connection
+        if problem := across[s.name].conflict(parsed, named, registry, across):
+            raise SpecError(f"bad connection spec {text!r}: {problem}")
+    return parsed
 
 
 def format_spec(spec: Spec, cls: type, across: dict[str, type] | None = None) -> str:

@@ -82,12 +82,20 @@ class SelfAttention(_Attention):
         return {"query": [q], "key": [k], "value": [v], "output": [self.out_proj.weight]}
 
     def forward(self, x: Tensor, mask: Tensor | None = None, causal: bool = False,
-                cache: dict[str, Tensor] | None = None, values: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+                cache: dict[str, Tensor] | None = None, values: Callable[[Tensor], Tensor] | None = None,
+                kv: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """``x`` (B, T, D) attends to itself: under the padding ``mask`` (encoder) or ``causal``ly (decoder:
         position i sees positions <= i). With a ``cache`` (incremental decoding) x holds the new positions;
         their keys and values are appended to the cached ones of the earlier positions. ``values`` maps the
-        values (B, H, T, D/H) before they are used and cached (a value residual, :mod:`skiplab.connections.across`)."""
-        q, k, v = (self.split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
+        values (B, H, T, D/H) before they are used and cached (a value residual, :mod:`skiplab.connections.across`).
+        ``kv``: the inputs (B, T, D) the keys and the values are projected from, at the same positions as x, where
+        they are not x (MUDD's separate query, key and value streams); the same weights, three matmuls."""
+        if kv is None:
+            q, k, v = (self.split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
+        else:
+            biases = (None,) * 3 if self.qkv_proj.bias is None else self.qkv_proj.bias.chunk(3)
+            q, k, v = (self.split(F.linear(t, w, b))
+                       for t, w, b in zip((x, *kv), self.qkv_proj.weight.chunk(3), biases))
         if values is not None:
             v = values(v)
         past = cache["k"].shape[2] if cache is not None and "k" in cache else 0

@@ -41,6 +41,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..connections import (EPS, MODEL_NORMS, Across, Place, connection, final_norm, input_norm, iter_connections,
                            parse_spec, set_norm_eps)
+from ..connections.across import Stack, not_recomputable
 from ..connections.tie import tie_within_layers
 from .attention import Rotary, SelfAttention
 from .linear import stacked_linear, xavier_linear
@@ -140,16 +141,27 @@ class Layer(nn.Module):
         self.conn_mlp = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 2, 2, "ffn"),
                                    norm=cfg.norm)
         self.drop = nn.Dropout(cfg.dropout)
+        self.first_sublayer = 2 * (layer - 1)  # its sub-layers' indices over the stack: 2(l − 1), 2(l − 1) + 1
 
     def init_branches(self) -> None:
         self.conn_attn.init_branch(self.attn.projections())
         self.conn_mlp.init_branch(self.mlp.projections())
 
-    def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None, values=None) -> Tensor:
+    def forward(self, x: Tensor, cache: dict[str, Tensor] | None = None, values=None, run=None) -> Tensor:
         """``x`` (B, T, D); with ``cache``, x holds the new positions only, after the cached ones; ``values``:
-        the stack's map of the attention values (:class:`~skiplab.connections.Across`), or None."""
-        x = self.conn_attn(x, lambda h: self.drop(self.attn(h, causal=True, cache=cache, values=values)))
-        return self.conn_mlp(x, lambda h: self.drop(self.mlp(h)))
+        the stack's map of the attention values (:class:`~skiplab.connections.Across`), or None; ``run``: the
+        stack's pass where a design acts at the sub-layers (:attr:`~skiplab.connections.across.Run.inner`), or
+        None."""
+        def attn(h: Tensor, kv: tuple[Tensor, Tensor] | None = None) -> Tensor:
+            return self.drop(self.attn(h, causal=True, cache=cache, values=values, kv=kv))
+
+        def mlp(h: Tensor) -> Tensor:
+            return self.drop(self.mlp(h))
+
+        if run is None:
+            return self.conn_mlp(self.conn_attn(x, attn), mlp)
+        x = run.sublayer(self.first_sublayer, x, self.conn_attn, attn)
+        return run.sublayer(self.first_sublayer + 1, x, self.conn_mlp, mlp)
 
 
 class GPT(nn.Module):
@@ -166,7 +178,8 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.embed_norm = input_norm(cfg.connection, d, norm=cfg.norm)  # the identity but for designs that need one
         self.layers = nn.ModuleList(Layer(cfg, rope, i + 1) for i in range(cfg.layers))
-        self.across = Across(cfg.connection, cfg.layers)  # designs across the layers (+ValueRes, +UNet), if any
+        # designs across the layers (+ValueRes, +UNet, +AttnRes ...), if any
+        self.across = Across(cfg.connection, Stack(cfg.layers, d, ("attn", "ffn"), "lm"))
         self.norm = final_norm(cfg.connection, d, layers=cfg.layers, norm=cfg.norm)
         self.head = None if cfg.tie else nn.Linear(d, rows, bias=False)
         self._init_weights()
@@ -220,15 +233,17 @@ class GPT(nn.Module):
         if self.pos_embed is not None:
             x = x + self.pos_embed.weight[offset : offset + t]
         x = self.drop(self.embed_norm(x))
-        run = self.across.start()
+        run = self.across.start(x)
         recompute = self.checkpointing and self.training and torch.is_grad_enabled() and caches is None
+        if recompute and (names := not_recomputable(self.cfg.connection)):
+            raise ValueError(f"activation checkpointing runs a layer twice, which +{names[0]} cannot")
         for i, layer in enumerate(self.layers):
             if recompute:  # activation checkpointing: the layer's inner activations made again in the backward
-                x = checkpoint(layer, run.enter(i, x), None, run.values(i), use_reentrant=False)
+                x = checkpoint(layer, run.enter(i, x), None, run.values(i), run.inner, use_reentrant=False)
             else:
-                x = layer(run.enter(i, x), None if caches is None else caches[i], run.values(i))
+                x = layer(run.enter(i, x), None if caches is None else caches[i], run.values(i), run.inner)
             run.leave(i, x)
-        return self.norm(x)
+        return self.norm(run.finish(x))
 
     def output_weight(self) -> Tensor:
         """The output projection's weight (rows: the padded vocabulary): the embedding's where tied."""

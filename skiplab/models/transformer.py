@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from ..connections import MODEL_NORMS, Across, Place, connection, final_norm, input_norm, parse_spec
+from ..connections.across import Stack
 from .attention import CrossAttention, SelfAttention
 from .linear import xavier_linear
 from .seq2seq import EncoderDecoder, Seq2SeqConfig
@@ -80,14 +81,24 @@ class EncoderLayer(nn.Module):
         self.conn_attn = connection(spec, d, place=place(cfg, "encoder", layer, 1, "attn"), norm=cfg.norm)
         self.conn_ffn = connection(spec, d, place=place(cfg, "encoder", layer, 2, "ffn"), norm=cfg.norm)
         self.drop = nn.Dropout(cfg.dropout)
+        self.first_sublayer = 2 * (layer - 1)
 
     def init_branches(self) -> None:
         self.conn_attn.init_branch(self.self_attn.projections())
         self.conn_ffn.init_branch(self.ffn.projections())
 
-    def forward(self, x: Tensor, mask: Tensor, values=None) -> Tensor:  # (B, S, D)
-        x = self.conn_attn(x, lambda h: self.drop(self.self_attn(h, mask, values=values)))
-        return self.conn_ffn(x, lambda h: self.drop(self.ffn(h)))
+    def forward(self, x: Tensor, mask: Tensor, values=None, run=None) -> Tensor:  # (B, S, D)
+        """``run``: the stack's pass where a design acts at the sub-layers, else None (as the LM's layer)."""
+        def attn(h: Tensor, kv: tuple[Tensor, Tensor] | None = None) -> Tensor:
+            return self.drop(self.self_attn(h, mask, values=values, kv=kv))
+
+        def ffn(h: Tensor) -> Tensor:
+            return self.drop(self.ffn(h))
+
+        if run is None:
+            return self.conn_ffn(self.conn_attn(x, attn), ffn)
+        x = run.sublayer(self.first_sublayer, x, self.conn_attn, attn)
+        return run.sublayer(self.first_sublayer + 1, x, self.conn_ffn, ffn)
 
 
 class DecoderLayer(nn.Module):
@@ -102,6 +113,7 @@ class DecoderLayer(nn.Module):
         self.conn_cross = connection(spec, d, place=place(cfg, "decoder", layer, 2, "cross"), norm=cfg.norm)
         self.conn_ffn = connection(spec, d, place=place(cfg, "decoder", layer, 3, "ffn"), norm=cfg.norm)
         self.drop = nn.Dropout(cfg.dropout)
+        self.first_sublayer = 3 * (layer - 1)
 
     def init_branches(self) -> None:
         self.conn_self.init_branch(self.self_attn.projections())
@@ -109,12 +121,25 @@ class DecoderLayer(nn.Module):
         self.conn_ffn.init_branch(self.ffn.projections())
 
     def forward(self, x: Tensor, cross_kv: tuple[Tensor, Tensor], memory_mask: Tensor,
-                cache: dict[str, Tensor] | None = None, values=None) -> Tensor:
+                cache: dict[str, Tensor] | None = None, values=None, run=None) -> Tensor:
         """``x`` (B, T, D); with ``cache``, x holds the new positions only (see the shell); ``values``: the
-        stack's map of the self-attention values (:class:`~skiplab.connections.Across`), or None."""
-        x = self.conn_self(x, lambda h: self.drop(self.self_attn(h, causal=True, cache=cache, values=values)))
-        x = self.conn_cross(x, lambda h: self.drop(self.cross_attn(h, cross_kv, memory_mask)))
-        return self.conn_ffn(x, lambda h: self.drop(self.ffn(h)))
+        stack's map of the self-attention values (:class:`~skiplab.connections.Across`), or None; ``run``: the
+        stack's pass where a design acts at the sub-layers, else None."""
+        def attn(h: Tensor, kv: tuple[Tensor, Tensor] | None = None) -> Tensor:
+            return self.drop(self.self_attn(h, causal=True, cache=cache, values=values, kv=kv))
+
+        def cross(h: Tensor) -> Tensor:
+            return self.drop(self.cross_attn(h, cross_kv, memory_mask))
+
+        def ffn(h: Tensor) -> Tensor:
+            return self.drop(self.ffn(h))
+
+        if run is None:
+            return self.conn_ffn(self.conn_cross(self.conn_self(x, attn), cross), ffn)
+        k = self.first_sublayer
+        x = run.sublayer(k, x, self.conn_self, attn)
+        x = run.sublayer(k + 1, x, self.conn_cross, cross)
+        return run.sublayer(k + 2, x, self.conn_ffn, ffn)
 
 
 def stack_input(cfg: TransformerConfig, stack: str) -> nn.Module:
@@ -127,16 +152,17 @@ class ResidualEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg, i + 1) for i in range(cfg.encoder_layers))
         spec = cfg.stack_connection("encoder")
-        self.across = Across(spec, cfg.encoder_layers)  # designs across the layers (+ValueRes, +UNet)
+        self.across = Across(spec, Stack(cfg.encoder_layers, cfg.d_model, ("attn", "ffn"), "encoder"))
         self.input_norm = stack_input(cfg, "encoder")
         self.norm = final_norm(spec, cfg.d_model, layers=cfg.encoder_layers, norm=cfg.norm)
 
     def forward(self, x: Tensor, mask: Tensor) -> Tensor:
-        x, run = self.input_norm(x), self.across.start()
+        x = self.input_norm(x)
+        run = self.across.start(x)
         for i, layer in enumerate(self.layers):
-            x = layer(run.enter(i, x), mask, run.values(i))
+            x = layer(run.enter(i, x), mask, run.values(i), run.inner)
             run.leave(i, x)
-        return self.norm(x)
+        return self.norm(run.finish(x))
 
 
 class ResidualDecoder(nn.Module):
@@ -144,7 +170,7 @@ class ResidualDecoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg, i + 1) for i in range(cfg.decoder_layers))
         spec = cfg.stack_connection("decoder")
-        self.across = Across(spec, cfg.decoder_layers)
+        self.across = Across(spec, Stack(cfg.decoder_layers, cfg.d_model, ("attn", "cross", "ffn"), "decoder"))
         self.input_norm = stack_input(cfg, "decoder")
         self.norm = final_norm(spec, cfg.d_model, layers=cfg.decoder_layers, norm=cfg.norm)
 
@@ -153,11 +179,13 @@ class ResidualDecoder(nn.Module):
 
     def forward(self, x: Tensor, cross: list[tuple[Tensor, Tensor]], memory_mask: Tensor,
                 caches: list[dict[str, Tensor]] | None = None) -> Tensor:
-        x, run = self.input_norm(x), self.across.start()  # per position: exact under incremental decoding
+        x = self.input_norm(x)
+        run = self.across.start(x)  # per position: exact under incremental decoding
         for i, layer in enumerate(self.layers):
-            x = layer(run.enter(i, x), cross[i], memory_mask, None if caches is None else caches[i], run.values(i))
+            x = layer(run.enter(i, x), cross[i], memory_mask, None if caches is None else caches[i], run.values(i),
+                      run.inner)
             run.leave(i, x)
-        return self.norm(x)
+        return self.norm(run.finish(x))
 
 
 class Transformer(EncoderDecoder):

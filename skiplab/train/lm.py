@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from .. import distributed, run_dir
 from ..config import check_bounds
+from ..connections.across import not_recomputable
 from ..device import pick_device
 from ..interop.loggers import parse_loggers
 from ..models import GPTConfig, PRESETS, build_model, family_of, model_config, model_from_checkpoint
@@ -141,7 +142,9 @@ class LMTrainConfig:
         if family_of(self.model) is not GPTConfig:
             raise ValueError(f"{self.model} is not a language model; known: "
                              f"{', '.join(n for n, (c, _) in PRESETS.items() if c is GPTConfig)}")
-        model_config(self.model)  # a bad spec or option fails here, before anything is written
+        connection = model_config(self.model).connection  # a bad spec or option fails here, before anything is written
+        if self.activation_checkpointing and (names := not_recomputable(connection)):
+            raise ValueError(f"--activation-checkpointing runs a layer twice, which +{names[0]} cannot")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The model's config, resolved from the spec, for the tokenizer's ``vocab_size``."""
