@@ -7,7 +7,7 @@ import math
 import pytest
 
 from skiplab.bench import GROUPS, run
-from skiplab.bench.suite import IMAGE_DESIGNS, LM_DESIGNS, MT_DESIGNS, default_groups
+from skiplab.bench.suite import DEPTH_DESIGNS, HYPER_DESIGNS, IMAGE_DESIGNS, LM_DESIGNS, MT_DESIGNS, default_groups
 from skiplab.cli import main
 
 
@@ -25,6 +25,11 @@ def test_quick_bench_produces_every_row(tmp_path):
         assert any(r.group == "mt" and r.name == f"{design} step" and "FLOP ratio" in r.note for r in rows)
     for design in LM_DESIGNS[1:]:
         assert any(r.group == "lm" and r.name == f"{design} step" and "FLOP ratio" in r.note for r in rows)
+    for group, designs in (("hyper", HYPER_DESIGNS), ("depth", DEPTH_DESIGNS)):
+        for design, goal in designs.items():
+            for mode in ("eager", "compiled"):
+                assert any(r.group == group and r.name.endswith(f" {design} step, {mode}") and f"goal {goal}x" in r.note
+                           for r in rows), (group, design, mode)
     assert any(r.group == "lm" and r.name == "skiplab PreLN decoder / torch.nn layers" for r in rows)
     assert any(r.group == "lm" and "new tokens: recomputing the prefix / cached" in r.name for r in rows)
     for what in ("torch.nn.Transformer", "recomputing the prefix", "achieved training FLOP/s", "padding share",

@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from ..connections import iter_connections, recording
+from . import mixing
 from .report import Moments, markdown, per_position, pyplot
 from .trained import Trained
 
@@ -46,7 +47,8 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
     """Per connection of the designs ``what`` covers, the mean and std of what it learned over ``split``."""
     chosen = {n: c for n, c in iter_connections(tr.model) if c.name in KINDS[what]}
     across = _across_rows(tr) if what == "gates" else []
-    if not chosen and not across:
+    mixes = mixing.mixing(tr, split, examples, seed, progress) if what == "gates" else []
+    if not chosen and not across and not mixes:
         designs = sorted({c.spec for _, c in iter_connections(tr.model)}) or [tr.config["model"]]
         raise ValueError(f"{tr.path}: {', '.join(designs)} has no {what} to analyze "
                          f"({what} are those of {', '.join(KINDS[what]).replace('rSkip', 'krSkip+G')})")
@@ -87,6 +89,8 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
     rows += across
     result = {"analysis": what, "run": str(tr.path), "label": tr.label, "split": split, "examples": seen,
               "mode": "eval", "seed": seed, "connections": rows, "time_s": time.time() - t0, "config": tr.config}
+    if mixes:
+        result["mixing"] = mixes
     if what == "ratios":
         result["stages"] = _by_stage(rows)
         result["network"] = sum(r["ratio"] for r in rows) / len(rows)
@@ -108,6 +112,24 @@ def _across_rows(tr: Trained) -> list[dict[str, Any]]:
                 rows.append({"connection": f"{holder + '.' if holder else ''}across.{design.name}", "block": block,
                              "spec": f"+{design.name}", "stage": tr.stage_of(block), key: value})
     return rows
+
+
+ROW_FIELDS = ("connection", "block", "spec", "stage")
+
+
+def _across_keys(rows: list[dict[str, Any]]) -> list[str]:
+    """The quantities of the designs across a stack that are neither gates nor the known parameters (their
+    ``stats()`` keys: the speedrun's a_l and b_l, backout's λ ...), in the order they first appear."""
+    keys: dict[str, None] = {}
+    for r in rows:
+        if ".across." in f".{r['connection']}":
+            keys.update({k: None for k in r if k not in ROW_FIELDS and k not in GATES and k not in PARAMS})
+    return list(keys)
+
+
+def _layer(block: str) -> int:
+    """The 1-based layer of a block name (``decoder.2`` -> 3)."""
+    return int(block.rpartition(".")[2]) + 1
 
 
 def _values(conn, entry: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -136,7 +158,7 @@ def table(result: dict[str, Any]) -> str:
         stages = ", ".join(f"{s} {v:.3f}" for s, v in result["stages"].items())
         return (f"{text}\n\nper stage: {stages}; network: {result['network']:.3f}; "
                 f"the paper: {result['paper']['ratio']} ({result['paper']['where']})")
-    keys = [k for k in (*GATES, *PARAMS) if any(k in r for r in rows)]
+    keys = [k for k in (*GATES, *PARAMS, *_across_keys(rows)) if any(k in r for r in rows)]
     head = ["connection", "spec"] + [f"{k} (mean ± std)" if k in GATES else k for k in keys]
     body = [[r["connection"], r["spec"]] + [(f"{r[k]:.4f} ± {r[k + '_std']:.4f}" if k in GATES else r[k])
                                             if k in r else "-" for k in keys] for r in rows]
@@ -147,7 +169,13 @@ def figure(results: list[dict[str, Any]]):
     """Per block: α, β, γ (SAS), T (Highway), ‖w‖ (wSkip), α (ReZero, SkipInit), mean λ (LayerScale) or the x : F ratio, mean ± std, one line per run
     and quantity (Fig. 3 of the SAS paper plots α and β per block this way)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    mixes = results[0].get("mixing", [])
+    if mixes:  # the first run's "i reads j" matrices beside the learned values
+        fig, axes = plt.subplots(1, 1 + len(mixes), figsize=(8 + 5 * len(mixes), 4.5), squeeze=False)
+        ax = axes[0][0]
+        mixing.draw(axes[0][1:], mixes)
+    else:
+        fig, ax = plt.subplots(figsize=(8, 4.5))
     what = results[0]["analysis"]
     for i, r in enumerate(results):
         rows = r["connections"]
@@ -160,9 +188,15 @@ def figure(results: list[dict[str, Any]]):
             line = ax.plot(xs, ys, marker="o", ms=3, label=label, color=f"C{i * len(keys) + j}")[0]
             ax.fill_between(xs, [a - b for a, b in zip(ys, sd)], [a + b for a, b in zip(ys, sd)],
                             color=line.get_color(), alpha=0.15)
+        across = [x for x in rows if ".across." in f".{x['connection']}"]
+        for j, key in enumerate(["value_lambda", "skip_weight", *_across_keys(rows)] if what == "gates" else []):
+            points = sorted((_layer(x["block"]), x[key]) for x in across if key in x)
+            if points:  # learned scalars of the designs across the stack, against the layer they belong to
+                label = f"{key} (by layer)" if len(results) == 1 else f"{r['label']}: {key} (by layer)"
+                ax.plot(*zip(*points), marker="s", ms=3, ls="--", label=label, color=f"C{(i + 3 + j) % 10}")
     if what == "ratios":
         ax.axhline(PAPER_RATIO, ls="--", color="grey", lw=1, label=f"paper: {PAPER_RATIO} (2rSkip+LN, ResNet-110)")
-    ax.set_xlabel("connection (input side first)")
+    ax.set_xlabel("connection (input side first); layer, for the designs across a stack")
     ax.set_ylabel("x : F ratio" if what == "ratios" else "learned value (mean ± std over examples)")
     first = results[0]
     ax.set_title(f"{what}, {first['examples']} {first['split']} examples")

@@ -19,6 +19,8 @@ Groups (each a function of the sizes, returning table rows):
              beam search / recomputing the prefix over images
 - hyper:     hyper-connections' training step, ``HC(n=4)`` and ``mHC(n=4)`` / PreLN, at two widths (d = 256 and 768),
              eager and ``torch.compile``d (docs/performance.md, "hyper-connections at their cost")
+- depth:     the designs that mix or scale across depth (DenseFormer, MUDD, Attention Residuals, the speedrun's
+             scalars, LAuReL, Keel, nGPT): training step / PreLN at d = 768, eager and compiled, with their goals
 - gpu:       GPT-2 124M on one card: tokens/s, MFU and memory of compiled PreLN, transformers' GPT-2 on the same
              batch, every design's step / PreLN's (:mod:`skiplab.bench.gpu`; smoke size on a CPU). Run by default
              only where CUDA is; ``--out auto`` writes ``docs/results/bench/<card>-<date>/``
@@ -60,7 +62,10 @@ IMAGE_DESIGNS = ("1xSkip", "2xSkip+LN", "2rSkip+LN", "wSkip+LN", "SAS", "Highway
 MT_DESIGNS = ("PostLN", "PreLN", "2rSkip+LN", "SAS")
 LM_DESIGNS = ("PreLN", "PostLN", "PreRMS", "2rSkip+LN", "SAS", "ReZero", "LayerScale", "LNS", "MixLN", "DeepNorm", "Admin",
               "PeriLN", "PreDyT", "HC", "HC(kind=static)", "mHC", "PreLN+ValueRes", "PreLN+UNet")
-HYPER_DESIGNS = ("PreLN", "HC", "mHC")  # HC(n=4) in its default, dynamic form; mHC(n=4)
+HYPER_DESIGNS = {"HC(n=4)": "1.10", "mHC(n=4)": "1.15"}  # HC in its default, dynamic form; goals / PreLN
+# the designs that mix or scale across depth, each with its goal / PreLN (issue: Block forms and scalars 1.05x,
+# dynamic or full mixes 1.15x)
+DEPTH_DESIGNS: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -310,14 +315,16 @@ def compiled(sz: Sizes, ctx: dict) -> list[Row]:
     return rows
 
 
-def hyper(sz: Sizes, ctx: dict) -> list[Row]:
-    """HC(n=4) and mHC(n=4) training steps / PreLN's, the three interleaved, at each width, eager and compiled."""
+def _design_steps(sz: Sizes, group: str, designs: dict[str, str], widths: tuple[int, ...]) -> list[Row]:
+    """Each design's training step / PreLN's, all interleaved, at each width, eager and ``torch.compile``d;
+    ``designs``: spec -> its goal (a ratio, as text)."""
     context = dict(sz.lm_overrides).get("context", model_config(sz.lm_model).context)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, sz.lm_vocab, (sz.hyper_rows, context + 1), generator=g)
     batch = tokens[:, :-1], tokens[:, 1:]
+    specs = ("PreLN", *designs)
     rows = []
-    for width in sz.hyper_widths:
+    for width in widths:
         shape = dict(vocab_size=sz.lm_vocab, d_model=width, heads=max(1, width // 64), ffn_dim=4 * width,
                      layers=sz.hyper_layers, context=context)
         name = f"{sz.lm_model}(d_model={width}, layers={sz.hyper_layers}), {sz.hyper_rows}x{context} tokens"
@@ -325,7 +332,7 @@ def hyper(sz: Sizes, ctx: dict) -> list[Row]:
             steps, secs = {}, {}
             if mode == "compiled":
                 torch._dynamo.reset()  # each model is an entry of GPT.forward's cache: keep them under its limit
-            for d in HYPER_DESIGNS:
+            for d in specs:
                 model = build(f"{sz.lm_model}(connection={d})", **shape)
                 if mode == "compiled":
                     start = time.perf_counter()
@@ -336,11 +343,22 @@ def hyper(sz: Sizes, ctx: dict) -> list[Row]:
                     steps[d] = lm_step(model, batch)
             t = interleaved(steps, sz.repeats, sz.warmup)
             how = f"{sz.compile_backend}, each compiled in {max(secs.values()):.0f} s or less" if secs else "eager"
-            rows.append(Row("hyper", f"{name}, {mode}: PreLN step", t["PreLN"] * 1e3, "ms", how))
-            for d in HYPER_DESIGNS[1:]:
-                rows.append(Row("hyper", f"d={width} {d}(n=4) step, {mode}", t[d] / t["PreLN"], "x",
-                                f"PreLN {mode}, interleaved; goal {'1.10' if d == 'HC' else '1.15'}x"))
+            rows.append(Row(group, f"{name}, {mode}: PreLN step", t["PreLN"] * 1e3, "ms", how))
+            for d, goal in designs.items():
+                rows.append(Row(group, f"d={width} {d} step, {mode}", t[d] / t["PreLN"], "x",
+                                f"PreLN {mode}, interleaved; goal {goal}x"))
     return rows
+
+
+def hyper(sz: Sizes, ctx: dict) -> list[Row]:
+    """HC(n=4) and mHC(n=4) training steps / PreLN's, the three interleaved, at each width, eager and compiled."""
+    return _design_steps(sz, "hyper", HYPER_DESIGNS, sz.hyper_widths)
+
+
+def depth(sz: Sizes, ctx: dict) -> list[Row]:
+    """The designs that mix or scale across depth (docs/designs.md), training step / PreLN's at GPT-2's width
+    (d = 768), eager and compiled, with each one's goal."""
+    return _design_steps(sz, "depth", DEPTH_DESIGNS, sz.hyper_widths[-1:])
 
 
 def _free_port() -> int:
@@ -416,7 +434,7 @@ def caption(sz: Sizes, ctx: dict) -> list[Row]:
 
 GROUPS: dict[str, Callable[[Sizes, dict], list[Row]]] = {
     "machine": machine, "image": image, "mt": mt, "lm": lm, "engine": engine, "compile": compiled,
-    "processes": processes, "hyper": hyper, "caption": caption, "gpu": gpu}
+    "processes": processes, "hyper": hyper, "depth": depth, "caption": caption, "gpu": gpu}
 
 
 def default_groups() -> tuple[str, ...]:

@@ -2,8 +2,8 @@
 
 # Import order is the order available_connections() lists the designs in.
 from . import value_res, unet  # noqa: F401, I001  (register the designs)
-from .base import AcrossDesign, Across, Run, Stack, not_recomputable, register_across
+from .base import AcrossDesign, Across, Run, Stack, not_recomputable, recording_mixes, register_across
 from .unet import UNet
 from .value_res import ValueRes
 
-__all__ = ["AcrossDesign", "Across", "Run", "Stack", "not_recomputable", "register_across", "UNet", "ValueRes"]
+__all__ = ["AcrossDesign", "Across", "Run", "Stack", "not_recomputable", "recording_mixes", "register_across", "UNet", "ValueRes"]

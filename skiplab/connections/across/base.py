@@ -36,6 +36,8 @@ Peri-LN families), whose B they call on their own mix; any other combination is 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -86,9 +88,18 @@ class AcrossDesign(nn.Module):
     recomputable: ClassVar[bool] = True  # a layer may run twice (activation checkpointing) without harm
     families: ClassVar[tuple[str, ...]] = FAMILIES  # the stacks it has a form for
     first = 0  # the 0-based layer that the first entry of each stats() tensor belongs to
+    # a design that mixes earlier outputs: what its targets and sources are, for the "i reads j" matrix
+    mix_axes: ClassVar[tuple[str, str] | None] = None
 
     def __init__(self, spec: Spec, stack: Stack):
         super().__init__()
+        self.mix_log: list[tuple[str, int, Tensor]] | None = None  # a list only inside recording_mixes()
+
+    def record_mix(self, target: int, weights: Tensor, stream: str = "") -> None:
+        """Keep this pass's ``weights`` (..., sources) with which ``target`` reads its sources (``stream``: which
+        input, for a design with several: MUDD's q, k, v, r); a no-op outside :func:`recording_mixes`."""
+        if self.mix_log is not None:
+            self.mix_log.append((stream, target, weights.detach()))
 
     @classmethod
     def conflict(cls, spec: Spec, named: str, registry: dict[str, type], across: dict[str, type]) -> str | None:
@@ -141,6 +152,20 @@ class AcrossDesign(nn.Module):
     def rows(self) -> list[tuple[int, str, float]]:
         """(layer index, quantity, value) for each entry of :meth:`stats`, for ``analyze gates``."""
         return [(self.first + j, key, float(v)) for key, t in self.stats().items() for j, v in enumerate(t)]
+
+
+@contextmanager
+def recording_mixes(model: nn.Module) -> Iterator[list[AcrossDesign]]:
+    """Within the block, every design across a stack of ``model`` that mixes earlier outputs (``mix_axes``) keeps
+    what it records (:meth:`AcrossDesign.record_mix`) in its ``mix_log``; yields those designs."""
+    designs = [m for m in model.modules() if isinstance(m, AcrossDesign) and m.mix_axes is not None]
+    for d in designs:
+        d.mix_log = []
+    try:
+        yield designs
+    finally:
+        for d in designs:
+            d.mix_log = None
 
 
 def not_recomputable(spec: str) -> list[str]:
