@@ -232,7 +232,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         takes = "connection" in options_of(family_of(base.model))
         connections = () if args.models or not takes else args.default_connections
     compare(task.name, base, task.variants(base.model, args.models, connections), args.seeds, jobs=args.jobs,
-            budget=args.budget, mixed_blocks=args.mixed_blocks)
+            budget=args.budget, mixed_blocks=args.mixed_blocks, baseline_updates=args.baseline_updates)
 
 
 def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
@@ -254,6 +254,9 @@ def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[s
                    help="what every variant gets alike: updates (--max-steps each), flops (the first variant's "
                         "training FLOPs, counted) or time (its wall-clock here, step times measured in turns); "
                         "default: updates")
+    p.add_argument("--baseline-updates", type=config.parse_float_list, default=(), metavar="FACTORS",
+                   help="also train the baseline (the first variant) at these multiples of --max-steps in every block, "
+                        "e.g. 1.25,1.5, and read each design's effective compute off them (effective.md)")
     p.add_argument("--mixed-blocks", action="store_true",
                    help="train into a block begun on another machine (its rows then lack a same-machine baseline, "
                         "which the table names); refused by default")

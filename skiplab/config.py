@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import typing
 from typing import Any, TypeVar
 
@@ -62,6 +63,17 @@ def count(minimum: int = 1):
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
         return value
     return parse
+
+
+def parse_float_list(text: str) -> tuple[float, ...]:
+    """An argparse type: ``"1.25, 1.5"`` -> ``(1.25, 1.5)``; anything but finite numbers is refused."""
+    try:
+        values = tuple(float(t) for t in parse_list(text))
+    except ValueError:
+        values = ()
+    if not values or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"must be comma-separated numbers, got {text!r}")
+    return values
 
 
 def seed_list(text: str) -> tuple[int, ...]:

@@ -38,20 +38,25 @@ from typing import Any
 from tqdm import tqdm
 
 from .. import run_dir
-from ..analysis import blocks, comparison
+from ..analysis import blocks, comparison, effective
 from ..device import pick_device
 from ..models import format_model_spec, parse_model_spec
 from . import budget as budgets
 from . import check_same_run, get
 from .parallel import state, train_missing
-from .variants import Variant, run_name
+from .variants import Variant, baseline_lengths, run_name
 
 
 def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ...], progress: bool = True,
-            jobs: int = 1, budget: str = "updates", mixed_blocks: bool = False) -> list[dict[str, Any]]:
+            jobs: int = 1, budget: str = "updates", mixed_blocks: bool = False,
+            baseline_updates: tuple[float, ...] = ()) -> list[dict[str, Any]]:
     """Train ``base`` once per variant and seed (``seeds``: 1..N, or the seeds listed) under ``base.out``, block by
     block (``jobs`` runs side by side), each variant given ``budget`` (:mod:`skiplab.tasks.budget`); print and write
-    the table."""
+    the table. ``baseline_updates``: the baseline also trained at these multiples of its updates in every block,
+    and each design's effective compute read off them (``effective.md``, :mod:`skiplab.analysis.effective`)."""
+    if baseline_updates and budget != "updates":
+        raise ValueError("--baseline-updates lengthens the baseline itself; give it with --budget updates")
+    variants = baseline_lengths(variants, base, tuple(baseline_updates))
     spec = get(task)
     seed_list = tuple(range(1, seeds + 1)) if isinstance(seeds, int) else tuple(seeds)
     if not variants or not seed_list or min(seed_list) < 1 or jobs < 1:
@@ -124,10 +129,16 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
                      for name, options in specs})  # the models compared, whatever connections they hold
     title = f"{models[0] if len(models) == 1 else 'models'} on {data}, {_seeds_text(seed_list)}, {length}"
     comparison.plot_curves(curves, spec.curves, root / "curves.png", title, x=spec.x)
+    effective_result = None
+    if baseline_updates:
+        effective_result = effective.effective_compute(records, labels[0], tuple(sorted(baseline_updates)), labels,
+                                                       spec.higher_is_better)
+        (root / "effective.md").write_text(f"{title}\n\n{effective.table(effective_result)}\n")
     run_dir.write_json(root / "compare.json", {
         "config": dataclasses.asdict(base), "variants": [dataclasses.asdict(v) for v in variants],
         "seeds": len(seed_list), "seed_list": list(seed_list),
         "budget": budget, "plan": plan, "header": header, "columns": columns, "rows": rows, "runs": results,
+        **({"effective": effective_result} if effective_result else {}),
         "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
     })
     print(f"{title}; {spec.metric_label} over seeds ({'higher' if spec.higher_is_better else 'lower'} is better)")

@@ -6,11 +6,12 @@ A variant is a connection (every task), a model spec (another family or its opti
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..analysis import comparison
+from ..analysis import comparison, effective
 from ..connections import connection
 from ..models import parse_model_spec, with_options
 
@@ -25,8 +26,8 @@ class Variant:
 
 
 def run_name(spec: str) -> str:
-    """A directory name for a label: ``2rSkip+LN`` stays; characters a shell would mind become ``_``."""
-    return re.sub(r"[^A-Za-z0-9+.=_-]", "_", spec)
+    """A directory name for a label: ``2rSkip+LN`` and ``PreLN@1.25x`` stay; characters a shell would mind become ``_``."""
+    return re.sub(r"[^A-Za-z0-9+.=_@-]", "_", spec)
 
 
 def _connections(connections: tuple[str, ...]) -> list[str]:
@@ -66,3 +67,20 @@ def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[
                 columns = comparison.connection_columns(c) if c else {"model": m}
             out.append(Variant(label, {"model": spec}, columns))
     return out
+
+
+def baseline_lengths(variants: list[Variant], base: Any, factors: tuple[float, ...]) -> list[Variant]:
+    """``variants`` with the first (the baseline) also trained for each factor f > 1 times the updates (its schedule
+    spanning f·S), labelled ``PreLN@1.25x``, after it: the lengths an effective-compute reading
+    (:mod:`skiplab.analysis.effective`) interpolates between."""
+    if not factors:
+        return variants
+    if not hasattr(base, "max_steps") or getattr(base, "epochs", 0):
+        raise ValueError("--baseline-updates needs runs counted in updates (--max-steps)")
+    bad = [f for f in factors if not (math.isfinite(f) and f > 1)]
+    if bad or len(set(factors)) != len(factors):
+        raise ValueError(f"--baseline-updates takes distinct factors > 1, got {', '.join(f'{f:g}' for f in factors)}")
+    first = variants[0]
+    scaled = [Variant(effective.scaled_label(first.label, f), {**first.changes, "max_steps": round(base.max_steps * f)},
+                      first.columns) for f in sorted(factors)]
+    return [first, *scaled, *variants[1:]]
