@@ -48,7 +48,9 @@ class LAuReL(Connection):
     spec names one) normalises the block input x for the branch, F sees h = G(x), and the skip term and LAuReL's
     linear term read the residual stream x itself, as the paper's x_i (its Eq. 2: x_{i+1} = α·f(x_i) +
     g(x_i, ..., x_0), with f the block's non-linear part; the paper's LLM experiments put LAuReL on pre-norm
-    decoder blocks, so f(x_i) = F(G(x_i))). The stack ends with a final norm G, as every pre-norm stack.
+    decoder blocks, so f(x_i) = F(G(x_i))). With a projection shortcut (the PreAct-ResNet's blocks that change
+    stage) x on the skip side is proj(x), in the linear term too: g is the paper's function of the skip input. The
+    stack ends with a final norm G, as every pre-norm stack.
 
     ``form=rw`` (Section 2.1, LAuReL-RW): y = α·F(h) + β·x, (α, β) = softmax(a, b), a and b learned scalars starting
     at 0, so α = β = ½ at the start. The paper: "we found that we cannot let α and β grow unbounded, and using a
@@ -65,7 +67,9 @@ class LAuReL(Connection):
     (``Gemma3nTextLaurelBlock``: ``hidden_states + post_laurel_norm(linear_right(linear_left(hidden_states)))`` on
     the normalised input): y = x + F(h) + RMSNorm(B A h), the low-rank term read from h = G(x) and RMS-normalised
     (gain 1 at the start, ε of the model's norms); A and B are drawn from N(0, 0.02²) as transformers initialises
-    Gemma 3n's linear layers, since RMSNorm of B A h = 0 would have no direction (and a gradient of 1/√ε). Where
+    Gemma 3n's linear layers, since RMSNorm of B A h = 0 would have no direction (and a gradient of 1/√ε). h has the
+    block input's shape, so a block with a projection shortcut (a block input of another width or size) refuses
+    it. Where
     Gemma 3n differs: it applies LAuReL around attention only and joins it as (x + G'(attn(h)) + h + RMSNorm(B A h))
     / √2 (``Gemma3nTextDecoderLayer``: ``(attn_gated + laurel_output) / math.sqrt(2)``, G' its post-attention
     norm), so the normalised input h itself enters the stream and the sum is scaled by 1/√2; skiplab's spec puts
@@ -101,15 +105,18 @@ class LAuReL(Connection):
         self.norm = make_norm(spec.norm, self.in_dim, layout)  # G: the pre-norm the branch reads
         self.form, self.rank = spec.options["form"], spec.options["rank"]
         self.rms = spec.options["norm"] == "rms"
+        if self.rms and self.in_dim != dim:
+            raise ValueError(f"LAuReL(norm=rms) adds a term of the block input's shape ({self.in_dim} features) to an "
+                             f"output of {dim}: a block with a projection shortcut has no place for it")
         if self.form == "rw":
             self.logits = nn.Parameter(torch.zeros(2))  # (a, b): (α, β) = softmax(a, b)
             return
         if self.rms:  # Gemma 3n: linear_left (A), linear_right (B) ~ N(0, 0.02²), post_laurel_norm at gain 1
-            self.a = nn.Parameter(torch.randn(self.rank, self.in_dim) * GEMMA_STD)
+            self.a = nn.Parameter(torch.randn(self.rank, dim) * GEMMA_STD)
             self.b = nn.Parameter(torch.randn(dim, self.rank) * GEMMA_STD)
             self.lr_norm = make_norm("RMS", dim, layout)
         else:
-            self.a = nn.Parameter(column_orthogonal(self.rank, self.in_dim))
+            self.a = nn.Parameter(column_orthogonal(self.rank, dim))
             self.b = nn.Parameter(torch.zeros(dim, self.rank))
 
     @classmethod
@@ -128,7 +135,10 @@ class LAuReL(Connection):
         if self.form == "rw":
             w = torch.softmax(self.logits, 0)
             return w[0] * f + w[1] * s
-        return s + f + self.low_rank(h if self.rms else x)
+        if self.rms and skip is not None:
+            raise ValueError("LAuReL(norm=rms) reads the normalised block input, which a projection shortcut's "
+                             "output need not match: use form=lr without norm=rms there")
+        return s + f + self.low_rank(h if self.rms else s)
 
     @torch.no_grad()
     def stats(self) -> dict[str, Any]:

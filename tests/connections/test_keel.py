@@ -13,10 +13,11 @@ import torch.nn.functional as F
 import skiplab
 from skiplab import Place
 from skiplab.connections import keel as keel_mod
-from skiplab.models import GPT, GPTConfig, Transformer, TransformerConfig
+from skiplab.models import GPT, GPTConfig
+from tests.connections.model_checks import (gpt_step_and_incremental_decoding, resnet_step, tiny_gpt, tiny_resnet,
+                                            tiny_transformer, transformer_step)
 from tests.connections.test_formulas import EPS, ln
 from tests.conftest import DIM, make_branch, make_input, randomise_affine
-from tests.noise import assert_within_noise, noise
 
 
 def rms(h, w):
@@ -93,7 +94,7 @@ def test_keel_takes_the_model_norm_and_adds_no_final_norm():
 
 # --- the GPT against OLMo-core's KeelTransformerBlock, as read -------------------------------------------------------
 
-def tiny(connection, **kw):
+def olmo_sized(connection, **kw):
     torch.manual_seed(0)
     cfg = dict(vocab_size=50, d_model=64, heads=4, layers=3, ffn_dim=128, context=16, connection=connection)
     return GPT(GPTConfig(**{**cfg, **kw}))
@@ -118,7 +119,7 @@ def olmo_keel_logits(model, tokens):
 
 
 def compare_with_olmo_keel(norm="RMS"):
-    model = tiny("Keel", norm=norm, mlp="swiglu").double()
+    model = olmo_sized("Keel", norm=norm, mlp="swiglu").double()
     randomise_affine(model)
     assert model.layers[0].conn_attn.norm_out is None  # OLMo-core: no post_attention_norm in block 0
     tokens = torch.randint(0, 50, (2, 12), generator=torch.Generator().manual_seed(1))
@@ -160,34 +161,20 @@ def test_the_olmo_core_comparison_fails_under_mutations(monkeypatch):
 
 @pytest.mark.parametrize("norm", ["LN", "RMS"])
 def test_gpt_of_keel_trains_a_step_and_decodes_incrementally(norm):
-    model = tiny("Keel", norm=norm, layers=2, d_model=32)
-    assert isinstance(model.norm, torch.nn.Identity)
-    tokens = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(1))
-    loss = F.cross_entropy(model(tokens).transpose(1, 2), tokens)
-    loss.backward()
-    assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
-    model.eval()
-
-    @torch.no_grad()
-    def both(m):
-        full = m(tokens)
-        caches = m.new_caches()
-        steps = [m(tokens[:, :5], caches)] + [m(tokens[:, t : t + 1], caches) for t in range(5, tokens.shape[1])]
-        return full, torch.cat(steps, 1)
-
-    full, cached = both(model)
-    full64, cached64 = both(copy.deepcopy(model).double())
-    assert_within_noise(cached, full, noise((full, full64), (cached, cached64)))
+    model = tiny_gpt("Keel", norm=norm)
+    assert isinstance(model.norm, torch.nn.Identity) and model.layers[1].conn_attn.alpha == 4.0
+    gpt_step_and_incremental_decoding(model)
 
 
-def test_transformer_of_keel_builds_and_trains_a_step():
-    torch.manual_seed(0)
-    model = Transformer(TransformerConfig(vocab_size=30, d_model=32, heads=4, ffn_dim=64, encoder_layers=2,
-                                          decoder_layers=3, dropout=0.0, attention_dropout=0.0, connection="Keel"))
+def test_transformer_of_keel_trains_a_step():
+    model = tiny_transformer("Keel")
     assert model.encoder.layers[1].conn_attn.alpha == 4.0 and model.decoder.layers[1].conn_cross.alpha == 9.0
     assert isinstance(model.encoder.norm, torch.nn.Identity) and isinstance(model.decoder.norm, torch.nn.Identity)
-    src = torch.randint(3, 30, (2, 7), generator=torch.Generator().manual_seed(1))
-    tgt = torch.randint(3, 30, (2, 6), generator=torch.Generator().manual_seed(2))
-    loss = F.cross_entropy(model(src, tgt).transpose(1, 2), tgt)
-    loss.backward()
-    assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    transformer_step(model)
+
+
+def test_preact_resnet_of_keel_trains_a_step():
+    """One sub-layer a block: α = the stack's 3 blocks after the first, which is the plain pre-norm block."""
+    model = tiny_resnet("Keel")
+    assert [b.conn.alpha for b in model.blocks] == [1.0, 3.0, 3.0] and model.blocks[0].conn.norm_out is None
+    resnet_step(model)

@@ -4,7 +4,6 @@ normalised low-rank term (y = x + F(h) + RMSNorm(B A h), h = G(x)); outputs and 
 initialisation, the spec's refusals; the models build, train a step and decode incrementally. Gemma 3n's
 ``Gemma3nTextLaurelBlock`` itself: tests/oracles/test_oracle_laurel.py."""
 
-import copy
 import math
 
 import pytest
@@ -13,10 +12,11 @@ import torch.nn.functional as F
 
 import skiplab
 from skiplab.connections.laurel import column_orthogonal
-from skiplab.models import GPT, GPTConfig, Transformer, TransformerConfig
+from skiplab.models import GPTConfig
+from tests.connections.model_checks import (gpt_step_and_incremental_decoding, resnet_step, tiny_gpt, tiny_resnet,
+                                            tiny_transformer, transformer_step)
 from tests.connections.test_formulas import EPS, ln
 from tests.conftest import DIM, make_branch, make_input, randomise_affine
-from tests.noise import assert_within_noise, noise
 
 
 def rms(h, w):
@@ -128,15 +128,22 @@ def test_norm_rms_starts_from_gemma_initialisation():
 
 
 def test_projection_skip_and_conv_layout():
-    """With a projection shortcut the skip term is proj(x) and B A reads x (in_dim → dim); in the conv layout
-    B A acts on the channels of every pixel, G normalises each example over (C, H, W)."""
+    """With a projection shortcut x on the skip side is proj(x), in B A too (as in every skiplab formula), and
+    norm=rms, whose term has the block input's shape, is refused; in the conv layout B A acts on the channels of
+    every pixel, G normalises each example over (C, H, W)."""
     torch.manual_seed(5)
     conn = skiplab.connection("LAuReL(form=lr,rank=2)", DIM, in_dim=4)
     randomise(conn)
     x = torch.randn(3, 5, 4, requires_grad=True)
     proj, branch = torch.nn.Linear(4, DIM), torch.nn.Linear(4, DIM)
-    want = proj(x) + branch(ln(x, conn.norm.weight, conn.norm.bias)) + x @ conn.a.t() @ conn.b.t()
+    s = proj(x)
+    want = s + branch(ln(x, conn.norm.weight, conn.norm.bias)) + s @ conn.a.t() @ conn.b.t()
     torch.testing.assert_close(conn(x, branch, skip=proj), want)
+    with pytest.raises(ValueError, match="projection shortcut"):
+        skiplab.connection("LAuReL(form=lr,norm=rms)", DIM, in_dim=4)
+    same_width = skiplab.connection("LAuReL(form=lr,rank=2,norm=rms)", DIM)
+    with pytest.raises(ValueError, match="projection shortcut"):
+        same_width(make_input("seq"), make_branch("seq"), skip=make_branch("seq", seed=5))
 
     conv = skiplab.connection("LAuReL(form=lr,rank=2)", DIM, layout="conv")
     randomise(conv)
@@ -166,44 +173,25 @@ def test_spec_refuses_what_form_rw_has_not_and_takes_the_model_norm():
 SPECS = ["LAuReL", "LAuReL(form=lr,rank=4)", "LAuReL(form=lr,rank=4,norm=rms)"]
 
 
-def tiny(connection, **kw):
-    torch.manual_seed(0)
-    cfg = dict(vocab_size=50, d_model=32, heads=4, layers=2, ffn_dim=64, context=16, connection=connection)
-    return GPT(GPTConfig(**{**cfg, **kw}))
-
-
 @pytest.mark.parametrize("spec", SPECS)
 def test_gpt_of_laurel_trains_a_step_and_decodes_incrementally(spec):
-    model = tiny(spec, norm="RMS")
+    model = tiny_gpt(spec, norm="RMS")
     assert isinstance(model.norm, torch.nn.RMSNorm) and model.layers[0].conn_attn.spec.startswith("LAuReL+RMS")
     if "lr" in spec and "rms" not in spec:  # the GPT's own initialisation leaves the connection's A, B alone
         assert torch.equal(model.layers[1].conn_mlp.b, torch.zeros(32, 4))
-    tokens = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(1))
-    loss = F.cross_entropy(model(tokens).transpose(1, 2), tokens)
-    loss.backward()
-    assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
-    model.eval()
-
-    @torch.no_grad()
-    def both(m):
-        full = m(tokens)
-        caches = m.new_caches()
-        steps = [m(tokens[:, :5], caches)] + [m(tokens[:, t : t + 1], caches) for t in range(5, tokens.shape[1])]
-        return full, torch.cat(steps, 1)
-
-    full, cached = both(model)
-    full64, cached64 = both(copy.deepcopy(model).double())
-    assert_within_noise(cached, full, noise((full, full64), (cached, cached64)))
+    gpt_step_and_incremental_decoding(model)
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_transformer_of_laurel_builds_and_trains_a_step(spec):
-    torch.manual_seed(0)
-    model = Transformer(TransformerConfig(vocab_size=30, d_model=32, heads=4, ffn_dim=64, encoder_layers=2,
-                                          decoder_layers=2, dropout=0.0, attention_dropout=0.0, connection=spec))
+def test_transformer_of_laurel_trains_a_step(spec):
+    model = tiny_transformer(spec)
     assert isinstance(model.encoder.norm, torch.nn.LayerNorm) and isinstance(model.decoder.norm, torch.nn.LayerNorm)
-    src = torch.randint(3, 30, (2, 7), generator=torch.Generator().manual_seed(1))
-    tgt = torch.randint(3, 30, (2, 6), generator=torch.Generator().manual_seed(2))
-    loss = F.cross_entropy(model(src, tgt).transpose(1, 2), tgt)
-    loss.backward()
-    assert torch.isfinite(loss) and all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    transformer_step(model)
+
+
+def test_preact_resnet_of_laurel_trains_a_step_and_refuses_norm_rms():
+    """The CNN's stage-changing blocks have a projection shortcut: form=lr's B A reads proj(x); norm=rms is refused."""
+    for spec in ("LAuReL", "LAuReL(form=lr,rank=4)"):
+        resnet_step(tiny_resnet(spec))
+    with pytest.raises(ValueError, match="projection shortcut"):
+        tiny_resnet("LAuReL(form=lr,norm=rms)")
