@@ -69,11 +69,11 @@ class LAuReL(Connection):
     (gain 1 at the start, ε of the model's norms); A and B are drawn from N(0, 0.02²) as transformers initialises
     Gemma 3n's linear layers, since RMSNorm of B A h = 0 would have no direction (and a gradient of 1/√ε). h has the
     block input's shape, so a block with a projection shortcut (a block input of another width or size) refuses
-    it. Where
-    Gemma 3n differs: it applies LAuReL around attention only and joins it as (x + G'(attn(h)) + h + RMSNorm(B A h))
-    / √2 (``Gemma3nTextDecoderLayer``: ``(attn_gated + laurel_output) / math.sqrt(2)``, G' its post-attention
-    norm), so the normalised input h itself enters the stream and the sum is scaled by 1/√2; skiplab's spec puts
-    the same low-rank term on every sub-layer, keeps the identity skip x once, adds no h and does not rescale.
+    it. Where Gemma 3n differs: it applies LAuReL around attention only and joins it as
+    (x + G'(attn(h)) + h + RMSNorm(B A h)) / √2 (``Gemma3nTextDecoderLayer``: ``(attn_gated + laurel_output) /
+    math.sqrt(2)``, G' its post-attention norm), so the normalised input h itself enters the stream and the sum is
+    scaled by 1/√2; skiplab's spec puts the same low-rank term on every sub-layer (attention and feed-forward), keeps
+    the identity skip x once, adds no h, has no G' and does not rescale.
 
     ``form=pa`` (previous activations, across layers) is not here.
     """
