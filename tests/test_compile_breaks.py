@@ -12,7 +12,8 @@ from skiplab.bench.steps import build
 from skiplab.bench.suite import LM_DESIGNS
 from skiplab.compiled import CompileStats, compile_layers, set_recompile_limit
 
-DESIGNS = sorted(set(LM_DESIGNS) | set(GPU_DESIGNS) | {"PreLN"})
+NEW_DESIGNS = {"Keel", "LAuReL", "LAuReL(form=lr)", "LAuReL(form=lr,norm=rms)"}  # not in a bench group yet
+DESIGNS = sorted(set(LM_DESIGNS) | set(GPU_DESIGNS) | NEW_DESIGNS | {"PreLN"})
 SHAPE = dict(d_model=32, ffn_dim=64, heads=2, layers=2, context=8, vocab_size=40)
 
 
@@ -33,8 +34,9 @@ def fresh_dynamo():
 
 
 # designs whose layers differ in a constant the layer's code reads: one compilation per distinct layer (the value
-# residual's first layer keeps its values, LNS scales layer l by 1/sqrt(l), Mix-LN's first layers are post-norm)
-PER_LAYER = {"PreLN+ValueRes": 2, "LNS": 2, "MixLN": 2}
+# residual's first layer keeps its values, LNS scales layer l by 1/sqrt(l), Mix-LN's first layers are post-norm,
+# Keel's first layer has no α and its first sub-layer no second norm)
+PER_LAYER = {"PreLN+ValueRes": 2, "LNS": 2, "MixLN": 2, "Keel": 2}
 
 
 @pytest.mark.parametrize("design", DESIGNS)
