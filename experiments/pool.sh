@@ -6,7 +6,8 @@
 # model's test bits per byte. A block cut short resumes where it stopped.
 # One table pools blocks of one kind of machine (a CPU model with its kernel set in fp32, or a GPU model with its
 # precision): compare refuses blocks of two kinds, so each kind has its own OUT and its own table.
-# Usage: experiments/pool.sh [OUT] [SEEDS]      (default runs/pool-cpu, 8; SEEDS: N for 1..N, or A-B)
+# Usage: experiments/pool.sh [OUT] [SEEDS] [compare's own options...]  (default runs/pool-cpu, 8; SEEDS: N for
+#   1..N, or A-B; e.g. --baseline-updates 1.25,1.5)
 #   The CPU table, docs/results/lm/pool-cpu: blocks 1-3 trained on an AMD EPYC with AVX-512 kernels (fp32); more
 #   blocks join them only from that kind of machine (>= 8 in all), e.g.
 #     RECORDED=docs/results/lm/pool-cpu experiments/pool.sh runs/pool-cpu 8
@@ -27,4 +28,4 @@ mkdir -p "$out"
 "$skiplab" compare lm --model "gpt-mini(context=128)" --corpus pydocs --data-dir "$data" --tokenizer bytes \
     --batch-size 16 --max-steps "${STEPS:-600}" --warmup 60 --lr 1e-3 --min-lr 1e-4 --eval-every 100 \
     --valid-tokens 50000 --device "${DEVICE:-cpu}" --connections "$designs" --seeds "$seeds" --jobs "${JOBS:-2}" \
-    --out "$out"
+    --out "$out" "${@:3}"
