@@ -18,6 +18,7 @@ EXAMPLES = [
     "PeriLN", "PeriLN+RMS(embed=no)", "SandwichLN", "PreDyT", "1xSkip+DyT", "SAS+DyT", "MixLN+DyT", "DeepNorm+DyT",
     "PreDyT(alpha0=llm)", "MixLN+DyT(alpha0=1)", "LNS+RMS",
     "Admin", "Admin+RMS(init=profile)", "HC", "HC(n=2,kind=static)", "HC(n=2,tanh=no)", "HC+RMS(n=1)", "mHC", "mHC(n=2,iters=5)",
+    "nGPT",
 ]
 
 
