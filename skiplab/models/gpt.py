@@ -27,6 +27,11 @@ preset build RMSNorm, as their papers' LLaMA models do); a spec that names one k
 ``pad_vocab`` rounds the embedding's and output layer's rows up to a multiple (:func:`padded_vocab`).
 ``norm_eps`` is every norm layer's eps (default 1e-5, ``skiplab.connections.norms.EPS``, as GPT-2's
 ``layer_norm_epsilon``; an imported checkpoint brings its own, e.g. ``rms_norm_eps`` 1e-6).
+
+With the ``nGPT`` connection the GPT is the normalised Transformer (Loshchilov et al. 2025;
+:mod:`skiplab.models.ngpt`): queries and keys normalised and scaled, the MLP's u and v and the logits scaled, no norm
+layer, every matrix on the unit sphere, renormalised by :meth:`GPT.after_step`, which the training loop calls after
+every update (a no-op for the other designs).
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ not decayed, as nanoGPT's ``configure_optimizers`` does by dimension), a linear 
 ``warmup`` steps, then cosine decay to ``min_lr`` at ``max_steps`` (or constant), gradient clipping, bf16
 autocast on CUDA. An update is ``grad_accum`` micro-batches of ``batch_size`` windows of ``context + 1``
 tokens (skiplab.text.windows), drawn from one generator whose state the checkpoints keep; the loss is the
-mean cross-entropy over the update's tokens. Every ``eval_every`` steps the validation split is scored
+mean cross-entropy over the update's tokens. After every update the model's ``after_step()`` runs (nGPT renormalises
+its matrices; the other designs do nothing); a design's own recipe (nGPT: no weight decay, no warm-up) replaces the
+fields left at their defaults (:func:`design_recipe`). Every ``eval_every`` steps the validation split is scored
 (loss per token and bits per byte) and the run saved. The loop below is the whole of training.
 
     lr(s) = lr · s / warmup                                                    s <= warmup

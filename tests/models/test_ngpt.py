@@ -219,3 +219,16 @@ def test_train_lm_with_ngpt_runs_the_papers_recipe(tmp_path):
     model = build_model(GPTConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     assert_unit(model)  # renormalised after the last update
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["train", "lm", "--model", "gpt-mini", "--connection", "nGPT", "--mlp", "gelu"], "nGPT needs mlp=swiglu"),
+    (["train", "mt", "--model", "transformer-small", "--connection", "nGPT", "--max-steps", "1"],
+     "nGPT has no encoder-decoder form"),
+])
+def test_the_cli_refuses_what_cannot_be_ngpt_in_one_line(tmp_path, capsys, argv, problem):
+    out = tmp_path / "run"
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and problem in err, err
+    assert not out.exists()
