@@ -5,12 +5,12 @@ Normalized Transformer with Representation Learning on the Hypersphere", arXiv 2
 
 for the attention and the MLP sub-layer alike (Section 2.2.2: h ← Norm(h + α_A (h_A − h)), h_A = Norm(ATTN(h)),
 and the same with α_M and the MLP). α ∈ R^d is a learned per-feature step, the "eigen learning rate", kept in
-the paper's reparametrisation (Section 2.5, Table 1): the parameter α_p starts at α_scale and the step is
+the paper's reparametrisation (Section 2.5): the parameter α_p starts at α_scale and the step is
 
     α = |α_p · α_init / α_scale|,    α_init = 0.05,  α_scale = 1/√d
 
 (NVIDIA/ngpt ``model.py``: ``attn_alpha`` and ``mlp_alpha``, their ``abs``; ai2-olmo-core 3.0.0's
-``NormalizedTransformerBlock``: ``torch.lerp(h, Norm(F(h)), |α|)`` then Norm). Scaling every such vector by
+``NormalizedTransformerBlock``: ``torch.lerp(h, Norm(F(h)), |α|)`` then Norm, lerp(a, b, w) = a + w (b − a)). Scaling every such vector by
 α_init/α_scale lets Adam's one learning rate move it at the pace its scale asks for.
 
 The update alone is not nGPT: the model keeps every weight matrix, embedding and hidden state on the sphere
@@ -86,7 +86,8 @@ class NGPT(Connection):
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         axis = feature_axis(self.layout)
         s = x if skip is None else skip(x)
-        return unit(torch.lerp(s, unit(branch(x), axis), self.rate()), axis)  # lerp(a, b, w) = a + w (b − a)
+        # written out rather than torch.lerp, which refuses a bf16 branch (autocast) beside an fp32 stream
+        return unit(s + self.rate() * (unit(branch(x), axis) - s), axis)
 
     def stats(self) -> dict[str, Any]:
         alpha = self.alpha().detach().abs()

@@ -10,7 +10,7 @@ hidden state lies on the unit hypersphere.
     after a step  every matrix renormalised along the embedding dimension (:func:`normalise_matrices`)
 
 Each scaling vector s is learned in the paper's reparametrisation (:class:`~skiplab.connections.ngpt.ScaleVector`,
-Section 2.5, Table 1): s_qk from 1 with scale 1/√d (one vector of d entries, d_k per head, shared by q and k),
+Section 2.5): s_qk from 1 with scale 1/√d (one vector of d entries, d_k per head, shared by q and k),
 s_u and s_v from 1 with scale 1, s_z from 1 with scale 1/√d, one entry per row of the output layer.
 
 Sources: NVIDIA/ngpt ``model.py`` (the authors' code: ``sqk`` after RoPE and the per-head ``justnorm``,
@@ -80,7 +80,7 @@ class QKNorm(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:  # (B, H, T, d_k) each
         s = self.s_qk().view(self.heads, 1, -1)
-        return unit(q) * s, unit(k) * s
+        return (unit(q) * s).to(q.dtype), (unit(k) * s).to(k.dtype)  # the values' dtype (bf16 under autocast)
 
 
 class NormalizedMLP(nn.Module):

@@ -152,6 +152,21 @@ def test_cached_decoding_equals_the_full_forward():
     torch.testing.assert_close(torch.stack(steps, 1), full[:, 4:])
 
 
+def test_bf16_autocast_trains_and_decodes():
+    """``train lm``'s bf16 autocast (CUDA; the CPU's autocast here): the branches in bf16 beside the fp32 stream."""
+    model = make_model()
+    x = torch.randint(0, VOCAB, (2, 8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = model(x)
+    F.cross_entropy(logits.float().transpose(1, 2), x).backward()
+    assert torch.isfinite(model.layers[0].conn_attn.alpha.p.grad).all()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = model(x)
+        state = model.start(x[:, :7])
+        last = model.step(x[:, 7], state)
+    torch.testing.assert_close(last, F.log_softmax(full[:, 7].float(), -1), atol=0.05, rtol=0.05)
+
+
 def test_a_spec_takes_the_recipe_and_refuses_what_cannot_be_ngpt():
     cfg = model_config("gpt-small(connection=nGPT)")
     assert (cfg.mlp, cfg.positions, cfg.bias, cfg.dropout, cfg.tie) == ("swiglu", "rope", False, 0.0, False)
