@@ -26,7 +26,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
-	$(BIN)/python -m pip install -q --no-deps "torchscale==0.3.0" "fairscale==0.4.13"
+	$(BIN)/python -m pip install -q --no-deps "torchscale==0.3.0" "fairscale==0.4.13" "ai2-olmo-core==3.0.0" \
+		"dataclass-extensions==0.5.0"
 	touch $(STAMP)
 
 # The demo's data: Debian's dataset-fashion-mnist where apt is available and we are root; otherwise

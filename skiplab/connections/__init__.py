@@ -4,7 +4,7 @@ Importing this package registers the designs; see :mod:`skiplab.connections.spec
 """
 
 # Import order is the order available_connections() lists the designs in.
-from . import expanded, recursive, learned, sas, highway, prenorm, scaled, mixed, deepnorm, peri, admin, hyper, keel, laurel, across  # noqa: F401, I001  (register the designs)
+from . import expanded, recursive, learned, sas, highway, prenorm, scaled, mixed, deepnorm, peri, admin, hyper, keel, laurel, ngpt, across  # noqa: F401, I001  (register the designs)
 from .across import Across
 from .base import (ACROSS, MODEL_NORMS, REGISTRY, Connection, available_connections, connection, final_norm, input_norm,
                    iter_connections, parse_spec, recording)

@@ -96,6 +96,14 @@ class Connection(nn.Module):
         kind = cls.final_norm_kind(spec, layers)
         return make_norm(kind, dim, layout) if kind else nn.Identity()
 
+    # A design that changes the model around its connections (nGPT: q·k and logits scaled, unit-norm embeddings,
+    # weights renormalised after each step): only a model that builds those pieces holds it; the others refuse it.
+    model_side: ClassVar[bool] = False
+    # Fields of the model's and the training's config that the design's paper prescribes (nGPT: SwiGLU, no weight
+    # decay, ...): a model spec that leaves such a field to its preset takes the recipe's value
+    # (:func:`skiplab.models.model_config`), and so does a training config at the field's default.
+    recipe: ClassVar[dict[str, Any]] = {}
+
     @staticmethod
     def check_number(number: float) -> float:
         """Validate the leading number of the spec; raise ValueError naming the problem."""

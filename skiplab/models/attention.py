@@ -29,6 +29,7 @@ class _Attention(nn.Module):
 
     # checkpoint keys of separate projections -> the stacked one that replaces them (see _stack_old_keys)
     stacks: dict[str, tuple[str, ...]] = {}
+    softmax_scale: float | None = None  # the scores' factor; None: 1/sqrt(d_k)
 
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
@@ -44,7 +45,8 @@ class _Attention(nn.Module):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool = False) -> Tensor:
         """Heads (B, H, T, D/H) attend; ``mask`` (B, 1|H, T|1, S) is True where attention is allowed."""
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                             dropout_p=self.dropout if self.training else 0.0)
+                                             dropout_p=self.dropout if self.training else 0.0,
+                                             scale=self.softmax_scale)
         b, h, t, dh = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, t, h * dh))
 
@@ -65,16 +67,20 @@ def _rows(linear: nn.Linear, parts: int) -> list[Tensor]:
 
 class SelfAttention(_Attention):
     """Queries, keys and values from the same sequence, through one stacked projection ``qkv_proj``; with
-    ``rope``, queries and keys are rotated by their positions (:class:`Rotary`) before they meet."""
+    ``rope``, queries and keys are rotated by their positions (:class:`Rotary`) before they meet; ``qk`` then maps
+    the rotated queries and keys, and sets the scores' factor (nGPT's :class:`~skiplab.models.ngpt.QKNorm`)."""
 
     stacks = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
 
     def __init__(self, d_model: int, heads: int, dropout: float = 0.0, bias: bool = True,
-                 rope: Rotary | None = None):
+                 rope: Rotary | None = None, qk: nn.Module | None = None):
         super().__init__(d_model, heads, dropout)
         self.qkv_proj = stacked_linear(d_model, d_model, 3, bias)
         self.out_proj = xavier_linear(d_model, d_model, bias)
         self.rope = rope
+        self.qk = qk
+        if qk is not None:
+            self.softmax_scale = qk.softmax_scale
 
     def projections(self) -> dict[str, list[Tensor]]:
         """The weights by role, for a connection that re-initialises its branch (``Connection.init_branch``)."""
@@ -101,6 +107,8 @@ class SelfAttention(_Attention):
         past = cache["k"].shape[2] if cache is not None and "k" in cache else 0
         if self.rope is not None:
             q, k = self.rope(q, past), self.rope(k, past)
+        if self.qk is not None:
+            q, k = self.qk(q, k)
         if cache is None:  # training and full decoding: no branch on shapes (compiles to one graph)
             return self.attend(q, k, v, mask, causal=causal)
         if past:

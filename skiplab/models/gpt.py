@@ -27,6 +27,11 @@ preset build RMSNorm, as their papers' LLaMA models do); a spec that names one k
 ``pad_vocab`` rounds the embedding's and output layer's rows up to a multiple (:func:`padded_vocab`).
 ``norm_eps`` is every norm layer's eps (default 1e-5, ``skiplab.connections.norms.EPS``, as GPT-2's
 ``layer_norm_epsilon``; an imported checkpoint brings its own, e.g. ``rms_norm_eps`` 1e-6).
+
+With the ``nGPT`` connection the GPT is the normalised Transformer (Loshchilov et al. 2025;
+:mod:`skiplab.models.ngpt`): queries and keys normalised and scaled, the MLP's u and v and the logits scaled, no norm
+layer, every matrix on the unit sphere, renormalised by :meth:`GPT.after_step`, which the training loop calls after
+every update (a no-op for the other designs).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from ..connections import (EPS, MODEL_NORMS, Across, Place, connection, final_no
                            parse_spec, set_norm_eps)
 from ..connections.across import Stack, not_recomputable
 from ..connections.tie import tie_within_layers
+from . import ngpt
 from .attention import Rotary, SelfAttention
 from .linear import stacked_linear, xavier_linear
 
@@ -98,6 +104,7 @@ class GPTConfig:
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         parse_spec(self.connection)
+        ngpt.check(self)  # the nGPT connection: the normalised model's fields (SwiGLU, rope, no biases, no dropout)
 
 
 def padded_vocab(cfg: GPTConfig) -> int:
@@ -134,8 +141,10 @@ class Layer(nn.Module):
     def __init__(self, cfg: GPTConfig, rope: Rotary | None, layer: int = 1):
         super().__init__()
         d = cfg.d_model
-        self.attn = SelfAttention(d, cfg.heads, cfg.dropout, cfg.bias, rope)
-        self.mlp = MLP(cfg)
+        normalised = ngpt.is_ngpt(cfg.connection)  # nGPT: q and k normalised and scaled, u and v scaled
+        self.attn = SelfAttention(d, cfg.heads, cfg.dropout, cfg.bias, rope,
+                                  qk=ngpt.QKNorm(d, cfg.heads) if normalised else None)
+        self.mlp = ngpt.NormalizedMLP(d, cfg.ffn_dim) if normalised else MLP(cfg)
         self.conn_attn = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 1, 2, "attn"),
                                     norm=cfg.norm)
         self.conn_mlp = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 2, 2, "ffn"),
@@ -182,6 +191,8 @@ class GPT(nn.Module):
         self.across = Across(cfg.connection, Stack(cfg.layers, d, ("attn", "ffn"), "lm"))
         self.norm = final_norm(cfg.connection, d, layers=cfg.layers, norm=cfg.norm)
         self.head = None if cfg.tie else nn.Linear(d, rows, bias=False)
+        self.normalised = ngpt.is_ngpt(cfg.connection)  # nGPT (skiplab.models.ngpt): logits scaled by s_z
+        self.logit_scale = ngpt.LogitScale(rows, d) if self.normalised else None
         self._init_weights()
         tie_within_layers(self)  # parameters a design shares across a layer's sub-layers (ReZero's α)
         # activation checkpointing (torch.utils.checkpoint, non-reentrant): while training with gradients, each
@@ -208,6 +219,20 @@ class GPT(nn.Module):
                     out.weight.normal_(0.0, STD / math.sqrt(2 * self.cfg.layers))
         for layer in self.layers:  # designs that prescribe their branch's initialisation (DeepNorm)
             layer.init_branches()
+        self.after_step()  # nGPT's matrices start on the unit sphere
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """What the model does after every optimizer step (the training loop calls it; ``after_step_does`` says
+        what): nGPT renormalises its matrices (:func:`~skiplab.models.ngpt.normalise_matrices`); the other designs
+        nothing."""
+        if self.normalised:
+            ngpt.normalise_matrices(self)
+
+    @property
+    def after_step_does(self) -> str:
+        """:meth:`after_step` in words ('' where it does nothing), for the run's config and summary."""
+        return ngpt.AFTER_STEP if self.normalised else ""
 
     def flops_per_token(self) -> float:
         """Training FLOPs per token, forward and backward: 6N + 12·L·d·T, N the weights less the position table,
@@ -252,6 +277,8 @@ class GPT(nn.Module):
     def logits(self, h: Tensor) -> Tensor:
         """Logits (B, T, V) of the states ``h``; the padding's rows (``pad_vocab``) cut off."""
         logits = self.head(h) if self.head is not None else F.linear(h, self.embed.weight)
+        if self.logit_scale is not None:  # nGPT's s_z
+            logits = self.logit_scale(logits)
         return logits[..., : self.cfg.vocab_size] if self.cfg.pad_vocab else logits
 
     def new_caches(self) -> list[dict[str, Tensor]]:

@@ -43,6 +43,9 @@ class PreActResNetConfig:
         if REGISTRY[spec.name].needs_stack:
             raise ValueError(f"{spec.name} needs a stack that holds its residual streams from the first block to "
                              "the last; the PreAct-ResNet's stages change width and resolution between blocks")
+        if REGISTRY[spec.name].model_side:
+            raise ValueError(f"{spec.name} needs its model around it (unit-norm embeddings, scaled attention and "
+                             "logits, weights renormalised after each step): the GPT's alone, not the PreAct-ResNet's")
         if spec.stack:
             raise ValueError(f"+{spec.stack[0].name} is a design across the layers of a Transformer stack (attention "
                              "values, same-width skips); the PreAct-ResNet has no attention and its stages change width")

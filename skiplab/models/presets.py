@@ -16,6 +16,7 @@ from torch import nn
 
 from .. import run_dir
 from ..config import parse_list, parser_for
+from ..connections import REGISTRY, parse_spec
 from .dwlstm import DepthWiseLSTMConfig, DepthWiseLSTMTransformer
 from .gpt import GPT, GPTConfig
 from .preact_resnet import PreActResNet, PreActResNetConfig
@@ -148,7 +149,9 @@ def _convert(cls: type, name: str, key: str, value: Any) -> Any:
 
 
 def model_config(spec: str, **overrides: Any):
-    """The config a model spec describes, with ``overrides`` (field=value) applied on top of its options."""
+    """The config a model spec describes, with ``overrides`` (field=value) applied on top of its options. A field
+    that neither sets takes, where the connection's design has a recipe for it (``Connection.recipe``; nGPT:
+    SwiGLU, rotary positions, no biases, ...), the recipe's value rather than the preset's."""
     name, options = parse_model_spec(spec)
     cls, fields = PRESETS[name]
     known = options_of(cls)
@@ -156,7 +159,11 @@ def model_config(spec: str, **overrides: Any):
     if unknown:
         raise ValueError(f"{name} has no option {', '.join(unknown)} (its options: {', '.join(known)})")
     values = {k: _convert(cls, name, k, v) for k, v in {**options, **overrides}.items()}
-    return cls(**{**fields, **values})
+    resolved = {**fields, **values}
+    if "connection" in known:
+        recipe = REGISTRY[parse_spec(resolved.get("connection", known["connection"].default)).name].recipe
+        resolved.update({k: v for k, v in recipe.items() if k in known and k not in values})
+    return cls(**resolved)
 
 
 def with_options(spec: str, **options: Any) -> str:

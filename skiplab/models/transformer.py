@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from ..connections import MODEL_NORMS, Across, Place, connection, final_norm, input_norm, parse_spec
+from ..connections import MODEL_NORMS, REGISTRY, Across, Place, connection, final_norm, input_norm, parse_spec
 from ..connections.across import Stack
 from .attention import CrossAttention, SelfAttention
 from .linear import xavier_linear
@@ -50,8 +50,10 @@ class TransformerConfig(Seq2SeqConfig):
         if self.norm not in MODEL_NORMS:
             raise ValueError(f"norm must be one of {', '.join(MODEL_NORMS)}, got {self.norm!r}")
         for spec in (self.connection, self.encoder_connection, self.decoder_connection):
-            if spec:
-                parse_spec(spec)
+            if spec and REGISTRY[parse_spec(spec).name].model_side:
+                raise ValueError(f"{parse_spec(spec).name} has no encoder-decoder form: the model around it (unit-norm "
+                                 "embeddings, scaled q·k and logits, weights renormalised after each step) is the "
+                                 "decoder-only GPT's alone")
 
     def stack_connection(self, stack: str) -> str:
         """The connection of the ``encoder``'s or ``decoder``'s sub-layers: its own field, else ``connection``."""

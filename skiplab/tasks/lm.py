@@ -146,6 +146,7 @@ class LMTask(Task):
             if cfg.clip_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
             opt.step()
+            model.after_step()  # nGPT's renormalisation, as train lm
 
         return step, x.numel()
 

@@ -5,7 +5,9 @@ not decayed, as nanoGPT's ``configure_optimizers`` does by dimension), a linear 
 ``warmup`` steps, then cosine decay to ``min_lr`` at ``max_steps`` (or constant), gradient clipping, bf16
 autocast on CUDA. An update is ``grad_accum`` micro-batches of ``batch_size`` windows of ``context + 1``
 tokens (skiplab.text.windows), drawn from one generator whose state the checkpoints keep; the loss is the
-mean cross-entropy over the update's tokens. Every ``eval_every`` steps the validation split is scored
+mean cross-entropy over the update's tokens. After every update the model's ``after_step()`` runs (nGPT renormalises
+its matrices; the other designs do nothing); a design's own recipe (nGPT: no weight decay, no warm-up) replaces the
+fields left at their defaults (:func:`design_recipe`). Every ``eval_every`` steps the validation split is scored
 (loss per token and bits per byte) and the run saved. The loop below is the whole of training.
 
     lr(s) = lr · s / warmup                                                    s <= warmup
@@ -36,6 +38,7 @@ from tqdm import tqdm
 
 from .. import distributed, run_dir
 from ..config import check_bounds
+from ..connections import REGISTRY, parse_spec
 from ..connections.across import not_recomputable
 from ..device import pick_device
 from ..interop.loggers import parse_loggers
@@ -119,6 +122,10 @@ class LMTrainConfig:
     out: str = field(default="runs/lm", metadata={"help": "run directory"})
 
     def __post_init__(self):
+        if family_of(self.model) is GPTConfig:  # another family is refused below
+            for key, value in design_recipe(self.model).items():  # fields at their defaults take the design's
+                if getattr(self, key) == DEFAULTS[key]:
+                    object.__setattr__(self, key, value)
         check_bounds(self)
         if self.lr <= 0 or self.min_lr < 0 or self.min_lr > self.lr:
             raise ValueError(f"need 0 <= --min-lr <= --lr and --lr > 0, got {self.min_lr} and {self.lr}")
@@ -154,6 +161,18 @@ class LMTrainConfig:
     def binary(self) -> bool:
         """Pre-tokenised .bin files rather than text."""
         return not self.corpus and self.train_file.endswith(".bin")
+
+
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(LMTrainConfig)}
+
+
+def design_recipe(model: str) -> dict[str, Any]:
+    """The training fields the model's connection prescribes (``Connection.recipe``; nGPT: weight decay 0, warm-up
+    0, as NVIDIA/ngpt's train.py with use_nGPT = 1), empty for most designs. :class:`LMTrainConfig` gives them to
+    the fields left at their defaults, so that ``train lm --connection nGPT`` trains as the paper does; a value
+    given otherwise is kept (an ablation), and config.json records what the run used."""
+    recipe = REGISTRY[parse_spec(model_config(model).connection).name].recipe
+    return {k: v for k, v in recipe.items() if k in DEFAULTS}
 
 
 # Nothing in the recipe depends on these but the cosine schedule's end, which max_steps is: a constant
@@ -390,7 +409,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
                                    "vocab_size": vocab, "tokenizer": cfg.tokenizer,
                                    "eot": tok.eot if tok else None},
                           "tokens_per_update": cfg.batch_size * cfg.grad_accum * mcfg.context,
-                          "adamw_fused": fused})
+                          "adamw_fused": fused, **design_notes(cfg, model)})
+        for key, value in design_notes(cfg, model).items():
+            run.say(f"{key.replace('_', ' ')}: {value}")
 
     n, per_update = mcfg.context, cfg.grad_accum
     mine = [k for k in range(per_update) if k % group.world_size == group.rank]  # this rank's micro-batches
@@ -425,6 +446,7 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
             return run.diverged(update_loss, 1, step + 1)
         norm, clipped = grad_norm(list(model.parameters()), cfg.clip_norm)  # clips where clip_norm > 0
         opt.step()
+        model.after_step()  # nGPT: its matrices back on the unit sphere; nothing for the other designs
         step += 1
         run.watch.update(step, update_loss, lr, norm, clipped, tokens_per_update, time.perf_counter() - began,
                          last=step == cfg.max_steps)
@@ -448,7 +470,16 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
             window = {"loss": 0.0, "updates": 0, "time": time.time()}
     bar.close()
     return run.finish(lambda last: {"steps": step, "final_valid_loss": last["valid_loss"],
-                                    "final_valid_bpb": last["valid_bpb"], "best_valid_loss": best})
+                                    "final_valid_bpb": last["valid_bpb"], "best_valid_loss": best,
+                                    **design_notes(cfg, model)})
+
+
+def design_notes(cfg: LMTrainConfig, model: torch.nn.Module) -> dict[str, Any]:
+    """What a run of ``cfg`` does for its design, for config.json and summary.json: ``design_recipe``, the training
+    fields the design prescribes (and the config holds where they were left at their defaults), and ``after_step``,
+    what the model does after every update (:meth:`~skiplab.models.gpt.GPT.after_step`); empty for most designs."""
+    recipe, after = design_recipe(cfg.model), model.after_step_does
+    return {**({"design_recipe": recipe} if recipe else {}), **({"after_step": after} if after else {})}
 
 
 def check_branch(ckpt: dict[str, Any], cfg: LMTrainConfig) -> None:

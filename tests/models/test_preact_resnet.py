@@ -37,6 +37,10 @@ def test_every_connection_builds_into_every_preset(spec):
         with pytest.raises(ValueError, match="needs a stack that holds its residual streams"):
             model_config("preact-resnet20", connection=spec)
         return
+    if skiplab.connection(spec, 4).model_side:  # a design whose model is the GPT's (nGPT): refused
+        with pytest.raises(ValueError, match="the GPT's alone, not the PreAct-ResNet's"):
+            model_config("preact-resnet20", connection=spec)
+        return
     for name in [p for p in PRESETS if p.startswith("preact-resnet")]:
         model = build_model(model_config(name, connection=spec))
         conns = [c for _, c in skiplab.iter_connections(model)]
