@@ -72,9 +72,11 @@ def mt_step(model: nn.Module, batch: MTBatch, forward: Callable | None = None) -
 
 
 def lm_step(model: nn.Module, batch: tuple[Tensor, Tensor], forward: Callable | None = None) -> Callable[[], None]:
-    """One AdamW training step of a language model (next-token cross-entropy)."""
+    """One AdamW training step of a language model (next-token cross-entropy), and what the model does after each
+    update where it does something (nGPT renormalises its matrices: ``after_step``), as ``train lm`` makes it."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
     run = model if forward is None else forward
+    after = getattr(model, "after_step", None) if getattr(model, "after_step_does", "") else None
     x, y = batch
 
     def step() -> None:
@@ -82,6 +84,8 @@ def lm_step(model: nn.Module, batch: tuple[Tensor, Tensor], forward: Callable | 
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if after is not None:
+            after()
 
     return step
 
