@@ -20,6 +20,12 @@ def gpt(spec, layers=4, **kw):
     return GPT(GPTConfig(**{**cfg, **kw})).eval()
 
 
+def transformer(spec, decoder_layers=4):
+    torch.manual_seed(0)
+    return Transformer(TransformerConfig(vocab_size=40, d_model=64, heads=4, ffn_dim=128, encoder_layers=3,
+                                         decoder_layers=decoder_layers, connection=spec)).eval()
+
+
 def tokens(b=2, t=9):
     return torch.randint(0, 40, (b, t), generator=torch.Generator().manual_seed(1))
 
@@ -117,12 +123,7 @@ def test_incremental_decoding_gives_the_full_forward(spec, positions):
 
 @torch.no_grad()
 def test_both_transformer_stacks_average_and_start_as_the_plain_model():
-    def build(spec):
-        torch.manual_seed(0)
-        return Transformer(TransformerConfig(vocab_size=40, d_model=64, heads=4, ffn_dim=128, encoder_layers=3,
-                                             decoder_layers=4, connection=spec)).eval()
-
-    plain, dense = build("PreLN"), build("PreLN+DenseFormer(dilation=2)")
+    plain, dense = transformer("PreLN"), transformer("PreLN+DenseFormer(dilation=2)")
     dense.load_state_dict(plain.state_dict(), strict=False)
     src, tgt = tokens(), tokens(t=6)
     assert torch.equal(dense(src, tgt), plain(src, tgt))
@@ -139,6 +140,10 @@ def test_both_transformer_stacks_average_and_start_as_the_plain_model():
     ("PreLN+DenseFormer+MUDD", "+MUDD replaces the residual sum; it cannot be combined with +DenseFormer"),
 ])
 def test_bad_specs_are_refused_in_one_line(spec, problem):
+    refused_in_one_line(spec, problem)
+
+
+def refused_in_one_line(spec: str, problem: str) -> None:
     with pytest.raises(ValueError, match=re.escape(problem)) as err:
         parse_spec(spec)
     assert "\n" not in str(err.value)
