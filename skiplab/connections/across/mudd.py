@@ -55,9 +55,9 @@ class MUDD(AcrossDesign):
     ``res = x[-1]``, queries, keys and values projected from ``x[:3]``) and ``jax/MaxText/layers/llama2.py``
     (``LlamaDecoderLayer.setup``: the initialisation, ``nd_dense_init(1.0, "fan_in", "normal")``, ``dense_proj2``
     at 0.0, ``dense_proj2_bias`` [0, ..., 0, 1]; its ``nn.gelu`` is flax's, the tanh approximation, as here;
-    the PyTorch inference port's ``nn.GELU()`` is the erf form). The sizes' paper model, with
-    ``mudd_prenorm=mudd_postnorm=False``; the code's later options (normalised X_j, a post-norm on X^R) are not
-    here. The released config's ``sepln`` gives the Q, K and V inputs three norms of their own; here they share the
+    the PyTorch inference port's ``nn.GELU()`` is the erf form). This is the PyTorch code's form, the jax code's
+    with ``mudd_prenorm`` and ``mudd_postnorm`` off; its later options (normalised X_j, a post-norm on X^R, a
+    bias of 0 for X_{i+1} with both on) are not here. The released config's ``sepln`` gives the Q, K and V inputs three norms of their own; here they share the
     connection's G, the code's ``sepln=False`` path. modded-nanogpt's trimmed form (pull request #259, by its
     description) mixes into the last two layers alone; this is the paper's, every layer.
 
