@@ -121,6 +121,28 @@ def test_incremental_decoding_gives_the_full_forward(spec, positions):
     torch.testing.assert_close(cached, full)
 
 
+def test_activation_checkpointing_gives_the_same_gradients():
+    m = gpt("PreLN+DenseFormer(dilation=2)").double().train()
+    randomise(m.across.designs[0])
+    assert checkpointing_keeps_the_gradients(m)["across.designs.0.alpha.1"].abs().sum() > 0
+
+
+def checkpointing_keeps_the_gradients(m: GPT) -> dict[str, torch.Tensor]:
+    """A training step's gradients with activation checkpointing equal those without; returns them."""
+    x = tokens()
+
+    def grads(checkpointing):
+        m.checkpointing = checkpointing
+        m.zero_grad()
+        F.cross_entropy(m(x).flatten(0, 1), x.flatten()).backward()
+        return {n: p.grad.clone() for n, p in m.named_parameters()}
+
+    plain, recomputed = grads(False), grads(True)
+    for name in plain:
+        torch.testing.assert_close(recomputed[name], plain[name], msg=name)
+    return plain
+
+
 @torch.no_grad()
 def test_both_transformer_stacks_average_and_start_as_the_plain_model():
     plain, dense = transformer("PreLN"), transformer("PreLN+DenseFormer(dilation=2)")
@@ -130,6 +152,16 @@ def test_both_transformer_stacks_average_and_start_as_the_plain_model():
     assert len(dense.encoder.across.designs[0].alpha) == 3 and len(dense.decoder.across.designs[0].alpha) == 4
     randomise(dense.decoder.across.designs[0])
     assert not torch.allclose(dense(src, tgt), plain(src, tgt))
+    decoding_steps_give_the_full_pass(dense, src, tgt)
+
+
+def decoding_steps_give_the_full_pass(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> None:
+    """One decoder position a step (float64) gives the log-probabilities of one pass over ``tgt``."""
+    model = copy.deepcopy(model).double()
+    full = F.log_softmax(model(src, tgt), -1)
+    state = model.start(model.encode(src))
+    steps = torch.stack([model.step(tgt[:, t], state) for t in range(tgt.shape[1])], 1)
+    torch.testing.assert_close(steps, full.float())
 
 
 @pytest.mark.parametrize("spec, problem", [

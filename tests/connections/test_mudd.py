@@ -8,11 +8,11 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from skiplab.connections.across import MUDD, Across, Stack
 from skiplab.connections.across.mudd import hidden_width
-from tests.connections.test_denseformer import gpt, refused_in_one_line, tokens, transformer
+from tests.connections.test_denseformer import (checkpointing_keeps_the_gradients, decoding_steps_give_the_full_pass, gpt,
+                                                refused_in_one_line, tokens, transformer)
 
 
 def randomise(mudd: MUDD, seed=3):
@@ -71,17 +71,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
     """Each layer reads the streams kept for it, so a layer recomputed in the backward reads its own."""
     m = gpt("PreLN+MUDD").double().train()
     randomise(m.across.designs[0])
-    x = tokens()
-
-    def grads(checkpointing):
-        m.checkpointing = checkpointing
-        m.zero_grad()
-        F.cross_entropy(m(x).flatten(0, 1), x.flatten()).backward()
-        return {n: p.grad.clone() for n, p in m.named_parameters()}
-
-    plain, recomputed = grads(False), grads(True)
-    for name in plain:
-        torch.testing.assert_close(recomputed[name], plain[name], msg=name)
+    plain = checkpointing_keeps_the_gradients(m)
     across = [n for n in plain if n.startswith("across.")]
     assert len(across) == 3 * 4 and all(plain[n].abs().sum() > 0 for n in across)  # W1, W2, B of each layer
 
@@ -95,11 +85,7 @@ def test_both_transformer_stacks_read_their_streams_and_start_as_the_plain_model
     for stack in (mudd.encoder, mudd.decoder):
         randomise(stack.across.designs[0])
         assert not torch.allclose(mudd(src, tgt), plain(src, tgt), rtol=1e-3, atol=1e-3)
-    model = copy.deepcopy(mudd).double()
-    full = F.log_softmax(model(src, tgt), -1)
-    state = model.start(model.encode(src))
-    steps = torch.stack([model.step(tgt[:, t], state) for t in range(tgt.shape[1])], 1)
-    torch.testing.assert_close(steps, full.float())
+    decoding_steps_give_the_full_pass(mudd, src, tgt)
 
 
 @pytest.mark.parametrize("spec, problem", [
