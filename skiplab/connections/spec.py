@@ -100,6 +100,17 @@ def finite_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """An integer >= 1 (a dilation, a period)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"must be an integer >= 1, got {text}") from None
+    if value < 1:
+        raise ValueError(f"must be an integer >= 1, got {text}")
+    return value
+
+
 def choice(*values: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         if text not in values:
