@@ -38,7 +38,8 @@ KINDS = {"gates": ("SAS", "Highway", "wSkip", "ReZero", "SkipInit", "LayerScale"
 GATES = ("alpha", "beta", "gamma", "T")
 DATA_FREE = ("wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC")  # what they learned is a parameter, read as it is
 PARAMS = ("w_norm", "w_mean", "lambda_mean", "lambda_abs_max", "omega_mean", "omega_norm", "A_r_diag_mean", "B_mean",
-          "value_lambda", "skip_weight")  # data-free values without a spread
+          "value_lambda", "skip_weight", "resid_lambda", "resid_lambda_attn", "resid_lambda_cross", "resid_lambda_ffn",
+          "x0_lambda", "backout_lambda", "backout_layer")  # data-free values without a spread
 PAPER_RATIO = 2.64  # rSkip+LN paper, Section 4.3: 2rSkip+LN, middle stage of ResNet-110 on CIFAR-10
 
 

@@ -46,7 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..connections import (EPS, MODEL_NORMS, Across, Place, connection, final_norm, input_norm, iter_connections,
                            parse_spec, set_norm_eps)
-from ..connections.across import Stack, not_recomputable
+from ..connections.across import Stack, check_stack, not_recomputable
 from ..connections.tie import tie_within_layers
 from . import ngpt
 from .attention import Rotary, SelfAttention
@@ -105,6 +105,11 @@ class GPTConfig:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         parse_spec(self.connection)
         ngpt.check(self)  # the nGPT connection: the normalised model's fields (SwiGLU, rope, no biases, no dropout)
+        check_stack(self.connection, self.stack())  # a design across the stack that names a layer it has not
+
+    def stack(self) -> Stack:
+        """The layers as the designs across them see the stack: attention and MLP sub-layers, decoder-only."""
+        return Stack(self.layers, self.d_model, ("attn", "ffn"), "lm")
 
 
 def padded_vocab(cfg: GPTConfig) -> int:
@@ -188,7 +193,7 @@ class GPT(nn.Module):
         self.embed_norm = input_norm(cfg.connection, d, norm=cfg.norm)  # the identity but for designs that need one
         self.layers = nn.ModuleList(Layer(cfg, rope, i + 1) for i in range(cfg.layers))
         # designs across the layers (+ValueRes, +UNet, +AttnRes ...), if any
-        self.across = Across(cfg.connection, Stack(cfg.layers, d, ("attn", "ffn"), "lm"))
+        self.across = Across(cfg.connection, cfg.stack())
         self.norm = final_norm(cfg.connection, d, layers=cfg.layers, norm=cfg.norm)
         self.head = None if cfg.tie else nn.Linear(d, rows, bias=False)
         self.normalised = ngpt.is_ngpt(cfg.connection)  # nGPT (skiplab.models.ngpt): logits scaled by s_z

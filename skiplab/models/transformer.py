@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from torch import Tensor, nn
 
 from ..connections import MODEL_NORMS, REGISTRY, Across, Place, connection, final_norm, input_norm, parse_spec
-from ..connections.across import Stack
+from ..connections.across import Stack, check_stack
 from .attention import CrossAttention, SelfAttention
 from .linear import xavier_linear
 from .seq2seq import EncoderDecoder, Seq2SeqConfig
@@ -54,6 +54,14 @@ class TransformerConfig(Seq2SeqConfig):
                 raise ValueError(f"{parse_spec(spec).name} has no encoder-decoder form: the model around it (unit-norm "
                                  "embeddings, scaled q·k and logits, weights renormalised after each step) is the "
                                  "decoder-only GPT's alone")
+        for name in ("encoder", "decoder"):  # designs across a stack that have no form in it
+            check_stack(self.stack_connection(name), self.stack(name))
+
+    def stack(self, name: str) -> Stack:
+        """The ``encoder``'s or ``decoder``'s layers as the designs across them see the stack."""
+        if name == "encoder":
+            return Stack(self.encoder_layers, self.d_model, ("attn", "ffn"), "encoder")
+        return Stack(self.decoder_layers, self.d_model, ("attn", "cross", "ffn"), "decoder")
 
     def stack_connection(self, stack: str) -> str:
         """The connection of the ``encoder``'s or ``decoder``'s sub-layers: its own field, else ``connection``."""
@@ -154,7 +162,7 @@ class ResidualEncoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg, i + 1) for i in range(cfg.encoder_layers))
         spec = cfg.stack_connection("encoder")
-        self.across = Across(spec, Stack(cfg.encoder_layers, cfg.d_model, ("attn", "ffn"), "encoder"))
+        self.across = Across(spec, cfg.stack("encoder"))
         self.input_norm = stack_input(cfg, "encoder")
         self.norm = final_norm(spec, cfg.d_model, layers=cfg.encoder_layers, norm=cfg.norm)
 
@@ -172,7 +180,7 @@ class ResidualDecoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg, i + 1) for i in range(cfg.decoder_layers))
         spec = cfg.stack_connection("decoder")
-        self.across = Across(spec, Stack(cfg.decoder_layers, cfg.d_model, ("attn", "cross", "ffn"), "decoder"))
+        self.across = Across(spec, cfg.stack("decoder"))
         self.input_norm = stack_input(cfg, "decoder")
         self.norm = final_norm(spec, cfg.d_model, layers=cfg.decoder_layers, norm=cfg.norm)
 

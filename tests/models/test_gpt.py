@@ -13,7 +13,8 @@ from tests.noise import assert_within_noise, noise
 
 CONNECTIONS = ["PreLN", "PostLN", "PreRMS", "2rSkip+LN", "SAS", "Highway", "wSkip+LN", "1xSkip", "DeepNorm", "PeriLN",
                "MixLN(alpha=0.5)", "LNS", "LayerScale", "ReZero(init=0.5)", "HC", "HC(n=2,kind=static)", "mHC",
-               "PreLN+ValueRes", "PreLN+UNet", "HC+ValueRes(learn=yes)+UNet"]
+               "PreLN+ValueRes", "PreLN+UNet", "HC+ValueRes(learn=yes)+UNet", "PreLN+Scalars",
+               "PreLN+UNet+Scalars(per=sublayer)+Backout(layer=1)"]
 
 
 def tiny(connection="PreLN", **kw) -> GPT:
@@ -41,7 +42,8 @@ def test_changing_later_tokens_leaves_earlier_logits_unchanged(connection, posit
 
 @pytest.mark.parametrize("connection", ["PreLN", "PostLN", "2rSkip+LN", "SAS", "PeriLN", "MixLN(alpha=0.5)", "DeepNorm",
                                         "HC", "mHC", "PreLN+ValueRes(learn=yes)", "PostLN+UNet",
-                                        "mHC+ValueRes+UNet"])
+                                        "mHC+ValueRes+UNet", "PreLN+Scalars", "HC+Scalars+Backout(layer=1)",
+                                        "PostLN+UNet+Scalars(per=sublayer)+Backout"])
 @pytest.mark.parametrize("mlp,positions", [("gelu", "learned"), ("swiglu", "rope")])
 @torch.no_grad()
 def test_cached_steps_give_the_logits_of_full_recomputation(connection, mlp, positions):

@@ -109,7 +109,8 @@ def full_and_incremental(model, src, tgt):
 
 
 @pytest.mark.parametrize("spec", ["PostLN", "PreLN", "2rSkip+LN", "SAS", "HC", "mHC", "PeriLN", "DeepNorm",
-                                  "MixLN(alpha=0.5)", "PreLN+ValueRes(learn=yes)", "PostLN+UNet", "HC+ValueRes+UNet"])
+                                  "MixLN(alpha=0.5)", "PreLN+ValueRes(learn=yes)", "PostLN+UNet", "HC+ValueRes+UNet",
+                                  "PreLN+Scalars", "PreLN+UNet+Scalars(per=sublayer)"])
 def test_incremental_decoding_gives_the_scores_of_full_recomputation(spec):
     model = tiny(spec).eval()
     src, tgt = batch()

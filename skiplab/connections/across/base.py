@@ -22,7 +22,9 @@ Hooks a design may implement (each the identity by default): :meth:`AcrossDesign
 :meth:`~AcrossDesign.enter` / :meth:`~AcrossDesign.leave` (a layer's input and output),
 :meth:`~AcrossDesign.sub_enter` (a sub-layer's input), :meth:`~AcrossDesign.sublayer` (the whole sub-layer: one
 design a stack at most, ``owns_sublayers``), :meth:`~AcrossDesign.values` (the self-attention's values) and
-:meth:`~AcrossDesign.finish` (the stack's output).
+:meth:`~AcrossDesign.finish` (the stack's output). A design refuses a stack it has no form in through ``families``
+and :meth:`~AcrossDesign.check` (a layer its options name that the stack has not); a model's config calls both
+through :func:`check_stack`, so that the spec fails in one line before anything is built.
 
 Every quantity is per position, so a pass over new positions after cached ones (incremental decoding) is exact:
 the cache of layer l holds the keys and values its earlier positions had. Where the stack holds
@@ -119,6 +121,11 @@ class AcrossDesign(nn.Module):
         other = next((s.name for s in spec.stack if s.name != cls.name and not across[s.name].mixes_values), None)
         return f"+{cls.name} replaces the residual sum; it cannot be combined with +{other}" if other else None
 
+    @classmethod
+    def check(cls, spec: Spec, stack: Stack) -> str | None:
+        """What makes ``spec`` (this design's) impossible in ``stack`` (a layer it names out of range), or None."""
+        return None
+
     def begin(self, x: Tensor, state: dict[str, Any]) -> None:
         """The stack's input x₀ (the embeddings, after the stack's input module), seen."""
 
@@ -168,6 +175,19 @@ def recording_mixes(model: nn.Module) -> Iterator[list[AcrossDesign]]:
             d.mix_log = None
 
 
+def check_stack(spec: str, stack: Stack) -> None:
+    """Raise one ``ValueError`` line where a design across the stack in ``spec`` has no form in ``stack``: not in
+    its family (the Transformer's encoder or decoder), or naming a layer the stack has not. A model's config calls
+    it, so that a bad spec fails before anything is built or written."""
+    for s in parse_spec(spec).stack:
+        design = ACROSS[s.name]
+        if stack.family not in design.families:
+            raise ValueError(f"+{s.name} has no form in a Transformer's {stack.family} (only in "
+                             f"{', '.join(design.families)} stacks)")
+        if problem := design.check(s, stack):
+            raise ValueError(f"bad connection spec {spec!r}: {problem}")
+
+
 def not_recomputable(spec: str) -> list[str]:
     """The designs across the stack in ``spec`` whose layers must not run twice (activation checkpointing)."""
     return [s.name for s in parse_spec(spec).stack if not ACROSS[s.name].recomputable]
@@ -181,11 +201,8 @@ class Across(nn.Module):
     def __init__(self, spec: str, stack: Stack | int):
         super().__init__()
         stack = Stack(stack) if isinstance(stack, int) else stack
+        check_stack(spec, stack)
         parsed = parse_spec(spec)
-        for s in parsed.stack:
-            if stack.family not in ACROSS[s.name].families:
-                raise ValueError(f"+{s.name} has no form in a Transformer's {stack.family} (only in "
-                                 f"{', '.join(ACROSS[s.name].families)} stacks)")
         self.stack = stack
         self.designs = nn.ModuleList(ACROSS[s.name](s, stack) for s in parsed.stack)
         self.mixes_values = any(d.mixes_values for d in self.designs)
