@@ -10,6 +10,8 @@ import torch
 import torch.nn.functional as F
 
 import skiplab
+from skiplab.bench.steps import build
+from skiplab.compiled import CompileStats, compile_layers
 from skiplab.connections import parse_spec
 from skiplab.connections.across import AttnRes
 from skiplab.models import GPT, GPTConfig, Transformer, TransformerConfig
@@ -192,6 +194,8 @@ def test_depth_weights_are_the_mean_and_std_over_the_batchs_positions():
     design.mix = spy
     mean, std = design.depth_weights(lambda: m(tokens()))
     assert design.recording is None and mean.shape == (5, 3)
+    with pytest.raises(ValueError, match="forward\\(\\) ran no pass through this stack"):
+        design.depth_weights(lambda: None)
     for i, sources in given.items():
         keys = torch.stack([F.rms_norm(s, (16,), design.key_norms[i].weight.detach(), 1e-5) for s in sources], -2)
         alpha = (keys @ design.query[i].detach()).softmax(-1).reshape(-1, len(sources))  # (B·T, n)
@@ -220,3 +224,30 @@ def test_a_deep_copy_and_a_state_dict_round_trip_keep_the_mix():
     again.load_state_dict(copy.deepcopy(m).state_dict())
     with torch.no_grad():
         torch.testing.assert_close(again(tokens()), m(tokens()), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("spec", ["PreLN+AttnRes", "PreLN+AttnRes(block=2,query=lora,rank=8)"])
+def test_it_compiles_without_graph_breaks(spec):
+    """dynamo alone (the ``eager`` backend), as ``tests/test_compile_breaks.py`` counts it: the whole model one frame,
+    compiled once over two steps; per layer no break, one compilation a layer (each mixes its own number of sources)."""
+    def steps(forward):
+        x = torch.randint(0, 40, (2, 8))
+        for _ in range(2):
+            F.cross_entropy(forward(x).transpose(1, 2), x).backward()
+
+    torch._dynamo.reset()
+    try:
+        model = build(f"gpt-mini(connection={spec})", d_model=32, ffn_dim=64, heads=2, layers=2, context=8,
+                      vocab_size=40)
+        stats = CompileStats()
+        steps(torch.compile(model, backend="eager", dynamic=False))
+        report = stats.report()
+        assert report["graph_breaks"] == 0 and report["frames_compiled"] == 1, report
+        torch._dynamo.reset()
+        compile_layers(model, backend="eager")
+        stats = CompileStats()
+        steps(model)
+        report = stats.report()
+        assert report["graph_breaks"] == 0 and report["frames_compiled"] == 2, report
+    finally:
+        torch._dynamo.reset()

@@ -34,8 +34,8 @@ class AttnRes(AcrossDesign):
 
         v_0 = the stack's input (the embeddings),   v_j = B_j(h_j), the additive term of sub-layer j = 1, ..., K
 
-    (K = L·S_roles sub-layers: attention and MLP, in the Transformer's decoder cross-attention too), and sub-layer
-    l reads, in place of the running sum x_l = v_0 + ... + v_{l−1},
+    (K = L·S_roles sub-layers: attention and MLP, in the Transformer's decoder cross-attention too; numbered from 1
+    here, the hooks' k = l − 1), and sub-layer l reads, in place of the running sum x_l = v_0 + ... + v_{l−1},
 
         h_l = Σ_i α_{i→l} s_i,   α_{i→l} = φ(q_l, s_i) / Σ_j φ(q_l, s_j),   φ(q, k) = exp(qᵀ RMSNorm_l(k))
 
@@ -59,11 +59,11 @@ class AttnRes(AcrossDesign):
     that at the start q = RMSNorm(s_last), which weights the latest source most. x-transformers applies it over the
     residual-stream states (the hidden state before each layer) and keeps the residual sum (the layer's output is
     added to the unmixed state); skiplab's form is the same aggregation over the paper's values v_j (or block sums),
-    the mix replacing the sum, as for ``query=static``. Every RMSNorm has its own gain (starting at 1), the keys'
-    one per mix as in the paper's code (``attn_res_norm``, ``mlp_res_norm``).
+    the mix replacing the sum, as for ``query=static``. Every RMSNorm has its own gain (starting at 1); the keys'
+    RMSNorm is one per mix (the README's pseudocode hands each call its ``norm``).
 
     Memory (in a pass without gradients): Full keeps every sub-layer's output, K + 1 tensors (B, T, d); Block one
-    sum per block and the partial one, N + 2 for N = ⌈K/S⌉ blocks. Under training autograd keeps every mix's
+    sum per block, b_0 and the completed ones and the partial one, at most N + 1 for N = ⌈K/S⌉ blocks. Under training autograd keeps every mix's
     sources for the backward in both. Computed as logits_i = ρ_i ⟨q ⊙ g, s_i⟩ with ρ_i = 1/√(mean(s_i²) + ε) and g
     the key norm's gain (the same number as qᵀ RMSNorm(s_i), without a normalised copy of each source per mix).
     Every quantity is per position, so incremental decoding is exact. A layer must not run twice (activation
@@ -128,7 +128,6 @@ class AttnRes(AcrossDesign):
         squares = [_mean_square(s) for s in sources] if squares is None else squares
         q = self._query(m, sources[-1])
         eps = self.key_norms[m].eps
-        eps = torch.finfo(torch.float32).eps if eps is None else eps
         logits = torch.stack([_wide(s @ q.to(s.dtype) if q.dim() == 1 else (s * q.to(s.dtype)).sum(-1))
                               * torch.rsqrt(ms + eps) for s, ms in zip(sources, squares)], dim=-1)
         alpha = logits.softmax(-1)  # (B, T, n)
@@ -175,6 +174,8 @@ class AttnRes(AcrossDesign):
             seen = self.recording
         finally:
             self.recording = None
+        if not seen:
+            raise ValueError("+AttnRes: forward() ran no pass through this stack; nothing to average")
         k = self.stack.sublayers
         cols = k + 1 if self.block == 1 else -(-k // self.block) + 1
         mean, std = torch.full((2, k + 1, cols), float("nan"))
