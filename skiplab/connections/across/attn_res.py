@@ -177,7 +177,7 @@ class AttnRes(AcrossDesign):
         if not seen:
             raise ValueError("+AttnRes: forward() ran no pass through this stack; nothing to average")
         k = self.stack.sublayers
-        cols = k + 1 if self.block == 1 else -(-k // self.block) + 1
+        cols = -(-k // self.block) + 1  # b_0 and the ⌈K/S⌉ blocks (S = 1: every sub-layer's output)
         mean, std = torch.full((2, k + 1, cols), float("nan"))
         for m in range(k + 1):
             alpha = torch.cat([a.reshape(-1, a.shape[-1]) for i, a in seen if i == m]).float().cpu()
