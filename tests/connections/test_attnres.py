@@ -91,6 +91,23 @@ def test_at_the_start_every_mix_is_uniform():
     torch.testing.assert_close(seen["h1"], (e + v1) / 2)  # h_1 = ½ v_0 + ½ v_1
 
 
+@torch.no_grad()
+def test_a_layers_output_is_the_next_mix_the_next_layer_reads():
+    """The stream handed on is h_{l+1}: layer 0's output is what layer 1's attention normalises, the last layer's the
+    output's mix, which the final norm reads."""
+    m = gpt("PreRMS+AttnRes(block=3)", layers=3)
+    randomise(m.across)
+    seen = {}
+    for i, layer in enumerate(m.layers):
+        layer.register_forward_hook(lambda mod, args, out, i=i: seen.setdefault(f"out{i}", out))
+        layer.conn_attn.norm.register_forward_hook(lambda mod, args, out, i=i: seen.setdefault(f"in{i}", args[0]))
+    m.norm.register_forward_hook(lambda mod, args, out: seen.setdefault("final", args[0]))
+    m(tokens())
+    torch.testing.assert_close(seen["out0"], seen["in1"], rtol=0, atol=0)
+    torch.testing.assert_close(seen["out1"], seen["in2"], rtol=0, atol=0)
+    torch.testing.assert_close(seen["out2"], seen["final"], rtol=0, atol=0)
+
+
 def test_block_mixes_read_the_embedding_the_block_sums_and_the_partial_sum():
     """Block S = 3 over 8 sub-layers: blocks {0,1,2}, {3,4,5}, {6,7}; at the start each mix is uniform over its
     sources: sub-layer 0 reads b_0; 1, 2 read b_0 and block 1's partial sum; 3 reads b_0, b_1; the output b_0..b_3."""

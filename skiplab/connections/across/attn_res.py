@@ -45,8 +45,9 @@ class AttnRes(AcrossDesign):
     sum is the plain residual one, and sub-layer l of block n reads the sources b_0, ..., b_{n−1} and, after the
     block's first sub-layer, the partial sum b_n^{l−1} of its earlier v_j. ``block=1`` is Full AttnRes. The stack's
     output, before its final norm, is one more mix with its own query, over every source (Full: v_0, ..., v_K;
-    Block: b_0, ..., b_N). Each sub-layer then hands on h_l + v_l (its input plus its term), which no later
-    sub-layer reads: it is what a hook on a layer sees.
+    Block: b_0, ..., b_N). The stream that passes from sub-layer to sub-layer is the next mix: sub-layer l computes
+    v_l, then h_{l+1} from the sources, and hands it on (the last one the output's mix), so a layer's output is the
+    next layer's input, as in a residual stack, and what a hook or a gradient taken there sees.
 
     ``query=static`` (the paper's): q_l = w_l ∈ ℝ^d, a learned pseudo-query per mix, initialised to zero, so that
     every mix starts uniform (α = 1/n over n sources), as the paper prescribes.
@@ -141,25 +142,23 @@ class AttnRes(AcrossDesign):
 
     def sublayer(self, k: int, x: Tensor, conn: Connection, branch: Branch, state: dict[str, Any]) -> Tensor:
         st = state["attnres"]
-        if k % self.block == 0 and st["partial"] is not None:  # a new block: the last one completed
+        h = self.mix(0, st["sources"], st["squares"]) if k == 0 else x  # h_0 = v_0; then what k − 1 handed on
+        v = conn.branch_output(branch(conn.branch_input(h)))
+        st["partial"] = v if st["partial"] is None else st["partial"] + v
+        return self._next(k + 1, st)
+
+    def _next(self, k: int, st: dict[str, Any]) -> Tensor:
+        """Mix k over the sources it reads (k = K: the output's, over every block): the stream handed on."""
+        if st["partial"] is not None and (k % self.block == 0 or k == self.stack.sublayers):  # a block completed
             st["sources"].append(st["partial"])
             st["squares"].append(_mean_square(st["partial"]))
             st["partial"] = None
         if st["partial"] is None:
-            h = self.mix(k, st["sources"], st["squares"])
-        else:
-            h = self.mix(k, [*st["sources"], st["partial"]], [*st["squares"], _mean_square(st["partial"])])
-        v = conn.branch_output(branch(conn.branch_input(h)))
-        st["partial"] = v if st["partial"] is None else st["partial"] + v
-        return h + v
+            return self.mix(k, st["sources"], st["squares"])
+        return self.mix(k, [*st["sources"], st["partial"]], [*st["squares"], _mean_square(st["partial"])])
 
     def finish(self, x: Tensor, state: dict[str, Any]) -> Tensor:
-        st = state["attnres"]
-        if st["partial"] is not None:
-            st["sources"].append(st["partial"])
-            st["squares"].append(_mean_square(st["partial"]))
-            st["partial"] = None
-        return self.mix(self.stack.sublayers, st["sources"], st["squares"])
+        return x  # the last sub-layer handed on the output's mix
 
     @torch.no_grad()
     def depth_weights(self, forward: Callable[[], Any]) -> tuple[Tensor, Tensor]:
