@@ -1,20 +1,19 @@
 """``+AttnRes`` against its sources. ``query=static``: the paper's equations (Kimi Team 2026, arXiv 2603.15031,
 Section 3; the README's ``block_attn_res`` pseudocode) written out by hand in a whole PreRMS GPT, Full and Block
 (S = 2, S = 3) at 4 layers and width 64, in float64, random pseudo-queries and norm gains: logits and every
-parameter's gradient. ``query=lora``: one mix against x-transformers 2.31.10's ``AttentionResidual`` with the same
+parameter's gradient (the same hand GPT with x-transformers' query written out, for ``query=lora`` in the stack). ``query=lora``: one mix against x-transformers 2.31.10's ``AttentionResidual`` with the same
 weights (random LoRA factors, so that the query path is exercised), width 96, rank 16, float64: the output and the
 gradients of the sources and of every weight. Each comparison is shown to fail under a mutation of the design: the
 keys' RMSNorm dropped (the mean square replaced by 1), or the LoRA query's 1/√d scale dropped."""
 
 import importlib.metadata
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
 from x_transformers.x_transformers import AttentionResidual
-
-from types import SimpleNamespace
 
 from skiplab.connections import parse_spec
 from skiplab.connections.across import AttnRes, Stack, attn_res
