@@ -9,11 +9,11 @@ import torch.nn.functional as F
 
 from skiplab.bench.gpu import GPU_DESIGNS
 from skiplab.bench.steps import build
-from skiplab.bench.suite import LM_DESIGNS
+from skiplab.bench.suite import DEPTH_DESIGNS, LM_DESIGNS
 from skiplab.compiled import CompileStats, compile_layers, set_recompile_limit
 
-NEW_DESIGNS = {"Keel", "LAuReL", "LAuReL(form=lr)", "LAuReL(form=lr,norm=rms)"}  # not in a bench group yet
-DESIGNS = sorted(set(LM_DESIGNS) | set(GPU_DESIGNS) | NEW_DESIGNS | {"PreLN"})
+NEW_DESIGNS = {"LAuReL", "LAuReL(form=lr,norm=rms)", "PreLN+Scalars(per=sublayer)", "PreLN+Backout"}  # beside the bench's
+DESIGNS = sorted(set(LM_DESIGNS) | set(GPU_DESIGNS) | set(DEPTH_DESIGNS) | NEW_DESIGNS | {"PreLN"})
 SHAPE = dict(d_model=32, ffn_dim=64, heads=2, layers=2, context=8, vocab_size=40)
 
 
@@ -36,7 +36,10 @@ def fresh_dynamo():
 # designs whose layers differ in a constant the layer's code reads: one compilation per distinct layer (the value
 # residual's first layer keeps its values, LNS scales layer l by 1/sqrt(l), Mix-LN's first layers are post-norm,
 # Keel's first layer has no α and its first sub-layer no second norm)
-PER_LAYER = {"PreLN+ValueRes": 2, "LNS": 2, "MixLN": 2, "Keel": 2}
+# Keel's first layer differs; Attention Residuals mixes more sources each layer, MUDD's layer 0 is plain, the
+# per-sub-layer scalars read each sub-layer's own index: one compilation a layer
+PER_LAYER = {"PreLN+ValueRes": 2, "LNS": 2, "MixLN": 2, "Keel": 2, "PreLN+AttnRes": 2, "PreLN+AttnRes(block=2)": 2,
+             "PreLN+MUDD": 2, "PreLN+Scalars(per=sublayer)": 2}
 
 
 @pytest.mark.parametrize("design", DESIGNS)

@@ -83,6 +83,9 @@ class AttnRes(AcrossDesign):
     replaces_sum = True
     recomputable = False
 
+    mix_axes = ("mix before sub-layer i (the last row: the output's)",
+                "source j (0: the embeddings; j: sub-layer j − 1's output, or block j's sum)")
+
     def __init__(self, spec: Spec, stack: Stack):
         super().__init__(spec, stack)
         if stack.dim < 1:
@@ -91,7 +94,6 @@ class AttnRes(AcrossDesign):
         self.stack, self.block = stack, int(spec.options["block"]) or 1
         self.lora = spec.options["query"] == "lora"
         self.key_norms = nn.ModuleList(make_norm("RMS", d) for _ in range(mixes))
-        self.recording: list[tuple[int, Tensor]] | None = None  # a list only inside depth_weights()
         if not self.lora:
             self.query = nn.Parameter(torch.zeros(mixes, d))
             return
@@ -132,8 +134,7 @@ class AttnRes(AcrossDesign):
         logits = torch.stack([_wide(s @ q.to(s.dtype) if q.dim() == 1 else (s * q.to(s.dtype)).sum(-1))
                               * torch.rsqrt(ms + eps) for s, ms in zip(sources, squares)], dim=-1)
         alpha = logits.softmax(-1)  # (B, T, n)
-        if self.recording is not None:
-            self.recording.append((m, alpha.detach()))
+        self.record_mix(m, alpha)  # kept only inside depth_weights() or recording_mixes()
         alpha = alpha.to(sources[0].dtype)
         h = alpha[..., 0:1] * sources[0]
         for i in range(1, len(sources)):
@@ -167,12 +168,12 @@ class AttnRes(AcrossDesign):
         (K + 1, C) tensor: row i < K the mix before sub-layer i, row K the output's; column j source j (Full,
         C = K + 1: 0 the embedding, j the output of sub-layer j − 1; Block, C = N + 1: 0 the embedding, j the sum
         of block j, complete or partial); NaN where row i does not read source j."""
-        self.recording = []
+        self.mix_log = []
         try:
             forward()
-            seen = self.recording
+            seen = [(m, a) for _, m, a in self.mix_log]
         finally:
-            self.recording = None
+            self.mix_log = None
         if not seen:
             raise ValueError("+AttnRes: forward() ran no pass through this stack; nothing to average")
         k = self.stack.sublayers

@@ -206,8 +206,9 @@ class Across(nn.Module):
         self.stack = stack
         self.designs = nn.ModuleList(ACROSS[s.name](s, stack) for s in parsed.stack)
         self.mixes_values = any(d.mixes_values for d in self.designs)
-        self.owner = next((d for d in self.designs if d.owns_sublayers), None)
-        self.per_sublayer = self.owner is not None or any(type(d).sub_enter is not AcrossDesign.sub_enter
+        # the design that runs every sub-layer, if any: by its index, so that its parameters are registered once
+        self.owner_index = next((i for i, d in enumerate(self.designs) if d.owns_sublayers), None)
+        self.per_sublayer = self.owner_index is not None or any(type(d).sub_enter is not AcrossDesign.sub_enter
                                                           for d in self.designs)
 
     def start(self, x: Tensor | None = None) -> Run:
@@ -253,8 +254,10 @@ class Run:
         """Sub-layer k of the stack (``conn`` around ``branch``), as the designs run it."""
         for d in self.across.designs:
             x = d.sub_enter(k, x, self.state)
-        owner = self.across.owner
-        return conn(x, branch) if owner is None else owner.sublayer(k, x, conn, branch, self.state)
+        owner = self.across.owner_index
+        if owner is None:
+            return conn(x, branch)
+        return self.across.designs[owner].sublayer(k, x, conn, branch, self.state)
 
     def finish(self, x: Tensor) -> Tensor:
         for d in self.across.designs:

@@ -45,6 +45,8 @@ class DenseFormer(AcrossDesign):
                                                      "X_0 the embeddings; α_ii = 1, the rest 0 at the start  "
                                                      "(Pagliardini et al. 2024, DenseFormer)"}
 
+    mix_axes = ("layer i's input (the last row: the output)", "X_j (0: the embeddings; j: layer j − 1's output)")
+
     def __init__(self, spec: Spec, stack: Stack):
         super().__init__(spec, stack)
         self.dilation, self.period = int(spec.options["dilation"]), int(spec.options["period"])
@@ -66,10 +68,17 @@ class DenseFormer(AcrossDesign):
         state["dense"].append(x)  # X_{i+1}: layer i is block i + 1
 
     def enter(self, i: int, x: Tensor, state: dict[str, Any]) -> Tensor:
+        self._record(i)
         return self._average(i, x, state) if i else x
 
     def finish(self, x: Tensor, state: dict[str, Any]) -> Tensor:
+        self._record(self.layers)
         return self._average(self.layers, x, state)
+
+    def _record(self, i: int) -> None:
+        """Row i of :meth:`reads` (the weights of X_0, ..., X_i), for analyze gates (inside recording_mixes)."""
+        if self.mix_log is not None:
+            self.record_mix(i, self.reads()[i, : i + 1])
 
     def _average(self, i: int, x: Tensor, state: dict[str, Any]) -> Tensor:
         """Y_i from X_i = ``x`` and the earlier X_j (the input of layer i, 0-based; i = L: the output)."""

@@ -74,6 +74,8 @@ class MUDD(AcrossDesign):
     owns_sublayers = True
     replaces_sum = True
 
+    mix_axes = ("layer i's input stream (the last row: the output)", "X_j (0: the embeddings; j: layer j − 1's output)")
+
     def __init__(self, spec: Spec, stack: Stack):
         super().__init__(spec, stack)
         if stack.dim < 1:
@@ -111,6 +113,9 @@ class MUDD(AcrossDesign):
         a = self.weights(i, x)
         if self.kept is not None:
             self.kept.setdefault(i, []).append(a.detach())
+        if self.mix_log is not None:  # analyze gates (recording_mixes): row i + 1, one matrix a stream
+            for c in range(self.streams(i)):
+                self.record_mix(i + 1, a[..., c, :], STREAMS[c] if self.streams(i) > 1 else "R")
         state["streams"][i + 1] = tuple(self._mix(a[..., c, :], hidden) for c in range(self.streams(i)))
 
     @staticmethod
