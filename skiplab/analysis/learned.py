@@ -5,9 +5,11 @@ the Highway transform gate T = σ(x W_T + b_T), wSkip's learned vector w (its no
 rSkip+LN paper reports ‖w‖ = 1.34, mean 0.24 for a middle-layer w ∈ R^32 initialised at 1), the branch
 gain α of ReZero and SkipInit (one learned scalar each, the same for every example: std 0) and LayerScale's
 λ (its mean and largest magnitude), Admin's shortcut weight ω (its mean and norm), hyper-connections' static
-mixing weights (the mean diagonal of A_r and mean of B), and of the designs across a stack's layers the value
-residual's λ_l per layer (``+ValueRes``) and the U-Net skip weight w_i of the layer it enters (``+UNet``). The
-learned parameters need no data.
+mixing weights (the mean diagonal of A_r and mean of B), LAuReL's α and β (form=rw) or ‖B A‖ (form=lr), nGPT's
+eigen learning rates α (mean, least, largest), and of the designs across a stack's layers the value residual's λ_l
+per layer (``+ValueRes``), the U-Net skip weight w_i of the layer it enters (``+UNet``), the speedrun's a_l, b_l and
+backout's λ, and the "i reads j" matrices of the designs that mix earlier outputs (:mod:`.mixing`). The learned
+parameters need no data.
 
 ``ratios``: the recursive skip's x : F ratio (Appendix A of the rSkip+LN paper, the sum to k − 1):
 
@@ -34,11 +36,13 @@ from . import mixing
 from .report import Moments, markdown, per_position, pyplot
 from .trained import Trained
 
-KINDS = {"gates": ("SAS", "Highway", "wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC"), "ratios": ("rSkip",)}
+KINDS = {"gates": ("SAS", "Highway", "wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC", "LAuReL", "nGPT"),
+         "ratios": ("rSkip",)}
 GATES = ("alpha", "beta", "gamma", "T")
-DATA_FREE = ("wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC")  # what they learned is a parameter, read as it is
+# what they learned is a parameter, read as it is
+DATA_FREE = ("wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC", "LAuReL", "nGPT")
 PARAMS = ("w_norm", "w_mean", "lambda_mean", "lambda_abs_max", "omega_mean", "omega_norm", "A_r_diag_mean", "B_mean",
-          "value_lambda", "skip_weight", "resid_lambda", "resid_lambda_attn", "resid_lambda_cross", "resid_lambda_ffn",
+          "ba_norm", "alpha_mean", "alpha_min", "alpha_max", "value_lambda", "skip_weight", "resid_lambda", "resid_lambda_attn", "resid_lambda_cross", "resid_lambda_ffn",
           "x0_lambda", "backout_lambda", "backout_layer")  # data-free values without a spread
 PAPER_RATIO = 2.64  # rSkip+LN paper, Section 4.3: 2rSkip+LN, middle stage of ResNet-110 on CIFAR-10
 
@@ -82,7 +86,7 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
             row.update(w_norm=w.norm().item(), w_mean=w.mean().item(), w_std=w.std(unbiased=False).item(), dim=w.numel())
         elif conn.name in DATA_FREE:
             for key, value in conn.stats().items():
-                if key in GATES:  # one learned number for every example
+                if key in GATES and isinstance(value, (int, float)):  # one learned number for every example
                     row[key], row[f"{key}_std"] = value, 0.0
                 elif key in PARAMS:
                     row[key] = value

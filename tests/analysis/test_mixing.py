@@ -72,3 +72,20 @@ def test_the_figure_is_drawn_and_a_model_without_mixing_has_none(trained, text, 
     with one_thread():
         assert run(args(text, out, "--connection", "PreLN+ValueRes")) == 0
     assert mixing.mixing(load_trained(out), "valid", 4, progress=False) == []
+
+
+@pytest.mark.parametrize("spec, keys", [("LAuReL", ("alpha", "beta")), ("LAuReL(form=lr)", ("ba_norm",)),
+                                        ("nGPT", ("alpha_mean", "alpha_min", "alpha_max"))])
+def test_gates_read_the_newer_connections_learned_values(text, tmp_path, spec, keys):  # noqa: F811
+    out = tmp_path / "run"
+    with one_thread():
+        assert run(args(text, out, "--connection", spec)) == 0
+        assert run(["analyze", "gates", out, "--examples", "4", "--split", "valid"]) == 0
+    rows = _gates(out)["connections"]
+    conns = dict(load_trained(out).model.named_modules())
+    assert len(rows) == 4  # two layers, two sub-layers each
+    for row in rows:
+        stats = conns[row["connection"]].stats()
+        for key in keys:
+            assert row[key] == pytest.approx(stats[key])
+    assert all(k in (out / "analysis" / "gates.md").read_text() for k in keys)

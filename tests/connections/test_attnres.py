@@ -210,7 +210,7 @@ def test_depth_weights_are_the_mean_and_std_over_the_batchs_positions():
 
     design.mix = spy
     mean, std = design.depth_weights(lambda: m(tokens()))
-    assert design.recording is None and mean.shape == (5, 3)
+    assert design.mix_log is None and mean.shape == (5, 3)
     with pytest.raises(ValueError, match="forward\\(\\) ran no pass through this stack"):
         design.depth_weights(lambda: None)
     for i, sources in given.items():
