@@ -18,8 +18,8 @@ Hugging Face's two classes are pre-norm stacks with one norm each, so the connec
 GELU: skiplab's ``F.gelu(approximate="tanh")`` and GPT-2's ``gelu_new``, 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))
 (transformers ``activations.py``, ``NewGELUActivation``), are one function; ``gelu_pytorch_tanh`` loads too, and
 so does GPT-2's ``reorder_and_upcast_attn`` (the same attention, its scores computed in float32).
-Anything else (another connection or its options, designs across the layers, grouped-query attention, rope
-scaling, a head width other than d/heads, scaled or cross attention, other activations) is a one-line
+Anything else (another connection or its options, designs across the layers, QK-norm (``qk_norm``), grouped-query
+attention, rope scaling, a head width other than d/heads, scaled or cross attention, other activations) is a one-line
 :class:`ValueError` naming it; ``init`` is not a property of weights (GPT-2 loads as ``init=gpt2``).
 
 Weights (:func:`weight_map`; ``modeling_gpt2.py`` and ``modeling_llama.py`` of transformers 5.24.0):
@@ -90,6 +90,9 @@ def architecture(cfg: GPTConfig) -> str:
     if wrong:
         need = ", ".join(f"{k}={_text(v)}" for k, v in SHAPES[kind].items())
         raise ValueError(f"{spec.name} maps to {CLASSES[kind]}, which needs {need}; this model has {', '.join(wrong)}")
+    if cfg.qk_norm != "none":
+        raise ValueError(f"qk_norm={cfg.qk_norm} has no Hugging Face counterpart here: {CLASSES[kind]} normalises no "
+                         "queries or keys")
     return kind
 
 

@@ -11,6 +11,19 @@ sqrt(6 / 2d)), in the order separate layers would, so a seed gives the weights t
 layers would get. Checkpoints with separate ``q_proj``/``k_proj``/``v_proj`` load: their keys are
 stacked on loading. A causal self-attention passes ``is_causal=True`` instead of a
 materialised mask, so that the fused kernels (flash, memory-efficient) may run on a GPU.
+
+QK-norm (``qk_norm``, :class:`HeadNorm`): queries and keys normalised, each with its own gain, after their
+projection and before the rotary positions and the dot product,
+
+    head:  q_h ← Norm(q_h), k_h ← Norm(k_h) for each head h, one norm of d/H features shared by the heads
+           (Qwen 3, Yang et al. 2025, arXiv 2505.09388, "Architecture"; transformers ``Qwen3Attention``:
+           ``q_norm``/``k_norm`` = RMSNorm(head_dim) before ``apply_rotary_pos_emb``)
+    all:   q ← Norm(q), k ← Norm(k) over the d features of the concatenated heads (OLMo 2, Team OLMo 2024,
+           arXiv 2501.00656; transformers ``Olmo2Attention``: RMSNorm(heads · head_dim) on the
+           projections, then the rotary positions)
+
+Norm is the model's norm kind (RMSNorm on RMS models, LayerNorm on LN models) at the model's eps. Cross-attention
+normalises its decoder queries and its encoder keys the same way (the keys once per sentence).
 """
 
 from __future__ import annotations
@@ -21,7 +34,31 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..connections.norms import EPS, make_norm
 from .linear import stacked_linear, xavier_linear
+
+QK_NORMS = ("none", "head", "all")  # QK-norm: none, per head (Qwen 3), across the heads (OLMo 2)
+
+
+class HeadNorm(nn.Module):
+    """Norm of a projection (B, T, D) per head (``over="head"``: D/H features each, the heads sharing the norm's
+    gain) or across the heads (``over="all"``: the D features at once). ``kind`` LN or RMS, with eps ``eps``."""
+
+    def __init__(self, over: str, kind: str, d_model: int, heads: int, eps: float = EPS):
+        super().__init__()
+        self.groups = heads if over == "head" else 1
+        self.norm = make_norm(kind, d_model // self.groups)
+        self.norm.eps = float(eps)
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, G, D/G) normalised -> (B, T, D)
+        b, t, d = x.shape
+        return self.norm(x.view(b, t, self.groups, d // self.groups)).view(b, t, d)
+
+
+def check_qk_norm(qk_norm: str) -> None:
+    """A one-line ValueError for a ``qk_norm`` that is not one of :data:`QK_NORMS`."""
+    if qk_norm not in QK_NORMS:
+        raise ValueError(f"qk_norm must be one of {', '.join(QK_NORMS)}, got {qk_norm!r}")
 
 
 class _Attention(nn.Module):
@@ -31,11 +68,16 @@ class _Attention(nn.Module):
     stacks: dict[str, tuple[str, ...]] = {}
     softmax_scale: float | None = None  # the scores' factor; None: 1/sqrt(d_k)
 
-    def __init__(self, d_model: int, heads: int, dropout: float):
+    def __init__(self, d_model: int, heads: int, dropout: float, qk_norm: str = "none", norm: str = "LN",
+                 eps: float = EPS):
         super().__init__()
         if d_model % heads:
             raise ValueError(f"d_model ({d_model}) must be divisible by the number of heads ({heads})")
+        check_qk_norm(qk_norm)
         self.heads, self.dropout = heads, dropout
+        # QK-norm: the queries' and the keys' norms (each its own gain), or None
+        self.q_norm = None if qk_norm == "none" else HeadNorm(qk_norm, norm, d_model, heads, eps)
+        self.k_norm = None if qk_norm == "none" else HeadNorm(qk_norm, norm, d_model, heads, eps)
         self._register_load_state_dict_pre_hook(self._stack_old_keys)
 
     def split(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, H, T, D/H)
@@ -68,13 +110,16 @@ def _rows(linear: nn.Linear, parts: int) -> list[Tensor]:
 class SelfAttention(_Attention):
     """Queries, keys and values from the same sequence, through one stacked projection ``qkv_proj``; with
     ``rope``, queries and keys are rotated by their positions (:class:`Rotary`) before they meet; ``qk`` then maps
-    the rotated queries and keys, and sets the scores' factor (nGPT's :class:`~skiplab.models.ngpt.QKNorm`)."""
+    the rotated queries and keys, and sets the scores' factor (nGPT's :class:`~skiplab.models.ngpt.QKNorm`).
+    ``qk_norm`` (none, head, all) normalises queries and keys before the rotary positions with the ``norm`` kind
+    at ``eps`` (the module docstring)."""
 
     stacks = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
 
     def __init__(self, d_model: int, heads: int, dropout: float = 0.0, bias: bool = True,
-                 rope: Rotary | None = None, qk: nn.Module | None = None):
-        super().__init__(d_model, heads, dropout)
+                 rope: Rotary | None = None, qk: nn.Module | None = None, qk_norm: str = "none", norm: str = "LN",
+                 eps: float = EPS):
+        super().__init__(d_model, heads, dropout, qk_norm, norm, eps)
         self.qkv_proj = stacked_linear(d_model, d_model, 3, bias)
         self.out_proj = xavier_linear(d_model, d_model, bias)
         self.rope = rope
@@ -97,11 +142,13 @@ class SelfAttention(_Attention):
         ``kv``: the inputs (B, T, D) the keys and the values are projected from, at the same positions as x, where
         they are not x (MUDD's separate query, key and value streams); the same weights, three matmuls."""
         if kv is None:
-            q, k, v = (self.split(t) for t in self.qkv_proj(x).chunk(3, dim=-1))
+            q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
         else:
             biases = (None,) * 3 if self.qkv_proj.bias is None else self.qkv_proj.bias.chunk(3)
-            q, k, v = (self.split(F.linear(t, w, b))
-                       for t, w, b in zip((x, *kv), self.qkv_proj.weight.chunk(3), biases))
+            q, k, v = (F.linear(t, w, b) for t, w, b in zip((x, *kv), self.qkv_proj.weight.chunk(3), biases))
+        if self.q_norm is not None:  # QK-norm, before the rotary positions (Qwen 3, OLMo 2)
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self.split(q), self.split(k), self.split(v)
         if values is not None:
             v = values(v)
         past = cache["k"].shape[2] if cache is not None and "k" in cache else 0
@@ -121,12 +168,14 @@ class SelfAttention(_Attention):
 
 
 class CrossAttention(_Attention):
-    """Queries from the decoder, keys and values from the encoder output (``kv_proj``, one matmul)."""
+    """Queries from the decoder, keys and values from the encoder output (``kv_proj``, one matmul); ``qk_norm``
+    normalises the queries and the keys as :class:`SelfAttention` does."""
 
     stacks = {"kv_proj": ("k_proj", "v_proj")}
 
-    def __init__(self, d_model: int, heads: int, dropout: float = 0.0):
-        super().__init__(d_model, heads, dropout)
+    def __init__(self, d_model: int, heads: int, dropout: float = 0.0, qk_norm: str = "none", norm: str = "LN",
+                 eps: float = EPS):
+        super().__init__(d_model, heads, dropout, qk_norm, norm, eps)
         self.q_proj = xavier_linear(d_model, d_model)
         self.kv_proj = stacked_linear(d_model, d_model, 2)
         self.out_proj = xavier_linear(d_model, d_model)
@@ -139,11 +188,16 @@ class CrossAttention(_Attention):
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of the encoder output, split into heads: computed once per sentence."""
         k, v = self.kv_proj(memory).chunk(2, dim=-1)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
         return self.split(k), self.split(v)
 
     def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None) -> Tensor:
         """``query`` (B, T, D) attends to projected keys/values (B, H, S, D/H) under the source ``mask``."""
-        return self.attend(self.split(self.q_proj(query)), *kv, mask)
+        q = self.q_proj(query)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return self.attend(self.split(q), *kv, mask)
 
 
 class Rotary(nn.Module):

@@ -27,6 +27,8 @@ preset build RMSNorm, as their papers' LLaMA models do); a spec that names one k
 ``pad_vocab`` rounds the embedding's and output layer's rows up to a multiple (:func:`padded_vocab`).
 ``norm_eps`` is every norm layer's eps (default 1e-5, ``skiplab.connections.norms.EPS``, as GPT-2's
 ``layer_norm_epsilon``; an imported checkpoint brings its own, e.g. ``rms_norm_eps`` 1e-6).
+``qk_norm`` normalises queries and keys with the model's norm kind before the rotary positions: ``head`` per head
+(Qwen 3), ``all`` across the heads (OLMo 2); :mod:`skiplab.models.attention`.
 
 With the ``nGPT`` connection the GPT is the normalised Transformer (Loshchilov et al. 2025;
 :mod:`skiplab.models.ngpt`): queries and keys normalised and scaled, the MLP's u and v and the logits scaled, no norm
@@ -49,7 +51,7 @@ from ..connections import (EPS, MODEL_NORMS, Across, Place, connection, final_no
 from ..connections.across import Stack, check_stack, not_recomputable
 from ..connections.tie import tie_within_layers
 from . import ngpt
-from .attention import Rotary, SelfAttention
+from .attention import QK_NORMS, Rotary, SelfAttention, check_qk_norm
 from .linear import stacked_linear, xavier_linear
 
 MLPS = ("gelu", "swiglu")
@@ -87,6 +89,9 @@ class GPTConfig:
     norm_eps: float = field(default=EPS, metadata={
         "help": "eps of every norm layer, which divides by sqrt(statistic + eps) (a checkpoint's layer_norm_epsilon "
                 "or rms_norm_eps)", "older_runs": EPS})
+    qk_norm: str = field(default="none", metadata={
+        "help": f"QK-norm: queries and keys normalised (the model's norm, before rotary) per head (Qwen 3) or across "
+                f"all heads (OLMo 2); one of {', '.join(QK_NORMS)}", "older_runs": "none"})
 
     def __post_init__(self):
         for name, value, known in (("mlp", self.mlp, MLPS), ("positions", self.positions, POSITIONS),
@@ -103,6 +108,7 @@ class GPTConfig:
             raise ValueError(f"norm_eps must be in (0, 1), got {self.norm_eps:g}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        check_qk_norm(self.qk_norm)
         parse_spec(self.connection)
         ngpt.check(self)  # the nGPT connection: the normalised model's fields (SwiGLU, rope, no biases, no dropout)
         check_stack(self.connection, self.stack())  # a design across the stack that names a layer it has not
@@ -148,7 +154,8 @@ class Layer(nn.Module):
         d = cfg.d_model
         normalised = ngpt.is_ngpt(cfg.connection)  # nGPT: q and k normalised and scaled, u and v scaled
         self.attn = SelfAttention(d, cfg.heads, cfg.dropout, cfg.bias, rope,
-                                  qk=ngpt.QKNorm(d, cfg.heads) if normalised else None)
+                                  qk=ngpt.QKNorm(d, cfg.heads) if normalised else None, qk_norm=cfg.qk_norm,
+                                  norm=cfg.norm, eps=cfg.norm_eps)
         self.mlp = ngpt.NormalizedMLP(d, cfg.ffn_dim) if normalised else MLP(cfg)
         self.conn_attn = connection(cfg.connection, d, place=Place.decoder_only(layer, cfg.layers, 1, 2, "attn"),
                                     norm=cfg.norm)

@@ -59,6 +59,9 @@ def check(cfg: Any) -> None:
     if not is_ngpt(cfg.connection):
         return
     spec = parse_spec(cfg.connection)
+    if cfg.qk_norm != "none":
+        raise ValueError(f"qk_norm={cfg.qk_norm} means nothing with nGPT, which normalises queries and keys itself "
+                         "(s_qk, after the rotary positions): use qk_norm=none")
     if spec.stack:
         raise ValueError(f"nGPT keeps every hidden state on the unit sphere; +{spec.stack[0].name} across the layers "
                          "is no part of it")

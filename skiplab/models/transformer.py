@@ -8,7 +8,8 @@ FFN(x) = max(0, x W1 + b1) W2 + b2 (Eq. 2). Dropout on attention weights and on 
 before the connection adds it (Section 5.4). With ``PostLN`` (= ``1xSkip+LN``) each sub-layer is
 LN(x + Dropout(F(x))), the papers' "Baseline"; pre-norm designs (``PreLN``, ``PreRMS``) leave each stack
 un-normalised, so the stack ends with one norm of the kind the connection names. ``norm`` is the model's norm
-kind (LN, the papers'; or RMS), taken by a connection whose spec names none. The embedding, positions, tied
+kind (LN, the papers'; or RMS), taken by a connection whose spec names none, and by QK-norm (``qk_norm``: head
+or all, in self- and cross-attention; :mod:`skiplab.models.attention`). The embedding, positions, tied
 output and incremental decoding are the shell's (:mod:`skiplab.models.seq2seq`).
 
 Initialisation (tensor2tensor's, on which the rSkip+LN and SAS papers build): every linear layer of the
@@ -26,7 +27,7 @@ from torch import Tensor, nn
 
 from ..connections import MODEL_NORMS, REGISTRY, Across, Place, connection, final_norm, input_norm, parse_spec
 from ..connections.across import Stack, check_stack
-from .attention import CrossAttention, SelfAttention
+from .attention import QK_NORMS, CrossAttention, SelfAttention, check_qk_norm
 from .linear import xavier_linear
 from .seq2seq import EncoderDecoder, Seq2SeqConfig
 
@@ -44,11 +45,15 @@ class TransformerConfig(Seq2SeqConfig):
         "help": "the encoder's sub-layers' connection ('' = --connection)", "older_runs": ""})
     decoder_connection: str = field(default="", metadata={
         "help": "the decoder's sub-layers' connection ('' = --connection)", "older_runs": ""})
+    qk_norm: str = field(default="none", metadata={
+        "help": f"QK-norm: queries and keys of every attention (self and cross) normalised with the model's norm, "
+                f"per head or across all heads; one of {', '.join(QK_NORMS)}", "older_runs": "none"})
 
     def __post_init__(self):
         super().__post_init__()
         if self.norm not in MODEL_NORMS:
             raise ValueError(f"norm must be one of {', '.join(MODEL_NORMS)}, got {self.norm!r}")
+        check_qk_norm(self.qk_norm)
         for spec in (self.connection, self.encoder_connection, self.decoder_connection):
             if spec and REGISTRY[parse_spec(spec).name].model_side:
                 raise ValueError(f"{parse_spec(spec).name} has no encoder-decoder form: the model around it (unit-norm "
@@ -85,7 +90,7 @@ class EncoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig, layer: int = 1):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
+        self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout, qk_norm=cfg.qk_norm, norm=cfg.norm)
         self.ffn = FeedForward(d, cfg.ffn_dim)
         spec = cfg.stack_connection("encoder")
         self.conn_attn = connection(spec, d, place=place(cfg, "encoder", layer, 1, "attn"), norm=cfg.norm)
@@ -115,8 +120,8 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: TransformerConfig, layer: int = 1):
         super().__init__()
         d = cfg.d_model
-        self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout)
-        self.cross_attn = CrossAttention(d, cfg.heads, cfg.attention_dropout)
+        self.self_attn = SelfAttention(d, cfg.heads, cfg.attention_dropout, qk_norm=cfg.qk_norm, norm=cfg.norm)
+        self.cross_attn = CrossAttention(d, cfg.heads, cfg.attention_dropout, qk_norm=cfg.qk_norm, norm=cfg.norm)
         self.ffn = FeedForward(d, cfg.ffn_dim)
         spec = cfg.stack_connection("decoder")
         self.conn_self = connection(spec, d, place=place(cfg, "decoder", layer, 1, "attn"), norm=cfg.norm)
