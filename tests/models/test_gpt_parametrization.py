@@ -108,3 +108,11 @@ def test_bad_model_fields_are_one_line(fields, problem):
     with pytest.raises(ValueError, match=problem) as err:
         GPTConfig(**fields)
     assert "\n" not in str(err.value)
+
+
+def test_a_mup_model_has_no_hugging_face_counterpart():
+    from skiplab.interop.hf import architecture
+    assert architecture(GPTConfig(positions="learned")) == "gpt2"
+    with pytest.raises(ValueError, match="mup_base_width=64: width muP's logits") as err:
+        architecture(GPTConfig(positions="learned", mup_base_width=64))
+    assert "\n" not in str(err.value)
