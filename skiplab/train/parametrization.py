@@ -64,12 +64,14 @@ def apply(mcfg: GPTConfig, kind: str, depth_base: int = 0) -> GPTConfig:
     """The model config a run of parametrisation ``kind`` trains: width μP's base is the model's ``mup_base_width``
     (``mup`` and ``completep``; 0, the model's own d, becomes d); ``completep`` also gives the pre-norm branches
     ``depth_alpha`` (the spec's where it writes one, else 1) and ``depth_base`` (``depth_base``, 0 the model's own
-    L). A ValueError names what means nothing: a μP model under ``standard``, a design without the pre-norm depth
+    L). A ValueError names what means nothing: a μP model under ``standard``, a base depth outside ``completep``, a design without the pre-norm depth
     option under ``completep``, nGPT under either, a depth base written twice."""
     if kind not in PARAMETRIZATIONS:
         raise ValueError(f"unknown --parametrization {kind!r}; known: {', '.join(PARAMETRIZATIONS)}")
     if depth_base < 0:
         raise ValueError(f"--depth-base must be >= 0 (0: the model's own depth), got {depth_base}")
+    if depth_base and kind != "completep":
+        raise ValueError(f"--depth-base is CompleteP's base depth; --parametrization {kind} has none")
     if kind == "standard":
         if mcfg.mup_base_width:
             raise ValueError(f"mup_base_width={mcfg.mup_base_width} is width muP's base width: give --parametrization "

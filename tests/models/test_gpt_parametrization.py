@@ -14,7 +14,7 @@ from skiplab.models import gpt as gpt_module
 WIDE = dict(vocab_size=64, d_model=256, heads=4, layers=4, ffn_dim=1024, context=16)
 
 
-def depth_stds_match(model: GPT, swiglu: bool) -> bool:
+def depth_stds_match(model: GPT) -> bool:
     """Every layer's W_O and W2 (and SwiGLU's W3) at std 0.02/√(2(l+1)), the other matrices at 0.02, within 3%
     (about ten standard errors of a std measured on 65,536 draws)."""
     ok = True
@@ -32,7 +32,7 @@ def depth_stds_match(model: GPT, swiglu: bool) -> bool:
 def test_depth_init_draws_each_layers_output_projections_by_its_index(mlp):
     torch.manual_seed(0)
     model = GPT(GPTConfig(**WIDE, mlp=mlp, init="depth"))
-    assert depth_stds_match(model, mlp == "swiglu")
+    assert depth_stds_match(model)
     # layer 0: 0.02/√2, layer 3: 0.02/√8 (the gpt2 init would give every layer 0.02/√8)
     assert model.layers[0].attn.out_proj.weight.std().item() > 1.8 * model.layers[3].attn.out_proj.weight.std().item()
 
@@ -40,7 +40,7 @@ def test_depth_init_draws_each_layers_output_projections_by_its_index(mlp):
 def test_depth_init_check_fails_when_the_base_std_is_mutated(monkeypatch):
     monkeypatch.setattr(gpt_module, "STD", 0.03)
     torch.manual_seed(0)
-    assert not depth_stds_match(GPT(GPTConfig(**WIDE, init="depth")), False)
+    assert not depth_stds_match(GPT(GPTConfig(**WIDE, init="depth")))
 
 
 def mu_readout_logits(model: GPT, h: torch.Tensor, base_width: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from skiplab import run_dir
 from skiplab.cli import main
 from skiplab.models import GPT, build_model
 from skiplab.train import parametrization as P
-from skiplab.train.lm import LMTrainConfig
+from skiplab.train.lm import LMTrainConfig, load_run
 from tests.train.test_lm import args, text  # noqa: F401  (the tiny corpus fixture)
 
 LR, WD, EPS = 3e-3, 0.1, 1e-8
@@ -103,15 +103,12 @@ def test_mup_groups_match_mup_packages_muadamw(tie, monkeypatch):
 
 
 def test_standard_keeps_the_two_groups_of_every_earlier_run():
-    model, got = trained_groups(LMTrainConfig(model=MODEL))
-    assert cfg_fields_at_defaults() and build_model(LMTrainConfig(model=MODEL).model_config(64)).cfg.mup_base_width == 0
-    for name, p in model.named_parameters():
+    cfg = LMTrainConfig(model=MODEL)
+    assert (cfg.parametrization, cfg.depth_base) == ("standard", 0)
+    model, got = trained_groups(cfg)
+    assert model.cfg.mup_base_width == 0 and model.cfg.connection == "PreLN"
+    for p in model.parameters():
         assert got[id(p)] == (LR, WD if p.dim() >= 2 else 0.0, EPS)
-
-
-def cfg_fields_at_defaults() -> bool:
-    cfg = LMTrainConfig()
-    return (cfg.parametrization, cfg.depth_base) == ("standard", 0)
 
 
 @pytest.mark.parametrize("extra, problem", [
@@ -122,6 +119,7 @@ def cfg_fields_at_defaults() -> bool:
     (["--parametrization", "mup", "--mup-base-width", "-4"], "mup_base_width must be >= 0"),
     (["--mup-base-width", "16"], "give --parametrization mup or completep"),
     (["--parametrization", "completep", "--depth-base", "-1"], "depth"),
+    (["--parametrization", "mup", "--depth-base", "4"], "--depth-base is CompleteP's base depth"),
 ])
 def test_bad_values_are_one_line_exit_2_nothing_written(text, tmp_path, capsys, extra, problem):  # noqa: F811
     out = tmp_path / "run"
@@ -155,7 +153,6 @@ def test_a_tiny_completep_run_records_its_parametrization(text, tmp_path):  # no
     ckpt = run_dir.load_checkpoint(out / "last.pt", kind="lm")
     lrs = {g["name"]: g["lr"] for g in ckpt["optimizer"]["param_groups"]}
     assert lrs["hidden_matrices"] == pytest.approx(0.5 * lrs["embeddings"])  # the schedule's lr times the scale
-    from skiplab.train.lm import load_run
     _, model, _ = load_run(out)  # the checkpoint rebuilds the μP, depth-scaled model
     assert model.width_multiplier == 2.0 and model.layers[0].conn_attn.multiplier == 0.5
     assert Path(out / "summary.json").is_file()
