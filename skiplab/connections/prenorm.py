@@ -10,7 +10,22 @@ from torch import Tensor
 from .base import Branch, Connection, register
 from .norms import make_norm
 from .place import Place
-from .spec import Option, Spec, choice, options_of
+from .spec import Option, Spec, choice, nonnegative_float, options_of, positive_float
+
+# The depth scaling of the branch, y = x + (L/L_base)^(−α) F(G(x)): every pre-norm design takes it.
+DEPTH_OPTIONS = {
+    "depth_alpha": Option(0.0, nonnegative_float, "α of the branch multiplier (L/L_base)^(-α), L the stack's "
+                                                  "layers: 0.5 depth-μP, 1 CompleteP (0: none)"),
+    "depth_base": Option(1.0, positive_float, "L_base of the branch multiplier (L/L_base)^(-α)"),
+}
+
+
+def depth_multiplier(layers: int, alpha: float, base: float) -> float:
+    """(L/L_base)^(−α): the branch multiplier of a stack of L = ``layers`` layers (Yang et al. 2023, Tensor Programs
+    VI, arXiv 2310.02244, and Bordelon et al. 2023, arXiv 2309.16620: α = ½, "depth-μP"; Dey et al. 2025,
+    CompleteP, arXiv 2505.01618: α = 1; EleutherAI/nanoGPT-mup branch ``completep``, ``model.py``,
+    ``Block.residual_scaling = 1/depth_multiplier**depth_alpha_exp`` with ``depth_multiplier = depth/base_depth``)."""
+    return (layers / base) ** -alpha
 
 
 class _PreNorm(Connection):
@@ -26,10 +41,15 @@ class _PreNorm(Connection):
     index, before attention and before the MLP;
     OLMo-core's ``LayerNormScaledTransformerBlock``). No new parameters; at l = 1 it is the plain pre-norm block.
 
+    With ``depth_alpha=α`` and ``depth_base=L_base`` (:data:`DEPTH_OPTIONS`) the branch is scaled by a multiplier of
+    the stack's depth L (``place.layers``), the same for every block: y = x + (L/L_base)^(−α) F(G(x))
+    (:func:`depth_multiplier`; α = ½ depth-μP, α = 1 CompleteP). At α = 0 (the default) or L = L_base it is 1.
+
     G is ``spec.norm``: the one the name names (``PreLN``, ``PreRMS``, ``PreDyT``), or for ``LNS`` the model's.
     """
 
-    options = {"scale": Option("none", choice("none", "depth"), "none, or depth: G(x) scaled by 1/sqrt(layer)")}
+    options = {"scale": Option("none", choice("none", "depth"), "none, or depth: G(x) scaled by 1/sqrt(layer)"),
+               **DEPTH_OPTIONS}
     depth_scaled: ClassVar[bool] = False  # scale=depth without the option (LNS)
 
     def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
@@ -38,6 +58,8 @@ class _PreNorm(Connection):
         self.norm = make_norm(spec.norm, self.in_dim, layout)  # G normalises x, the block input
         self.scaled = self.depth_scaled or spec.options.get("scale") == "depth"
         self.factor = 1.0 / math.sqrt(self.place.layer) if self.scaled else 1.0
+        self.alpha = float(spec.options.get("depth_alpha", 0.0))
+        self.multiplier = depth_multiplier(self.place.layers, self.alpha, float(spec.options.get("depth_base", 1.0)))
 
     @classmethod
     def final_norm_kind(cls, spec: Spec, layers: int) -> str | None:
@@ -49,12 +71,16 @@ class _PreNorm(Connection):
         h = self.norm(x)
         return h if self.factor == 1.0 else h * self.factor
 
+    def branch_output(self, f: Tensor) -> Tensor:
+        return f if self.multiplier == 1.0 else f * self.multiplier
+
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
-        return s + branch(self.branch_input(x))
+        return s + self.branch_output(branch(self.branch_input(x)))
 
     def stats(self) -> dict[str, float]:
-        return {"scale": self.factor} if self.scaled else {}
+        return {**({"scale": self.factor} if self.scaled else {}),
+                **({"depth_multiplier": self.multiplier} if self.alpha else {})}
 
 
 @register
@@ -63,7 +89,10 @@ class PreLN(_PreNorm):
 
     name, default_norm = "PreLN", "LN"
     patterns = {"PreLN": "y = x + F(LN(x))  (pre-norm, the tutorial)",
-                "PreLN(scale=depth)": "y = x + F(LN(x)/√l), l the layer's index  (LayerNorm scaling, Sun et al. 2025)"}
+                "PreLN(scale=depth)": "y = x + F(LN(x)/√l), l the layer's index  (LayerNorm scaling, Sun et al. 2025)",
+                "PreLN(depth_alpha=1,depth_base=2)": "y = x + (L/L_base)^(-α) F(LN(x)), L the stack's layers  "
+                                                     "(α = 1/2 depth-μP, Yang et al. 2023; α = 1 CompleteP, "
+                                                     "Dey et al. 2025)"}
 
 
 @register
@@ -97,7 +126,7 @@ class LNS(_PreNorm):
     ``PreRMS(scale=depth)`` (the canonical form)."""
 
     name, default_norm, accepts_norms = "LNS", "LN", ("LN", "RMS", "DyT")
-    options = {}
+    options = DEPTH_OPTIONS
     depth_scaled = True
     patterns = {"LNS[+RMS]": "y = x + F(G(x)/√l), G the model's norm unless named; LNS+RMS = PreRMS(scale=depth)  "
                              "(LayerNorm scaling, Sun et al. 2025)"}

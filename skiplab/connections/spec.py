@@ -25,7 +25,7 @@ a number (0.5 unless given), or ``llm``, the DyT paper's LLM recipe by site and 
 
 Examples: ``1xSkip``, ``2xSkip``, ``0.5xSkip+LN(f=2)``, ``2rSkip+LN``, ``3rSkip+BN``, ``wSkip+LN(init=2)``,
 ``SAS``, ``SAS(gate=single)``, ``SAS(gamma=free)``, ``SAS+BN``, ``Highway``, ``PreLN``, ``PreRMS``,
-``ReZero``, ``LayerScale(init=1e-5)``, ``PreLN(scale=depth)``, ``LNS``, ``MixLN+RMS(alpha=0.25)``,
+``ReZero``, ``LayerScale(init=1e-5)``, ``PreLN(scale=depth)``, ``PreLN(depth_alpha=1,depth_base=4)``, ``LNS``, ``MixLN+RMS(alpha=0.25)``,
 ``PreDyT(alpha0=llm)``, ``PreLN+ValueRes``, ``HC(n=4)+ValueRes(learn=yes)+UNet``.
 
 Which numbers, norms and options a name accepts is declared by its class (``numbered``, ``accepts_norms``,
@@ -97,6 +97,14 @@ def finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
         raise ValueError(f"must be finite, got {text}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """A finite number >= 0 (an exponent such as the depth scaling's α)."""
+    value = float(text)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"must be a finite number >= 0, got {text}")
     return value
 
 

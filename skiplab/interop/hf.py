@@ -86,6 +86,9 @@ def architecture(cfg: GPTConfig) -> str:
     if kind is None or spec != parse_spec(spec.name):
         raise ValueError(f"connection {cfg.connection!r} has no Hugging Face counterpart: GPT2LMHeadModel is "
                          "plain PreLN and LlamaForCausalLM plain PreRMS (no options, no designs across layers)")
+    if cfg.mup_base_width:
+        raise ValueError(f"mup_base_width={cfg.mup_base_width}: width muP's logits h/m_d and attention q.k/d_head have "
+                         f"no {CLASSES[kind]} counterpart")
     wrong = [f"{k}={_text(getattr(cfg, k))}" for k, v in SHAPES[kind].items() if getattr(cfg, k) != v]
     if wrong:
         need = ", ".join(f"{k}={_text(v)}" for k, v in SHAPES[kind].items())

@@ -16,7 +16,19 @@ Initialisation (``init``): ``default`` draws every linear layer and the embeddin
 zero (GPT-2's ``initializer_range``, nanoGPT ``model.py`` ``_init_weights``); ``gpt2`` also scales the output
 projection of every sub-layer (attention's W_O, the MLP's W2) to N(0, (0.02/√(2L))²), "a factor of 1/√N
 where N is the number of residual layers" (Radford et al. 2019, Section 2.3; nanoGPT ``c_proj`` with
-std 0.02/sqrt(2 * n_layer)). The connections keep their own initialisation (e.g. SAS's gate biases ±3).
+std 0.02/sqrt(2 * n_layer)); ``depth`` draws them by the layer's index instead, N(0, (0.02/√(2(l+1)))²) for the
+0-based layer l (torchtitan's ``depth_init``: ``torchtitan/models/llama3/__init__.py`` ``_depth_init``, std
+``depth_scaled_std(0.02, layer_id)`` = 0.02/sqrt(2 * (layer_id + 1)) of ``models/common/param_init.py``, on W_O
+and on the feed-forward's w2 and w3: the MLP's W2, and with SwiGLU its value projection W3 too; torchtitan's
+``trunc_normal_`` cuts at ±2, which at these stds cuts nothing, so a plain normal draw here). The connections keep
+their own initialisation (e.g. SAS's gate biases ±3).
+
+Width μP (``mup_base_width`` = d_base > 0; Yang et al. 2022, Tensor Programs V, arXiv 2203.03466, Table 3; the
+``mup`` package's ``MuReadout``; EleutherAI/nanoGPT-mup ``model.py`` with ``mup_enabled``), m_d = d/d_base: the
+output layer reads h/m_d (``x *= mup_output_alpha / mup_width_multiplier`` before ``lm_head``), attention scores are
+q·k/d_head rather than q·k/√d_head, and the hidden matrices (attention's and the MLP's) are drawn with their init's
+std over √m_d. The optimizer's side (hidden matrices' lr/m_d) is the training's
+(:mod:`skiplab.train.parametrization`). ``mup_base_width=0``: the standard parametrisation.
 
 ``tie`` shares the embedding with the output projection (GPT-2); the LLaMA shapes of the Mix-LN and
 curse-of-depth papers have a separate output layer (``tie=false``).
@@ -56,7 +68,7 @@ from .linear import stacked_linear, xavier_linear
 
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("rope", "learned")
-GPT_INITS = ("default", "gpt2")
+GPT_INITS = ("default", "gpt2", "depth")
 STD = 0.02
 
 
@@ -76,7 +88,8 @@ class GPTConfig:
     bias: bool = field(default=True, metadata={"help": "biases in the linear layers"})
     tie: bool = field(default=True, metadata={"help": "output projection tied with the token embedding"})
     init: str = field(default="default", metadata={
-        "help": "default: N(0, 0.02^2); gpt2: also each sub-layer's output projection scaled by 1/sqrt(2L)"})
+        "help": "default: N(0, 0.02^2); gpt2: also each sub-layer's output projection scaled by 1/sqrt(2L); depth: "
+                "by 1/sqrt(2(l+1)), l the 0-based layer (torchtitan's depth_init)"})
     rope_base: float = field(default=10000.0, metadata={"help": "rotary base (theta_i = base^(-2i/d_head))"})
     connection: str = field(default="PreLN", metadata={"help": "connection spec on every sub-layer"})
     # older_runs: the value every run had before the field existed; a run's key leaves the field out at it
@@ -92,6 +105,9 @@ class GPTConfig:
     qk_norm: str = field(default="none", metadata={
         "help": f"QK-norm: queries and keys normalised (the model's norm, before rotary) per head (Qwen 3) or across "
                 f"all heads (OLMo 2); one of {', '.join(QK_NORMS)}", "older_runs": "none"})
+    mup_base_width: int = field(default=0, metadata={
+        "help": "width muP's base width d_base (0: off): logits of h*d_base/d, attention scores q.k/d_head, hidden "
+                "matrices' init std over sqrt(d/d_base)", "older_runs": 0})
 
     def __post_init__(self):
         for name, value, known in (("mlp", self.mlp, MLPS), ("positions", self.positions, POSITIONS),
@@ -109,7 +125,12 @@ class GPTConfig:
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         check_qk_norm(self.qk_norm)
+        if self.mup_base_width < 0:
+            raise ValueError(f"mup_base_width must be >= 0 (0: off), got {self.mup_base_width}")
         parse_spec(self.connection)
+        if self.mup_base_width and ngpt.is_ngpt(self.connection):
+            raise ValueError("mup_base_width: nGPT scales its logits and attention itself; width muP means nothing "
+                             "on it")
         ngpt.check(self)  # the nGPT connection: the normalised model's fields (SwiGLU, rope, no biases, no dropout)
         check_stack(self.connection, self.stack())  # a design across the stack that names a layer it has not
 
@@ -204,6 +225,10 @@ class GPT(nn.Module):
         self.norm = final_norm(cfg.connection, d, layers=cfg.layers, norm=cfg.norm)
         self.head = None if cfg.tie else nn.Linear(d, rows, bias=False)
         self.normalised = ngpt.is_ngpt(cfg.connection)  # nGPT (skiplab.models.ngpt): logits scaled by s_z
+        self.width_multiplier = d / cfg.mup_base_width if cfg.mup_base_width else 1.0  # μP's m_d
+        if cfg.mup_base_width:  # μP's attention: q·k/d_head
+            for layer in self.layers:
+                layer.attn.softmax_scale = 1.0 / (d // cfg.heads)
         self.logit_scale = ngpt.LogitScale(rows, d) if self.normalised else None
         self._init_weights()
         tie_within_layers(self)  # parameters a design shares across a layer's sub-layers (ReZero's α)
@@ -229,6 +254,16 @@ class GPT(nn.Module):
             for layer in self.layers:
                 for out in (layer.attn.out_proj, layer.mlp.down):
                     out.weight.normal_(0.0, STD / math.sqrt(2 * self.cfg.layers))
+        if self.cfg.init == "depth":  # torchtitan's depth_init: W_O, W2 (and SwiGLU's W3) by the layer's index
+            for l, layer in enumerate(self.layers):
+                ffn = layer.mlp.projections()["ffn"]  # [W1, W2] or [W1, W3, W2]
+                for weight in (layer.attn.out_proj.weight, *ffn[1:]):
+                    weight.normal_(0.0, STD / math.sqrt(2 * (l + 1)))
+        if self.cfg.mup_base_width:  # μP: hidden matrices' std over √m_d
+            for layer in self.layers:
+                for weight in (layer.attn.qkv_proj.weight, layer.attn.out_proj.weight, layer.mlp.up.weight,
+                               layer.mlp.down.weight):
+                    weight.div_(math.sqrt(self.width_multiplier))
         for layer in self.layers:  # designs that prescribe their branch's initialisation (DeepNorm)
             layer.init_branches()
         self.after_step()  # nGPT's matrices start on the unit sphere
@@ -288,6 +323,8 @@ class GPT(nn.Module):
 
     def logits(self, h: Tensor) -> Tensor:
         """Logits (B, T, V) of the states ``h``; the padding's rows (``pad_vocab``) cut off."""
+        if self.width_multiplier != 1.0:  # μP's readout: h/m_d (MuReadout's x / width_mult)
+            h = h / self.width_multiplier
         logits = self.head(h) if self.head is not None else F.linear(h, self.embed.weight)
         if self.logit_scale is not None:  # nGPT's s_z
             logits = self.logit_scale(logits)

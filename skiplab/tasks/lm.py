@@ -31,7 +31,7 @@ from ..text.prepare import PrepareConfig, prepare
 from ..text.pretrained import read_pretrained
 from ..text.shards import read_prepared
 from ..text.windows import eval_windows, sample_windows
-from ..train import lm
+from ..train import lm, parametrization
 from .base import Task
 
 
@@ -133,8 +133,10 @@ class LMTask(Task):
         mcfg = cfg.model_config(lm.vocabulary(cfg))
         torch.manual_seed(cfg.seed)
         model = build_model(mcfg)
-        opt = torch.optim.AdamW(lm.parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                                eps=cfg.adam_eps)
+        param = parametrization.resolve(mcfg, cfg.parametrization)
+        opt = torch.optim.AdamW(lm.parameter_groups(model, cfg.weight_decay, param, cfg.adam_eps), lr=cfg.lr,
+                                betas=tuple(cfg.adam_betas), eps=cfg.adam_eps)
+        parametrization.set_lr(opt, cfg.lr)
         tokens = torch.randint(0, mcfg.vocab_size, (cfg.batch_size, mcfg.context + 1),
                                generator=torch.Generator().manual_seed(0))
         x, y = tokens[:, :-1], tokens[:, 1:]

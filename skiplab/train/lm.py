@@ -10,6 +10,11 @@ its matrices; the other designs do nothing); a design's own recipe (nGPT: no wei
 fields left at their defaults (:func:`design_recipe`). Every ``eval_every`` steps the validation split is scored
 (loss per token and bits per byte) and the run saved. The loop below is the whole of training.
 
+``parametrization`` chooses the optimizer's groups and what they ask of the model (:mod:`.parametrization`):
+``standard`` (the above), ``mup`` (width μP) or ``completep`` (width μP and CompleteP's depth scaling); the base
+width is the model's ``mup_base_width`` (``--mup-base-width``), the base depth the run's ``depth_base``; config.json
+records the multipliers and every group's lr factor, weight decay and ε.
+
     lr(s) = lr · s / warmup                                                    s <= warmup
     lr(s) = min_lr + (lr − min_lr) · (1 + cos(π (s − warmup) / (max_steps − warmup))) / 2   after
 
@@ -50,7 +55,8 @@ from ..text.pretrained import read_pretrained
 from ..text.shards import Prepared, check_prepared, is_prepared, read_prepared
 from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, count_words, eval_windows, perplexity, read_bin,
                             token_stream, unigram_nats, window_starts, windows_at)
-from . import sharded
+from . import parametrization, sharded
+from .parametrization import PARAMETRIZATIONS, parameter_groups, set_lr  # noqa: F401  (parameter_groups: its home)
 from .run import Run
 from .telemetry import grad_norm
 
@@ -119,6 +125,12 @@ class LMTrainConfig:
     fsdp: bool = field(default=False, metadata={
         "help": "shard parameters, gradients and optimizer state over the processes with FSDP2 (under torchrun)",
         "older_runs": False})
+    parametrization: str = field(default="standard", metadata={
+        "help": "standard, mup (width muP: hidden matrices' lr / m_d, logits / m_d, attention 1/d_head) or completep "
+                "(mup and depth: pre-norm branches x m_L^-alpha, hidden lr x m_L^(alpha-1), AdamW eps / (m_d m_L^alpha))",
+        "older_runs": "standard"})
+    depth_base: int = field(default=0, metadata={
+        "min": 0, "help": "completep: base depth L_base, m_L = L/L_base (0: the model's own L)", "older_runs": 0})
     out: str = field(default="runs/lm", metadata={"help": "run directory"})
 
     def __post_init__(self):
@@ -149,13 +161,17 @@ class LMTrainConfig:
         if family_of(self.model) is not GPTConfig:
             raise ValueError(f"{self.model} is not a language model; known: "
                              f"{', '.join(n for n, (c, _) in PRESETS.items() if c is GPTConfig)}")
-        connection = model_config(self.model).connection  # a bad spec or option fails here, before anything is written
+        if self.parametrization not in PARAMETRIZATIONS:
+            raise ValueError(f"unknown --parametrization {self.parametrization!r}; known: {', '.join(PARAMETRIZATIONS)}")
+        connection = self.model_config(256).connection  # a bad spec, option or parametrisation fails here, first
         if self.activation_checkpointing and (names := not_recomputable(connection)):
             raise ValueError(f"--activation-checkpointing runs a layer twice, which +{names[0]} cannot")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
-        """The model's config, resolved from the spec, for the tokenizer's ``vocab_size``."""
-        return model_config(self.model, vocab_size=vocab_size)
+        """The model's config, resolved from the spec, for the tokenizer's ``vocab_size``, as the parametrisation
+        shapes it (:func:`.parametrization.apply`)."""
+        return parametrization.apply(model_config(self.model, vocab_size=vocab_size), self.parametrization,
+                                     self.depth_base)
 
     @property
     def binary(self) -> bool:
@@ -290,14 +306,6 @@ def vocabulary(cfg: LMTrainConfig) -> int:
     return load_lm_tokenizer(read_pretrained(cfg.tokenizer).to_bytes()).vocab_size
 
 
-def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Matrices (2-D or more: linear layers, embeddings) decayed; vectors and scalars (biases, norms' gains,
-    gates' biases, learned skip weights) not."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-
-
 @torch.no_grad()
 def evaluate(model, data: Stream, context: int, device, amp: bool, stride: int = 0, batch: int = 16,
              group: distributed.Group = distributed.Group(), progress: bool = False) -> dict[str, Any]:
@@ -388,8 +396,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         distributed.data_parallel(net, group, torch.zeros(1, 2, dtype=torch.long, device=device))  # trains
     fused = device.type == "cuda"  # one kernel for the whole update where the device has it (CUDA); the CPU keeps
     # the default (foreach) kernels, whose numbers every recorded CPU run has
-    opt = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=tuple(cfg.adam_betas),
-                            eps=cfg.adam_eps, **({"fused": True} if fused else {}))
+    param = parametrization.resolve(mcfg, cfg.parametrization)
+    opt = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay, param, cfg.adam_eps), lr=cfg.lr,
+                            betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, **({"fused": True} if fused else {}))
     run.attach(model, mcfg, opt, flops_per_token=model.flops_per_token())
     gen = torch.Generator().manual_seed(cfg.seed)  # the windows, the same on every rank
     step, best = 0, math.inf
@@ -409,7 +418,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
                                    "vocab_size": vocab, "tokenizer": cfg.tokenizer,
                                    "eot": tok.eot if tok else None},
                           "tokens_per_update": cfg.batch_size * cfg.grad_accum * mcfg.context,
-                          "adamw_fused": fused, **design_notes(cfg, model)})
+                          "adamw_fused": fused, **design_notes(cfg, model),
+                          **({"parametrization": {**param.notes(), "groups": parametrization.group_notes(opt)}}
+                             if param.kind != "standard" else {})})
         for key, value in design_notes(cfg, model).items():
             run.say(f"{key.replace('_', ' ')}: {value}")
 
@@ -423,8 +434,7 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     while step < cfg.max_steps:
         began = time.perf_counter()
         lr = learning_rate(cfg, step + 1)
-        for g in opt.param_groups:
-            g["lr"] = lr
+        set_lr(opt, lr)  # times each group's lr_scale (mup, completep)
         opt.zero_grad(set_to_none=True)
         starts = [window_starts(train_data, n, cfg.batch_size, gen) for _ in range(per_update)]  # every rank draws all
         loss_sum = 0.0

@@ -44,7 +44,8 @@ def test_parsed_fields():
     spec = parse_spec("0.5xSkip+BN(f=2)")
     assert (spec.name, spec.number, spec.norm, spec.options) == ("xSkip", 0.5, "BN", {"f": 2.0})
     assert parse_spec("SAS").options["gate"] == "full" and parse_spec("SAS").norm == "LN"
-    assert parse_spec("PreDyT(alpha0=llm)").options == {"scale": "none", "alpha0": "llm"}
+    assert parse_spec("PreDyT(alpha0=llm)").options == {"scale": "none", "depth_alpha": 0.0, "depth_base": 1.0,
+                                                         "alpha0": "llm"}
 
 
 @pytest.mark.parametrize("text, norm, written", [
