@@ -32,6 +32,11 @@ runs the sub-layers itself (``+AttnRes``, ``+MUDD``) does not call the connectio
 is then the input of the next sub-layer (of the last, the final norm's). A value is taken the first time it is seen
 in the update (activation checkpointing runs a layer again in the backward pass).
 
+Under ``--fsdp`` the parameters are shards: every process adds up the squares of its shards (and of the 0-dim
+parameters it holds whole), the sums are added over the processes in one all-reduce, and the gradient norms and
+update ratios are those of the full parameters; the activations are rank 0's first micro-batch, as on one process.
+Under ``--compile`` the option is refused (the hooks would enter the compiled graph).
+
 Lines are held until the run saves and written before its checkpoint; a resumed run cuts layers.jsonl back to its
 checkpoint's step, and its line-making state (the spikes seen) is in the checkpoint, so a stopped and resumed run
 writes the layers.jsonl of an uninterrupted one.
@@ -87,8 +92,19 @@ def _max_over_median(y: Tensor) -> Tensor:
     return a.max() / a.median()
 
 
-def _norm(tensors: list[Tensor]) -> Tensor:
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(t.detach().float()) for t in tensors]))
+def _local(t: Tensor) -> Tensor:
+    """This process's part of ``t``: its shard of an FSDP parameter (a DTensor), else ``t`` itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _squares(tensors: list[Tensor], device: torch.device) -> Tensor:
+    """(Σ t² over the sharded tensors of ``tensors``, this process's shards of them; Σ t² over the others, whole on
+    every process), a float32 tensor of 2."""
+    sums = [torch.zeros((), device=device), torch.zeros((), device=device)]
+    for t in tensors:
+        k = 0 if hasattr(t, "to_local") else 1
+        sums[k] = sums[k] + _local(t).detach().float().pow(2).sum()
+    return torch.stack(sums)
 
 
 class LayerWatch:
@@ -100,6 +116,8 @@ class LayerWatch:
     def __init__(self, model: nn.Module, every: int, loggers: Any = None) -> None:
         self.model, self.every, self.loggers = model, every, loggers
         self.subs = sublayers(model)
+        # --fsdp: the parameters are shards (DTensors), whose sums of squares are added over the processes
+        self.sharded = any(hasattr(p, "to_local") for _, _, _, ps in self.subs for p in ps)
         self.pending: list[dict[str, Any]] = []
         self.spikes: list[int] = []
         self._seen: dict[tuple[str, str], Tensor] = {}
@@ -148,8 +166,8 @@ class LayerWatch:
 
     @torch.no_grad()
     def gradients(self) -> None:
-        """Every sub-layer's gradient norm, before clipping."""
-        self._grads = {name: _norm([p.grad for p in params if p.grad is not None] or [torch.zeros(1)])
+        """Every sub-layer's Σ g² (its gradient norm's square), before clipping."""
+        self._grads = {name: _squares([p.grad for p in params if p.grad is not None], _local(params[0]).device)
                        for name, _, _, params in self.subs}
 
     @torch.no_grad()
@@ -159,22 +177,32 @@ class LayerWatch:
 
     @torch.no_grad()
     def update(self, step: int) -> dict[str, Any]:
-        """Update ``step`` is done: its line (held for the next save, and to the loggers)."""
+        """Update ``step`` is done: its line (held for the next save, and to the loggers). Under --fsdp every
+        process calls it: the sums of squares of the parameters are added over the processes (one all-reduce),
+        the activations are this process's."""
         seen, names = self._seen, [s[0] for s in self.subs]
+        rows = []
+        for name, _, _, params in self.subs:  # (sub-layers, 3, 2): Σ g², Σ ΔW², Σ W²
+            g, before = self._grads[name], self._before[name]
+            rows.append(torch.stack([g, _squares([p - b for p, b in zip(params, before)], g.device),
+                                     _squares(before, g.device)]))
+        sums = torch.stack(rows)
+        shards, whole = sums.unbind(-1)
+        if self.sharded:  # the shards' sums added over the processes; the whole tensors' are every process's
+            shards = shards.contiguous()
+            torch.distributed.all_reduce(shards)
+        grad, delta, weight = (shards + whole).sqrt().unbind(-1)
         values: dict[str, dict[str, Tensor]] = {}
-        for k, (name, _, _, params) in enumerate(self.subs):
-            before = self._before[name]
-            delta = _norm([p - b for p, b in zip(params, before)]) if before else torch.zeros(())
+        for k, name in enumerate(names):
             x, f = seen[(name, "x")], seen[(name, "f")]
             # no forward of the connection (a design across the stack ran it): what the next sub-layer reads
             after = names[k + 1] if k + 1 < len(names) else FINAL
             massive = seen[(name, "y")] if (name, "y") in seen else seen[(after, "in")]
             values[name] = {"stream_rms": x, "branch_rms": f, "branch_ratio": f / x, "max_over_median": massive,
-                            "grad_norm": self._grads[name],
-                            "update_ratio": delta / _norm(before) if before else torch.zeros(())}
-        values[FINAL] = {"input_rms": _rms(_streams(seen[(FINAL, "x")]))}
+                            "grad_norm": grad[k], "update_ratio": delta[k] / weight[k]}
+        values[FINAL] = {"input_rms": seen[(FINAL, "x")]}
         flat = [(n, q) for n, qs in values.items() for q in qs]
-        numbers = torch.stack([values[n][q].float().reshape(()).cpu() for n, q in flat]).tolist()  # one sync
+        numbers = torch.stack([values[n][q].float().reshape(()) for n, q in flat]).tolist()  # one sync
         layers: dict[str, dict[str, float]] = {}
         for (n, q), v in zip(flat, numbers):
             layers.setdefault(n, {})[q] = v

@@ -156,9 +156,9 @@ class LMTrainConfig:
             raise ValueError(f"{self.model} is not a language model; known: "
                              f"{', '.join(n for n, (c, _) in PRESETS.items() if c is GPTConfig)}")
         connection = model_config(self.model).connection  # a bad spec or option fails here, before anything is written
-        if self.log_layers and (self.fsdp or self.compile):
-            raise ValueError(f"--log-layers watches the sub-layers of the whole model with hooks, which "
-                             f"{'--fsdp (sharded parameters)' if self.fsdp else '--compile'} does not allow; give one")
+        if self.log_layers and self.compile:  # the hooks would be traced into the compiled graph, and change it
+            raise ValueError("--log-layers watches the sub-layers with hooks, which --compile does not allow; "
+                             "give one")
         if self.activation_checkpointing and (names := not_recomputable(connection)):
             raise ValueError(f"--activation-checkpointing runs a layer twice, which +{names[0]} cannot")
 

@@ -130,11 +130,8 @@ def test_a_stopped_and_resumed_run_writes_the_same_layers(text, tmp_path, monkey
 
 @pytest.mark.parametrize("extra, message", [
     (("--log-layers", "-1"), "skiplab train lm: error: argument --log-layers: must be >= 0, got -1"),
-    (("--log-layers", "2", "--fsdp", "true"),
-     "skiplab: error: --log-layers watches the sub-layers of the whole model with hooks, which --fsdp (sharded "
-     "parameters) does not allow; give one"),
-    (("--log-layers", "2", "--compile", "yes"), "skiplab: error: --log-layers watches the sub-layers of the whole model "
-                                         "with hooks, which --compile does not allow; give one"),
+    (("--log-layers", "2", "--compile", "yes"),
+     "skiplab: error: --log-layers watches the sub-layers with hooks, which --compile does not allow; give one"),
 ])
 def test_bad_values_are_one_line_and_write_nothing(text, tmp_path, capsys, extra, message):  # noqa: F811
     out = tmp_path / "run"
