@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from skiplab.models import GPT, GPTConfig
-from skiplab.train import layer_telemetry, run as run_module
+from skiplab.train import layer_telemetry, run as run_module, telemetry
 from skiplab.train.layer_telemetry import QUANTITIES, LayerWatch, read_lines, spike_sources
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import args, run, text  # noqa: F401  (the fixture)
@@ -38,22 +38,26 @@ def norm(ts):
     return math.sqrt(sum(float(t.detach().double().pow(2).sum()) for t in ts))
 
 
-def test_the_figures_of_one_update_by_hand():
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=20, d_model=16, heads=2, layers=2, ffn_dim=32, context=8))
-    hand = copy.deepcopy(model)
-    x = torch.randint(0, 20, (3, 8))
-    y = torch.randint(0, 20, (3, 8))
+def watched_update(model, x, y):
+    """One update of ``model`` (AdamW, lr 1e-2) watched: its line and the watch."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    opt_hand = torch.optim.AdamW(hand.parameters(), lr=1e-2)
-
     watch = LayerWatch(model, every=1)
     with watch.watching():
         F.cross_entropy(model(x).transpose(1, 2), y).backward()
     watch.gradients()
     watch.snapshot()
     opt.step()
-    line = watch.update(1)
+    return watch.update(1), watch
+
+
+def test_the_figures_of_one_update_by_hand(monkeypatch):
+    torch.manual_seed(0)
+    original = GPT(GPTConfig(vocab_size=20, d_model=16, heads=2, layers=2, ffn_dim=32, context=8))
+    hand = copy.deepcopy(original)
+    x = torch.randint(0, 20, (3, 8))
+    y = torch.randint(0, 20, (3, 8))
+    opt_hand = torch.optim.AdamW(hand.parameters(), lr=1e-2)
+    line, watch = watched_update(copy.deepcopy(original), x, y)
 
     # by hand: the PreLN stack written out, x <- x + F(LN(x)) per sub-layer
     expect, h = {}, hand.embed(x)
@@ -79,15 +83,23 @@ def test_the_figures_of_one_update_by_hand():
             expect[f"{i}.{role}"]["update_ratio"] = (norm([params[k] - before[k] for k in keys])
                                                      / norm([before[k] for k in keys]))
 
-    assert line["step"] == 1 and list(line["layers"]) == [*SUBS, "final_norm"]
+    check(line, expect, final_rms)
+    with monkeypatch.context() as m:  # the check catches a wrong figure: the mean |x| taken for the RMS
+        m.setattr(layer_telemetry, "_rms", lambda t: t.detach().float().abs().mean())
+        with pytest.raises(AssertionError):
+            check(watched_update(copy.deepcopy(original), x, y)[0], expect, final_rms)
+    # the hooks are gone and the class's branch_input is back: nothing watches the next update
+    assert all(not c._forward_hooks and not c._forward_pre_hooks and "branch_input" not in vars(c)
+               for _, c, _, _ in watch.subs)
+
+
+def check(line, expect, final_rms):
     for name in SUBS:
         assert set(line["layers"][name]) == set(QUANTITIES)
         for q, v in expect[name].items():
             assert line["layers"][name][q] == pytest.approx(v, rel=1e-4), (name, q)
+    assert line["step"] == 1 and list(line["layers"]) == [*SUBS, "final_norm"]
     assert line["layers"]["final_norm"]["input_rms"] == pytest.approx(final_rms, rel=1e-4)
-    # the hooks are gone and the class's branch_input is back: nothing watches the next update
-    assert all(not c._forward_hooks and not c._forward_pre_hooks and "branch_input" not in vars(c)
-               for _, c, _, _ in watch.subs)
 
 
 @pytest.mark.parametrize("design", DESIGNS)
@@ -207,12 +219,20 @@ def test_the_sub_layers_whose_gradients_rose_first_are_named():
     assert spike_sources(lines[:2], [25]) == [{"step": 25, "first_rose": [], "at": None, "watched": [10, 20]}]
 
 
-def test_a_spike_in_training_is_named_in_the_summary(monkeypatch):
-    """The loop's bookkeeping: a spike flagged by the step telemetry is kept in the watch's state."""
-    model = GPT(GPTConfig(vocab_size=20, d_model=16, heads=2, layers=1, ffn_dim=32, context=8))
-    watch = LayerWatch(model, every=1)
-    watch.note_spike(7)
-    restored = LayerWatch(model, every=1)
-    restored.load_state(json.loads(json.dumps(watch.state())))
-    assert restored.spikes == [7]
-    assert layer_telemetry.LAYERS_FILE == "layers.jsonl"
+def test_the_spikes_of_a_run_are_named_in_its_summary_and_survive_a_resume(text, tmp_path, monkeypatch):  # noqa: F811
+    """A spike rule that flags every update after the second (a window of 2, a factor of 0): the summary holds one
+    entry a spike, each what :func:`spike_sources` makes of layers.jsonl, the same after a stop at step 3."""
+    monkeypatch.setattr(telemetry, "WINDOW", 2)
+    monkeypatch.setattr(telemetry, "FACTOR", 0.0)
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    with one_thread():
+        assert run(args(text, straight, "--log-layers", "1")) == 0
+        undo = interrupt_after_step(monkeypatch, 3)
+        assert run(args(text, stopped, "--log-layers", "1")) == 130
+        undo()
+        assert run(["train", "lm", "--resume", "--out", stopped]) == 0
+    summary = json.loads((straight / "summary.json").read_text())
+    assert summary["loss_spikes"] == 4
+    assert summary["spike_sources"] == spike_sources(read_lines(straight), [3, 4, 5, 6])
+    assert [s["watched"] for s in summary["spike_sources"]] == [[1, 2], [1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5]]
+    assert json.loads((stopped / "summary.json").read_text())["spike_sources"] == summary["spike_sources"]
