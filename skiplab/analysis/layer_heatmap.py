@@ -10,6 +10,7 @@ import math
 from pathlib import Path
 
 from .. import run_dir
+from .report import pyplot
 
 FINAL = "final_norm"
 
@@ -26,10 +27,7 @@ def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), ti
     if unknown:
         raise ValueError(f"--keys: {run} has no per-layer {unknown[0]!r}; it has: {', '.join(known)}")
     quantities = list(keys) or known
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     import numpy as np
     from matplotlib.colors import LogNorm
 
@@ -61,6 +59,6 @@ def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), ti
     fig.tight_layout()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=110)  # one file, written whole once drawn
     plt.close(fig)
     return out

@@ -15,7 +15,8 @@ Every N-th update (step s with s mod N = 0) is watched; for every sub-layer j (a
                                               Large Language Models", Section 2)
     grad_norm        = ‖g_j‖₂                 the gradient of the sub-layer's parameters (its branch's and its
                                               connection's), of the whole update, before clipping
-    update_ratio     = ‖W_j,s − W_j,s−1‖₂ / ‖W_j,s−1‖₂   the update the step made (``after_step`` included)
+    update_ratio     = ‖W_j,s − W_j,s−1‖₂ / ‖W_j,s−1‖₂
+                                              the update the step made (``after_step`` included)
 
 (each norm over the sub-layer's parameters together), and ``final_norm``'s ``input_rms``, the RMS of what the
 stack's final norm reads (streams summed). One line of ``layers.jsonl`` per watched update::
