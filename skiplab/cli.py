@@ -21,7 +21,7 @@
     skiplab corpus debdocs --out DIR     build the debdocs corpus from the installed Debian documentation
     skiplab import hf DIR --out RUN      a Hugging Face GPT-2 or LLaMA folder as a language-model run
     skiplab export hf RUN --out DIR      a PreLN or PreRMS language-model run as a Hugging Face folder
-    skiplab curves RUN [RUN ...]         learning curves of runs in one figure
+    skiplab curves RUN [RUN ...]         learning curves of runs in one figure (--layers RUN: per-layer heatmaps)
     skiplab analyze NAME RUN [...]       gradients, gates, ratios, activations of trained runs
     skiplab bench [--quick]              what the designs and the engine cost here, as side-by-side ratios
     skiplab reproduce TABLE --scale S    a table of the papers at smoke, cpu or paper scale, paper numbers beside ours
@@ -53,6 +53,7 @@ from .analysis import gradient_flow
 from .analysis import options as analysis_options
 from .analysis.analyze import analyze
 from .analysis.curves import plot_runs
+from .analysis.layer_heatmap import plot_layers
 from .connections import available_connections, connection, parse_spec
 from .models import family_of, options_of, with_options
 from .reproduce.sweep import sweep
@@ -214,6 +215,11 @@ def cmd_curves(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
+    if args.layers:  # one run's layers.jsonl as heatmaps
+        if len(args.runs) != 1 or args.labels:
+            raise ValueError("curves --layers draws one run; give one RUN and no --labels")
+        print(f"wrote {plot_layers(args.runs[0], out, args.keys, args.title)}")
+        return
     print(f"wrote {plot_runs(args.runs, out, args.keys, args.labels, args.title)}")
 
 
@@ -405,6 +411,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--title", default="", help="figure title (default: the run names)")
     p.add_argument("--out", default="curves.png", help="figure file (default: curves.png)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
+    p.add_argument("--layers", action="store_true",
+                   help="one run's per-layer telemetry (train lm --log-layers): a heatmap (sub-layer x update) per "
+                        "quantity; --keys picks the quantities")
     p.set_defaults(func=cmd_curves)
 
     ana = sub.add_parser("analyze", help="look into trained runs").add_subparsers(dest="analysis", required=True,

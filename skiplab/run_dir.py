@@ -42,9 +42,10 @@ except ImportError:  # Windows: run directories are not locked
 
 RUN_FILES = ("config.json", "metrics.jsonl", "last.pt", "best.pt", "summary.json")
 STEPS_FILE = "steps.jsonl"  # per-step telemetry (skiplab.train.telemetry)
+LAYERS_FILE = "layers.jsonl"  # per-layer telemetry (skiplab.train.layer_telemetry)
 # config fields that say where a run is, how it is watched and how it is computed where the numbers stay the
 # same (activation checkpointing), not what it trains
-PLACE = ("out", "data_dir", "device", "log_every", "logger", "activation_checkpointing")
+PLACE = ("out", "data_dir", "device", "log_every", "log_layers", "logger", "activation_checkpointing")
 
 
 class RunDirError(ValueError):
@@ -504,7 +505,8 @@ def averaged_over(out: Path, average: int, cache: Callable[[int], Path]) -> int:
     return next((n for n in range(average, 0, -1) if cache(n).is_file()), 1)
 
 
-def read_steps(run: str | Path) -> list[dict[str, Any]]:
-    """The per-step lines of the run directory ``run`` (its steps.jsonl; [] where it has none)."""
-    path = Path(run) / STEPS_FILE
+def read_steps(run: str | Path, name: str = STEPS_FILE) -> list[dict[str, Any]]:
+    """The per-step lines of the run directory ``run`` (its steps.jsonl, or the file ``name``: layers.jsonl;
+    [] where it has none)."""
+    path = Path(run) / name
     return [json.loads(x) for x in path.read_text().splitlines() if x] if path.is_file() else []

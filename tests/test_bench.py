@@ -34,7 +34,7 @@ def test_quick_bench_produces_every_row(tmp_path):
     assert any(r.group == "lm" and "new tokens: recomputing the prefix / cached" in r.name for r in rows)
     for what in ("torch.nn.Transformer", "recomputing the prefix", "achieved training FLOP/s", "padding share",
                  "nn.RMSNorm / nn.LayerNorm", "fused RMSNorm / nn.LayerNorm", "compiled / eager", "2 processes / 1",
-                 "per-step telemetry: the step with it / without"):
+                 "per-step telemetry: the step with it / without", "per-layer telemetry at N = 10 / without"):
         assert what in names, what
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["quick"] and len(saved["rows"]) == len(rows)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,27 +91,42 @@ def lm_step(model: nn.Module, batch: tuple[Tensor, Tensor], forward: Callable | 
     return step
 
 
-def loop_step(model: nn.Module, batch: tuple[Tensor, Tensor], watch: Any = None) -> Callable[[], None]:
-    """One update as ``train lm`` makes it: AdamW, the loss read back, the gradient clipped at 1.0; with ``watch``
-    (a :class:`~skiplab.train.telemetry.Telemetry`) the gradient norm and the update reported to it."""
+def loop_step(model: nn.Module, batch: tuple[Tensor, Tensor], watch: Any = None, layers: Any = None,
+              updates: int = 1) -> Callable[[], None]:
+    """``updates`` updates as ``train lm`` makes them: AdamW, the loss read back, the gradient clipped at 1.0; with
+    ``watch`` (a :class:`~skiplab.train.telemetry.Telemetry`) the gradient norm and the update reported to it; with
+    ``layers`` (a :class:`~skiplab.train.layer_telemetry.LayerWatch`) its due updates watched, as ``--log-layers``
+    does, the lines taken as a save takes them."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
     params = list(model.parameters())
     x, y = batch
     count = [0]
 
-    def step() -> None:
-        loss = F.cross_entropy(model(x).float().transpose(1, 2), y)
+    def one() -> None:
+        count[0] += 1
+        watched = layers is not None and layers.due(count[0])
+        with layers.watching() if watched else nullcontext():
+            loss = F.cross_entropy(model(x).float().transpose(1, 2), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         value = loss.item()
+        if watched:
+            layers.gradients()
+            layers.snapshot()
         if watch is None:
             torch.nn.utils.clip_grad_norm_(params, 1.0)
         else:
             norm, clipped = grad_norm(params, 1.0)
-            count[0] += 1
             watch.update(count[0], value, 1e-4, norm, clipped, x.numel(), 1.0)
             watch.take()  # what a save does with the lines
         opt.step()
+        if watched:
+            layers.update(count[0])
+            layers.take()
+
+    def step() -> None:
+        for _ in range(updates):
+            one()
 
     return step
 

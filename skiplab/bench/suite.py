@@ -50,6 +50,7 @@ from ..config import count, parse_list
 from ..connections.norms import make_norm
 from ..models import model_config
 from ..text import Tokenizer, encode_parallel, load_corpus, make_batches
+from ..train.layer_telemetry import LayerWatch
 from ..train.telemetry import Telemetry
 from ..decoding import beam_search
 from ..models.generate import generate
@@ -260,6 +261,14 @@ def lm(sz: Sizes, ctx: dict) -> list[Row]:
                     sz.repeats * 2, sz.warmup)
     rows.append(Row("lm", "per-step telemetry: the step with it / without", t["watched"] / t["plain"], "x",
                     f"{sz.lm_model} PreLN, a steps.jsonl line every update (the goal: at most 1.01x)"))
+    # per-layer telemetry (train lm --log-layers 10, skiplab.train.layer_telemetry): ten updates, the tenth watched
+    # (hooks, per-sub-layer gradient norms, a copy of the weights, the update ratios), against the same ten unwatched
+    every = 10
+    t = interleaved({"plain": loop_step(watched, batch, updates=every),
+                     "layers": loop_step(watched, batch, layers=LayerWatch(watched, every), updates=every)},
+                    max(2, sz.repeats // 4), sz.warmup)
+    rows.append(Row("lm", f"per-layer telemetry at N = {every} / without", t["layers"] / t["plain"], "x",
+                    f"{sz.lm_model} PreLN, {every} updates a call, one watched (the goal: at most 1.03x)"))
 
     new = sz.lm_new_tokens
     long = build(f"{sz.lm_model}(connection=PreLN)", vocab_size=sz.lm_vocab, **{**overrides, "context": new + 1}).eval()

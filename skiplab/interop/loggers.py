@@ -1,6 +1,8 @@
 """The outside loggers a run's per-step lines also go to (``--logger tensorboard,wandb,trackio``); each package is
 imported only when its logger is asked for, and a missing one is a one-line ImportError naming it. The run's
-``steps.jsonl`` stays the record (:mod:`skiplab.train.telemetry`); a logger gets each line as it is made.
+``steps.jsonl`` stays the record (:mod:`skiplab.train.telemetry`); a logger gets each line as it is made, and with
+``--log-layers`` the per-layer figures as scalars ``layers/<sub-layer>/<quantity>`` (layers.jsonl stays their
+record: :mod:`skiplab.train.layer_telemetry`).
 
     tensorboard   ``torch.utils.tensorboard.SummaryWriter`` in RUN/tensorboard: a scalar ``train/<key>`` per
                   number of the line at its step; a resumed run opens it with ``purge_step`` = the step after its
@@ -62,15 +64,21 @@ class Loggers:
             self.trackio.init(project="skiplab", name=self.out.name, config=config)
 
     def log(self, line: dict[str, Any]) -> None:
-        step = line["step"]
-        numbers = {k: float(v) for k, v in line.items() if k != "step" and isinstance(v, (int, float))}
+        """A steps.jsonl line: a scalar ``train/<key>`` per number in it."""
+        numbers = {k: v for k, v in line.items() if k != "step" and isinstance(v, (int, float))}
+        self.scalars({f"train/{k}": v for k, v in numbers.items()}, line["step"])
+
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        """Scalars by their full names (``layers/0.attn/grad_norm``: :mod:`skiplab.train.layer_telemetry`) at
+        ``step``."""
+        values = {k: float(v) for k, v in values.items()}
         if self.writer is not None:
-            for key, value in numbers.items():
-                self.writer.add_scalar(f"train/{key}", value, step)
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, step)
         if self.wandb is not None:
-            self.wandb.log({f"train/{k}": v for k, v in numbers.items()}, step=step)
+            self.wandb.log(values, step=step)
         if self.trackio is not None:
-            self.trackio.log({f"train/{k}": v for k, v in numbers.items()}, step=step)
+            self.trackio.log(values, step=step)
 
     def close(self) -> None:
         if self.writer is not None:

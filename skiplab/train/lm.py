@@ -55,7 +55,8 @@ from ..text.pretrained import read_pretrained
 from ..text.shards import Prepared, check_prepared, is_prepared, read_prepared
 from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, count_words, eval_windows, perplexity, read_bin,
                             token_stream, unigram_nats, window_starts, windows_at)
-from . import parametrization, sharded
+from . import layer_telemetry, parametrization, sharded
+from .layer_telemetry import LayerWatch
 from .parametrization import PARAMETRIZATIONS, parameter_groups, set_lr  # noqa: F401  (parameter_groups: its home)
 from .run import Run
 from .telemetry import grad_norm
@@ -110,6 +111,11 @@ class LMTrainConfig:
     log_every: int = field(default=1, metadata={
         "min": 0, "help": "a line of steps.jsonl every N updates: loss, lr, gradient norm, clipped, spike, tokens/s, "
                           "FLOP rate (0 = none; spikes and the largest gradient norm still go to the summary)"})
+    log_layers: int = field(default=0, metadata={
+        "min": 0, "older_runs": 0,
+        "help": "a line of layers.jsonl every N updates: per sub-layer the stream's and the branch's RMS, their "
+                "ratio, the largest activation over the median, the gradient norm and the update/weight ratio, "
+                "and the final norm's input RMS (0 = off)"})
     logger: str = field(default="", metadata={
         "help": "also send the lines to tensorboard, wandb or trackio (comma-separated; each its own package)"})
     valid_tokens: int = field(default=0, metadata={
@@ -164,6 +170,9 @@ class LMTrainConfig:
         if self.parametrization not in PARAMETRIZATIONS:
             raise ValueError(f"unknown --parametrization {self.parametrization!r}; known: {', '.join(PARAMETRIZATIONS)}")
         connection = self.model_config(256).connection  # a bad spec, option or parametrisation fails here, first
+        if self.log_layers and self.compile:  # the hooks would be traced into the compiled graph, and change it
+            raise ValueError("--log-layers watches the sub-layers with hooks, which --compile does not allow; "
+                             "give one")
         if self.activation_checkpointing and (names := not_recomputable(connection)):
             raise ValueError(f"--activation-checkpointing runs a layer twice, which +{names[0]} cannot")
 
@@ -400,10 +409,13 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     opt = torch.optim.AdamW(parameter_groups(model, cfg.weight_decay, param, cfg.adam_eps), lr=cfg.lr,
                             betas=tuple(cfg.adam_betas), eps=cfg.adam_eps, **({"fused": True} if fused else {}))
     run.attach(model, mcfg, opt, flops_per_token=model.flops_per_token())
+    layers = LayerWatch(model, cfg.log_layers, run.watch.loggers)  # --log-layers (off at 0)
     gen = torch.Generator().manual_seed(cfg.seed)  # the windows, the same on every rank
     step, best = 0, math.inf
     if ckpt:
         run.restore(ckpt, key="step")
+        layers.load_state(ckpt.get("layer_telemetry"))
+        group.on_main(lambda: layer_telemetry.cut_lines(run.out, ckpt["step"]))  # what a killed run wrote past it
         step, best = ckpt["step"], ckpt["best_valid_loss"]
         gen.set_state(ckpt["rng"]["windows"])
     else:
@@ -438,28 +450,40 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         opt.zero_grad(set_to_none=True)
         starts = [window_starts(train_data, n, cfg.batch_size, gen) for _ in range(per_update)]  # every rank draws all
         loss_sum = 0.0
-        for i, k in enumerate(mine):
-            x, y = (t.to(device) for t in windows_at(train_data, starts[k], n))
-            last = i == len(mine) - 1  # DDP averages the gradients over the ranks after the last only
-            with nullcontext() if last or not group.active else train_net.no_sync():
-                with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.amp):
-                    logits = train_net(x)
-                loss = F.cross_entropy(logits.float().transpose(1, 2), y)
-                (loss * group.world_size / per_update).backward()
-            loss_sum += loss.item()
+        watched = layers.due(step + 1)
+        with layers.watching() if watched else nullcontext():  # hooks on the watched updates alone
+            for i, k in enumerate(mine):
+                x, y = (t.to(device) for t in windows_at(train_data, starts[k], n))
+                last = i == len(mine) - 1  # DDP averages the gradients over the ranks after the last only
+                with nullcontext() if last or not group.active else train_net.no_sync():
+                    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.amp):
+                        logits = train_net(x)
+                    loss = F.cross_entropy(logits.float().transpose(1, 2), y)
+                    (loss * group.world_size / per_update).backward()
+                loss_sum += loss.item()
         (update_loss,) = group.sum([loss_sum])
         update_loss /= per_update
         if not math.isfinite(update_loss):
             bar.close()
             run.watch.update(step + 1, update_loss, lr, math.nan, False, tokens_per_update,
                              time.perf_counter() - began, last=True)
+            lines = layers.take()
+            group.on_main(lambda: layer_telemetry.append_lines(run.out, lines))
             return run.diverged(update_loss, 1, step + 1)
+        if watched:  # each sub-layer's gradient norm before clipping, its weights before the step
+            layers.gradients()
+            layers.snapshot()
         norm, clipped = grad_norm(list(model.parameters()), cfg.clip_norm)  # clips where clip_norm > 0
         opt.step()
         model.after_step()  # nGPT: its matrices back on the unit sphere; nothing for the other designs
         step += 1
+        spikes = run.watch.spikes
         run.watch.update(step, update_loss, lr, norm, clipped, tokens_per_update, time.perf_counter() - began,
                          last=step == cfg.max_steps)
+        if cfg.log_layers and run.watch.spikes > spikes:
+            layers.note_spike(step)
+        if watched:
+            layers.update(step)
         window["loss"], window["updates"] = window["loss"] + update_loss, window["updates"] + 1
         bar.update(1)
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
@@ -473,7 +497,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
             best = min(best, record["valid_loss"])
             # no tokenizer (token files) is None: an empty bytes is what torch.load(weights_only=True) refuses
             state = run.checkpoint(record, rng={"windows": gen.get_state()}, step=step, best_valid_loss=best,
-                                   tokenizer=tok.to_bytes() if tok else None)
+                                   tokenizer=tok.to_bytes() if tok else None, layer_telemetry=layers.state())
+            lines = layers.take()  # before the checkpoint: a resume cuts what lies past it
+            group.on_main(lambda: layer_telemetry.append_lines(run.out, lines))
             run.save(state, improved, step=step, keep=cfg.keep_checkpoints)
             bar.set_postfix(loss=f"{record['train_loss']:.3f}", valid=f"{record['valid_loss']:.3f}",
                             **({"bpb": f"{record['valid_bpb']:.3f}"} if record["valid_bpb"] else {}))
@@ -481,7 +507,15 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     bar.close()
     return run.finish(lambda last: {"steps": step, "final_valid_loss": last["valid_loss"],
                                     "final_valid_bpb": last["valid_bpb"], "best_valid_loss": best,
-                                    **design_notes(cfg, model)})
+                                    **design_notes(cfg, model), **layer_summary(cfg, run.out, layers)})
+
+
+def layer_summary(cfg: LMTrainConfig, out: Path, layers: LayerWatch) -> dict[str, Any]:
+    """With --log-layers, the summary's ``spike_sources``: for every flagged spike, the sub-layers whose gradient
+    norms rose first (:func:`~skiplab.train.layer_telemetry.spike_sources`); empty without it."""
+    if not cfg.log_layers:
+        return {}
+    return {"spike_sources": layer_telemetry.spike_sources(layer_telemetry.read_lines(out), layers.spikes)}
 
 
 def design_notes(cfg: LMTrainConfig, model: torch.nn.Module) -> dict[str, Any]:
@@ -552,7 +586,7 @@ def branch(source: str | Path, out: str | Path, overwrite: bool = False, max_ste
     step = ckpt["step"]
     run_dir.write_json(out / "config.json", {**stored, "branched_from": {"checkpoint": str(source.resolve()),
                                                                         "step": step}})
-    for name in ("metrics.jsonl", run_dir.STEPS_FILE):  # whole: the resume cuts both at the checkpoint's step
+    for name in ("metrics.jsonl", run_dir.STEPS_FILE, run_dir.LAYERS_FILE):  # whole: the resume cuts them
         if (source.parent / name).is_file():
             shutil.copyfile(source.parent / name, out / name)
     shutil.copyfile(source, out / "last.pt")

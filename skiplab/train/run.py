@@ -17,6 +17,9 @@ What a run directory holds when a task goes through a Run (the files themselves:
                             norm resolved, ``MixLN+RMS``), Admin's ω as built (``admin``), what the task adds (data, schedule, ...), device, amp, and the
                             environment (versions, processor, git commit, world size and backend)
     metrics.jsonl           one record a save, in the order of the run's ``key`` (epoch or step)
+    steps.jsonl             per-step telemetry (skiplab.train.telemetry), written with each save
+    layers.jsonl            train lm --log-layers: per-layer telemetry (skiplab.train.layer_telemetry), written
+                            by the task before each save; both cut back to the checkpoint's step on resume
     last.pt                 the checkpoint of the latest save; best.pt that of the best one so far
     checkpoint_<step>.pt    with step checkpoints, one a save, the last ``keep`` of them kept
     dcp/step_<step>/        --fsdp (skiplab.train.sharded): every rank's shards of the model and optimizer of last.pt

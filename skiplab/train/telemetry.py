@@ -112,16 +112,17 @@ class Telemetry:
             self.loggers.close()
 
 
-def append_lines(out: Path, lines: list[dict[str, Any]]) -> None:
-    """Append ``lines`` to ``out``/steps.jsonl."""
+def append_lines(out: Path, lines: list[dict[str, Any]], name: str = STEPS_FILE) -> None:
+    """Append ``lines`` to ``out``/steps.jsonl (or the file ``name``: layers.jsonl)."""
     if lines:
-        with open(out / STEPS_FILE, "a") as f:
+        with open(out / name, "a") as f:
             f.writelines(json.dumps(line) + "\n" for line in lines)
 
 
-def cut_lines(out: Path, step: int) -> None:
-    """steps.jsonl keeps the lines up to ``step`` (a resumed run's checkpoint), the rest cut."""
-    path = out / STEPS_FILE
+def cut_lines(out: Path, step: int, name: str = STEPS_FILE) -> None:
+    """steps.jsonl (or the file ``name``) keeps the lines up to ``step`` (a resumed run's checkpoint), the rest
+    cut."""
+    path = out / name
     if path.is_file():
         kept = [x for x in path.read_text().splitlines() if x and json.loads(x)["step"] <= step]
         path.write_text("".join(x + "\n" for x in kept))

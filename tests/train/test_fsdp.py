@@ -241,3 +241,20 @@ def test_a_compiled_sharded_run_trains_as_the_eager_one(clipped, text, tmp_path)
     for key in b:  # measured: up to 4.4e-7 (a key bias), 2e-7 elsewhere: inductor fuses float32 sums in another order
         torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5, msg=key)
     assert json.loads((tmp_path / "compiled" / "summary.json").read_text())["compile"]["graphs_compiled"] > 0
+
+
+def test_per_layer_telemetry_of_a_sharded_run_is_that_of_the_full_parameters(text, tmp_path):  # noqa: F811
+    """--log-layers under --fsdp: the gradient norms and update ratios summed from the shards over the processes
+    (and the 0-dim α kept whole on every process counted once) equal one process's, within float noise; the
+    activations are rank 0's first micro-batch, the one process's first, of the same weights."""
+    extra = ("--grad-accum", "2", "--clip-norm", "0", "--connection", "ReZero", "--log-layers", "2")
+    ok(torchrun(*args(text, tmp_path / "two", *extra, *FSDP)))
+    with one_thread():
+        assert run(args(text, tmp_path / "one", *extra)) == 0
+    two, one = lines(tmp_path / "two", "layers.jsonl"), lines(tmp_path / "one", "layers.jsonl")
+    assert [x["step"] for x in two] == [x["step"] for x in one] == [2, 4, 6]
+    for a, b in zip(two, one):
+        assert list(a["layers"]) == list(b["layers"])
+        for name, quantities in b["layers"].items():
+            for q, v in quantities.items():
+                assert a["layers"][name][q] == pytest.approx(v, rel=1e-4, abs=1e-9), (a["step"], name, q)

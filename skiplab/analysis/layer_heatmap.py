@@ -1,0 +1,64 @@
+"""Per-layer telemetry of one run as heatmaps (``skiplab curves --layers RUN``): for every quantity of its
+``layers.jsonl`` (``train lm --log-layers N``, :mod:`skiplab.train.layer_telemetry`), one panel with a row per
+sub-layer (``0.attn`` at the top, the deepest at the bottom) and a column per watched update, the colour its value
+on a log scale (a value <= 0 left blank); a last panel draws the final norm's input RMS against the update.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from .. import run_dir
+from .report import pyplot
+
+FINAL = "final_norm"
+
+
+def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), title: str = "") -> Path:
+    """The heatmaps of the run directory ``run`` (the quantities ``keys``; default all) into ``out``; return it."""
+    run = Path(run)
+    lines = run_dir.read_steps(run, run_dir.LAYERS_FILE)
+    if not lines:
+        raise ValueError(f"{run} has no per-layer lines ({run_dir.LAYERS_FILE}); train it with --log-layers N")
+    subs = [n for n in lines[0]["layers"] if n != FINAL]
+    known = list(lines[0]["layers"][subs[0]]) if subs else []
+    unknown = [k for k in keys if k not in known]
+    if unknown:
+        raise ValueError(f"--keys: {run} has no per-layer {unknown[0]!r}; it has: {', '.join(known)}")
+    quantities = list(keys) or known
+    plt = pyplot()
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    steps = [x["step"] for x in lines]
+    half = (steps[-1] - steps[0]) / (2 * (len(steps) - 1)) if len(steps) > 1 else 0.5  # a column's half-width
+    panels = len(quantities) + 1
+    cols = min(3, panels)
+    rows = math.ceil(panels / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 0.25 * len(subs) * rows + 3 * rows), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, q in zip(flat, quantities):
+        grid = np.array([[x["layers"][n][q] for x in lines] for n in subs], dtype=float)
+        shown = np.where(grid > 0, grid, np.nan)
+        finite = shown[np.isfinite(shown)]
+        norm = LogNorm(vmin=finite.min(), vmax=finite.max()) if finite.size and finite.min() < finite.max() else None
+        image = ax.imshow(shown, aspect="auto", interpolation="nearest", norm=norm, cmap="viridis",
+                          extent=(steps[0] - half, steps[-1] + half, len(subs) - 0.5, -0.5))
+        ax.set_yticks(range(len(subs)), subs, fontsize=7)
+        ax.set_xlabel("update")
+        ax.set_title(q)
+        fig.colorbar(image, ax=ax)
+    final = flat[len(quantities)]
+    final.plot(steps, [x["layers"].get(FINAL, {}).get("input_rms", math.nan) for x in lines], marker=".")
+    final.set_xlabel("update")
+    final.set_title("final norm: input RMS")
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    fig.suptitle(title or f"{run.name}: per-layer telemetry")
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)  # one file, written whole once drawn
+    plt.close(fig)
+    return out
