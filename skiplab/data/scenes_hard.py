@@ -83,7 +83,6 @@ TONES = (("dark", 96), ("bright", 255))  # (word, brightest pixel)
 MAX_GARMENTS = 6
 MAX_WORDS = 30
 CAPTIONS = 5
-_SPLIT_SEEDS = {"train": 10, "val": 11, "test": 12}
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -106,7 +105,7 @@ class SceneRules:
         return dict(zip(("train", "val", "test"), self.streams))
 
 
-HARD = SceneRules(DATASET, (10, 11, 12), MAX_GARMENTS)
+HARD = SceneRules(DATASET, streams=(10, 11, 12), max_garments=MAX_GARMENTS)
 
 
 @dataclass(frozen=True, eq=False)
