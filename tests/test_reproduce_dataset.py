@@ -1,5 +1,5 @@
-"""``reproduce --dataset``: 001-table5's composed-set settings on fashion-mnist-scenes-hard, the easy set's runs and
-table untouched, and the refusals (one line, nothing written)."""
+"""``reproduce --dataset``: 001-table5's composed-set settings on fashion-mnist-scenes-hard (and -crowded), the easy
+set's runs and table untouched, and the refusals (one line, nothing written)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,12 @@ from skiplab.reproduce import plan, reproduce, resolve, scale, table
 from tests.conftest import write_fashion_mnist
 
 HARD = "fashion-mnist-scenes-hard"
+CROWDED = "fashion-mnist-scenes-crowded"
 # the baseline run of the easy set's recorded table (docs/results/repro/cpu/runs/): its name must not move
 EASY_BASELINE = "fashion-mnist_captioner-small_connection=1xSkip+LN_-2b27daa4"
+# the baseline runs of the harder sets' calibrations (docs/results/caption-hard/, caption-crowded/)
+CALIBRATED = {HARD: f"{HARD}_captioner-small_connection=1xSkip+LN_-56e62f45",
+              CROWDED: f"{CROWDED}_captioner-small_connection=1xSkip+LN_-85c052f5"}
 
 
 def test_cpu_cells_read_the_hard_set_and_the_easy_runs_keep_their_names():
@@ -28,6 +32,12 @@ def test_cpu_cells_read_the_hard_set_and_the_easy_runs_keep_their_names():
     assert all(n.startswith(HARD + "_captioner-small_") for n in names) and len(names) == 3
     for (_, e), (_, h) in zip(easy, hard):  # nothing but the dataset (and so the run's key) differs
         assert {k for k in vars(e) if getattr(e, k) != getattr(h, k)} == {"dataset", "out"}
+
+
+@pytest.mark.parametrize("name", [HARD, CROWDED])
+def test_the_calibration_runs_keep_their_directories(name):
+    (_, cfg), = plan(table("001-table5"), scale("cpu"), 1, Path("R"), dataset=name, rows=("Baseline",))[1]
+    assert cfg.out == str(Path("R") / CALIBRATED[name] / "seed1") and cfg.dataset == name
 
 
 def test_paper_scale_and_other_tasks_have_no_dataset_choice():
@@ -52,17 +62,18 @@ def test_a_dataset_no_cell_takes_is_one_line_and_writes_nothing(argv, message, c
     assert not (tmp_path / "o").exists()
 
 
-def test_smoke_table_on_the_hard_set_is_written_beside_the_easy_one(tmp_path):
+@pytest.mark.parametrize("name", [HARD, CROWDED])
+def test_smoke_table_on_a_harder_set_is_written_beside_the_easy_one(tmp_path, name):
     root = tmp_path / "data"
     write_fashion_mnist(root / "fashion-mnist", n_train=5300, n_test=60)  # 300 training images: 40 scenes of <= 6
     out = tmp_path / "repro"
     result, = reproduce(["001-table5"], "smoke", str(out), seeds=1, data_root=str(root), progress=False,
-                        rows=("Baseline",), dataset=HARD)
-    folder = out / "smoke" / f"001-table5-{HARD}"
+                        rows=("Baseline",), dataset=name)
+    folder = out / "smoke" / f"001-table5-{name}"
     assert (folder / "table.md").is_file() and not (out / "smoke" / "001-table5").exists()
-    assert result["dataset"] == HARD and json.loads((folder / "table.json").read_text())["dataset"] == HARD
+    assert result["dataset"] == name and json.loads((folder / "table.json").read_text())["dataset"] == name
     base = [c for c in result["cells"] if c["row"] == "Baseline" and c["column"] == "BLEU-4"][0]
-    assert base["available"] and base["values"][0] is not None and base["config"]["dataset"] == HARD
+    assert base["available"] and base["values"][0] is not None and base["config"]["dataset"] == name
     run = Path(base["runs"][0])
-    assert run.parent.name.startswith(HARD + "_") and json.loads((run / "config.json").read_text())["config"][
-        "dataset"] == HARD
+    assert run.parent.name.startswith(name + "_") and json.loads((run / "config.json").read_text())["config"][
+        "dataset"] == name

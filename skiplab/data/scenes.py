@@ -93,7 +93,8 @@ CLASS_WORDS = (  # (singular, plural) for Fashion-MNIST labels 0-9
     ("bag", "bags"), ("ankle boot", "ankle boots"),
 )
 CELL_NAMES = ("top left", "top right", "bottom left", "bottom right")
-NUMBERS = ("none", "one", "two", "three", "four", "five", "six")  # the easy set uses one to three
+# the easy set uses one to three, the hard set to six, the crowded set to eight
+NUMBERS = ("none", "one", "two", "three", "four", "five", "six", "seven", "eight")
 SCENE_SPLITS = {"train": 12000, "val": 1000, "test": 1000}
 HOLDOUT = 5000  # training images kept for val
 CANVAS, CELL, PAD = 64, 32, 2  # 2 x 32 = 64; 28 + 2 x 2 = 32
@@ -135,15 +136,21 @@ def compose_scenes(images: np.ndarray, labels: np.ndarray, n: int, rng: np.rando
     return Scenes(pixels, cells, sources, captions)
 
 
-def draw_counts(images: np.ndarray, labels: np.ndarray, n: int, most: int, rng: np.random.Generator) -> np.ndarray:
+def draw_counts(images: np.ndarray, labels: np.ndarray, n: int, most: int, rng: np.random.Generator,
+                whole_pool: bool = True) -> np.ndarray:
     """The garments of each of ``n`` scenes, uniform in 1..``most``, checked to fit in the pool (uint8 images
-    (M, 28, 28), labels (M,)) without replacement."""
+    (M, 28, 28), labels (M,)) without replacement (``whole_pool``) or, where images may come again, that the pool
+    holds one."""
     if images.dtype != np.uint8 or images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
         raise ValueError(f"need uint8 images (M, 28, 28) and labels (M,), got {images.dtype} {images.shape} "
                          f"and {labels.shape}")
     if n < 0:
         raise ValueError(f"the number of scenes must be at least 0, got {n}")
     counts = rng.integers(1, most + 1, size=n)
+    if not whole_pool:
+        if n and not len(images):
+            raise ValueError(f"{n} scenes need images; the pool holds none")
+        return counts
     if counts.sum() > len(images):
         raise ValueError(f"{n} scenes need {counts.sum()} images without replacement; the pool holds {len(images)}")
     return counts

@@ -57,10 +57,14 @@ set's kinds, "one" to "six", the cells, "small", "large", "dark", "bright" and t
 What it asks beyond the easy set: up to six garments, 12-pixel garments and dark ones (a 12x12 dark pair of
 trousers is a few grey pixels); counts to six; nine cells; attributes read from the pixels; and relations that
 need a garment told apart from others of its kind.
+
+The code is shared with :mod:`.scenes_crowded`: what tells the two sets apart is a :class:`SceneRules` (this set's
+:data:`HARD`), which every function here takes, the hard set's by default.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -68,8 +72,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .scenes import CLASS_WORDS, HOLDOUT, _count, _inventory, _join, _total, compose_split, \
-    draw_counts
+from .scenes import CLASS_WORDS, HOLDOUT, _count, _inventory, _join, _np, _total, compose_split, draw_counts
 
 DATASET = "fashion-mnist-scenes-hard"
 CANVAS, GRID, CELL = 64, 3, 21  # 3 x 21 = 63
@@ -80,8 +83,29 @@ TONES = (("dark", 96), ("bright", 255))  # (word, brightest pixel)
 MAX_GARMENTS = 6
 MAX_WORDS = 30
 CAPTIONS = 5
-_SPLIT_SEEDS = {"train": 10, "val": 11, "test": 12}
 _WORD = re.compile(r"[a-z0-9]+")
+
+
+@dataclass(frozen=True)
+class SceneRules:
+    """What tells the 3x3 composed sets apart (each set's module docstring gives its values' meaning): the canvas,
+    grid, pools, caption families other than where, and the 30-word bound are common to all."""
+
+    name: str  # the dataset's name
+    streams: tuple[int, int, int]  # the generators' second seeds for train, val, test
+    max_garments: int  # k uniform in 1..max_garments
+    sizes: tuple[tuple[str, int], ...] = SIZES  # (word, pixels a side): small, large
+    tones: tuple[tuple[str, int], ...] = TONES  # (word, brightest pixel): dark, bright
+    where_garments: int = 3  # the where family describes min(k, where_garments) garments
+    where_attributes: bool = True  # ... each as NP+ (size, tone, kind) or NP(c, 1) (the kind alone)
+    scene_kinds: tuple[int, ...] = ()  # () images in the pool's order, any kinds; else a scene's number of kinds
+    # is min(k, M), M drawn uniformly from these, and each kind's images come in an order of their own
+
+    def split_streams(self) -> dict[str, int]:
+        return dict(zip(("train", "val", "test"), self.streams))
+
+
+HARD = SceneRules(DATASET, streams=(10, 11, 12), max_garments=MAX_GARMENTS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,49 +138,94 @@ def area_matrix(s: int, n: int = 28) -> np.ndarray:
     return np.clip(np.minimum(hi, j + 1) - np.maximum(lo, j), 0, None) * s / n
 
 
-def garment_pixels(image: np.ndarray, size: int, tone: int) -> np.ndarray:
-    """A 28x28 uint8 image resized to ``SIZES[size]`` and scaled to ``TONES[tone]`` (module docstring)."""
-    a = _AREA[size]
+def garment_pixels(image: np.ndarray, size: int, tone: int, rules: SceneRules = HARD) -> np.ndarray:
+    """A 28x28 uint8 image resized to ``rules.sizes[size]`` and scaled to ``rules.tones[tone]`` (module
+    docstring)."""
+    a = _area(rules.sizes[size][1])
     out = a @ image.astype(np.float64) @ a.T
     top = out.max()
-    return np.zeros_like(out, np.uint8) if top == 0 else np.rint(out * TONES[tone][1] / top).astype(np.uint8)
+    return np.zeros_like(out, np.uint8) if top == 0 else np.rint(out * rules.tones[tone][1] / top).astype(np.uint8)
 
 
-_AREA = [area_matrix(side) for _, side in SIZES]
+@functools.lru_cache(maxsize=None)
+def _area(side: int) -> np.ndarray:
+    return area_matrix(side)
 
 
-def compose_hard_scenes(images: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generator) -> HardScenes:
-    """``n`` scenes from a pool of uint8 images (M, 28, 28) with labels 0-9 (M,); sources index the pool."""
-    counts = draw_counts(images, labels, n, MAX_GARMENTS, rng)
-    order = rng.permutation(len(images))[: counts.sum()]
+def compose_hard_scenes(images: np.ndarray, labels: np.ndarray, n: int, rng: np.random.Generator,
+                        rules: SceneRules = HARD) -> HardScenes:
+    """``n`` scenes from a pool of uint8 images (M, 28, 28) with labels 0-9 (M,) by ``rules``; sources index the
+    pool."""
+    counts = draw_counts(images, labels, n, rules.max_garments, rng, whole_pool=not rules.scene_kinds)
+    pick = _by_kinds(labels, rng, rules.scene_kinds) if rules.scene_kinds else _in_pool_order(len(images), counts, rng)
     cells_n = GRID * GRID
     pixels = np.zeros((n, CANVAS, CANVAS), np.uint8)
     cells, sizes, tones, sources = (np.full((n, cells_n), -1, np.int64) for _ in range(4))
     offsets = np.full((n, cells_n, 2), -1, np.int64)
-    captions, used = [], 0
+    captions = []
     for i, k in enumerate(counts.tolist()):
+        chosen = pick(k)
         where = rng.choice(cells_n, size=k, replace=False)
         size, tone = rng.integers(0, 2, size=k), rng.integers(0, 2, size=k)
-        spare = CELL - np.array([SIZES[s][1] for s in size.tolist()])
+        spare = CELL - np.array([rules.sizes[s][1] for s in size.tolist()])
         shift = rng.integers(0, spare[:, None] + 1, size=(k, 2))
-        for g, (cell, source) in enumerate(zip(where.tolist(), order[used:used + k].tolist())):
-            side = SIZES[size[g]][1]
+        for g, (cell, source) in enumerate(zip(where.tolist(), chosen)):
+            side = rules.sizes[size[g]][1]
             top, left = CELL * (cell // GRID) + shift[g, 0], CELL * (cell % GRID) + shift[g, 1]
-            pixels[i, top:top + side, left:left + side] = garment_pixels(images[source], size[g], tone[g])
+            pixels[i, top:top + side, left:left + side] = garment_pixels(images[source], size[g], tone[g], rules)
             cells[i, cell], sources[i, cell] = int(labels[source]), source
             sizes[i, cell], tones[i, cell], offsets[i, cell] = size[g], tone[g], shift[g]
-        used += k
         garments = [(j, cells[i, j].item(), sizes[i, j].item(), tones[i, j].item())
                     for j in range(cells_n) if cells[i, j] >= 0]
-        captions.append(hard_scene_captions(garments, rng))
+        captions.append(hard_scene_captions(garments, rng, rules))
     return HardScenes(pixels, cells, sizes, tones, offsets, sources, captions)
+
+
+def _in_pool_order(m: int, counts: np.ndarray, rng: np.random.Generator):
+    """The pool's images in one random order, without replacement: each call takes the next ``k``."""
+    order = rng.permutation(m)[: counts.sum()].tolist()
+    used = 0
+
+    def pick(k: int) -> list[int]:
+        nonlocal used
+        used += k
+        return order[used - k:used]
+    return pick
+
+
+def _by_kinds(labels: np.ndarray, rng: np.random.Generator, choices: tuple[int, ...]):
+    """Each kind's images in a random order of their own (kinds 0-9 in turn), begun again where used up; a call
+    for ``k`` garments draws M from ``choices``, min(k, M) distinct kinds among those the pool holds, gives the
+    first garments one kind each and the rest a kind each uniformly, and takes each garment's kind's next image."""
+    present = np.unique(labels)
+    orders = {c: rng.permutation(np.flatnonzero(labels == c)).tolist() for c in present.tolist()}
+    used = dict.fromkeys(orders, 0)
+
+    def pick(k: int) -> list[int]:
+        m = min(k, int(rng.choice(choices)), len(present))
+        kinds = rng.choice(present, size=m, replace=False)
+        drawn = np.concatenate([kinds, kinds[rng.integers(0, m, size=k - m)]]).tolist()
+        out = []
+        for c in drawn:
+            out.append(orders[c][used[c] % len(orders[c])])
+            used[c] += 1
+        return out
+    return pick
 
 
 def hard_fashion_scenes(fashion_dir: str | os.PathLike, split: str, n: int | None = None, seed: int = 0,
                         holdout: int = HOLDOUT) -> HardScenes:
     """The scenes of ``split`` (train, val, test; ``n`` of them, default :data:`~.scenes.SCENE_SPLITS`) from the
     Fashion-MNIST IDX files in ``fashion_dir``; sources index the split's IDX file."""
-    return compose_split(compose_hard_scenes, DATASET, _SPLIT_SEEDS, fashion_dir, split, n, seed, holdout)
+    return rules_fashion_scenes(HARD, fashion_dir, split, n, seed, holdout)
+
+
+def rules_fashion_scenes(rules: SceneRules, fashion_dir: str | os.PathLike, split: str, n: int | None = None,
+                         seed: int = 0, holdout: int = HOLDOUT) -> HardScenes:
+    """:func:`hard_fashion_scenes` by ``rules``: the generator ``np.random.default_rng([seed, stream])``, the stream
+    ``rules.streams``' for the split."""
+    compose = functools.partial(compose_hard_scenes, rules=rules)
+    return compose_split(compose, rules.name, rules.split_streams(), fashion_dir, split, n, seed, holdout)
 
 
 def words(caption: str) -> int:
@@ -164,16 +233,18 @@ def words(caption: str) -> int:
     return len(_WORD.findall(caption))
 
 
-def hard_scene_captions(garments: list[tuple[int, int, int, int]], rng: np.random.Generator) -> list[str]:
-    """The five reference captions of a scene of ``garments``, (cell, label, size, tone) in cell order."""
-    if not 1 <= len(garments) <= MAX_GARMENTS:
-        raise ValueError(f"a scene holds 1 to {MAX_GARMENTS} garments, got {len(garments)}")
+def hard_scene_captions(garments: list[tuple[int, int, int, int]], rng: np.random.Generator,
+                        rules: SceneRules = HARD) -> list[str]:
+    """The five reference captions of a scene of ``garments``, (cell, label, size, tone) in cell order, by
+    ``rules``."""
+    if not 1 <= len(garments) <= rules.max_garments:
+        raise ValueError(f"a scene holds 1 to {rules.max_garments} garments, got {len(garments)}")
     refs = references(garments)
     if len(garments) > 1 and len(refs) >= 2:
         families = ["count", "where", "attribute", "relation", ("total", "empty")[int(rng.integers(2))]]
     else:
         families = ["count", "total", "where", "attribute", "empty"]
-    return [_FAMILIES[families[f]](garments, rng) for f in rng.permutation(CAPTIONS).tolist()]
+    return [_FAMILIES[families[f]](garments, rng, rules) for f in rng.permutation(CAPTIONS).tolist()]
 
 
 def references(garments: list[tuple[int, int, int, int]]) -> dict[int, str]:
@@ -209,21 +280,25 @@ def _pairs(garments: list[tuple[int, int, int, int]]) -> list[tuple[int, int]]:
     return [(g[0], g[1]) for g in garments]
 
 
-def _hard_count(garments, rng):
+# The caption families; each takes the garments, the generator and the set's rules (which only where reads; the
+# words "small", "large", "dark", "bright" are every set's).
+def _hard_count(garments, rng, rules):
     return _count(_pairs(garments), rng)
 
 
-def _hard_total(garments, rng):
+def _hard_total(garments, rng, rules):
     return _total(_pairs(garments), rng)
 
 
-def _where(garments, rng):
-    chosen = sorted(rng.choice(len(garments), min(len(garments), 3), replace=False).tolist())
+def _where(garments, rng, rules):
+    chosen = sorted(rng.choice(len(garments), min(len(garments), rules.where_garments), replace=False).tolist())
+    if not rules.where_attributes:
+        return _fit([f"{_np(c)} in the {CELL_NAMES[j]}" for j, c, _, _ in (garments[i] for i in chosen)])
     return _fit([f"a {SIZES[s][0]} {TONES[t][0]} {CLASS_WORDS[c][0]} in the {CELL_NAMES[j]}"
                  for j, c, s, t in (garments[i] for i in chosen)])
 
 
-def _attribute(garments, rng):
+def _attribute(garments, rng, rules):
     which = int(rng.integers(2))  # 0: size, 1: tone
     names = (SIZES, TONES)[which]
     parts = []
@@ -234,7 +309,7 @@ def _attribute(garments, rng):
     return "; ".join(parts)
 
 
-def _relation(garments, rng):
+def _relation(garments, rng, rules):
     refs = references(garments)
     pairs = list(itertools.combinations(sorted(refs), 2))
     m = 1 if len(pairs) == 1 else int(rng.integers(1, 3))
@@ -245,7 +320,7 @@ def _relation(garments, rng):
     return _fit(parts)
 
 
-def _empty(garments, rng):
+def _empty(garments, rng, rules):
     empty = sorted(set(range(GRID * GRID)) - {g[0] for g in garments})
     cell = empty[int(rng.integers(len(empty)))]
     return f"{_join(_inventory(_pairs(garments), rng))}, with nothing in the {CELL_NAMES[cell]}"

@@ -445,8 +445,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
     p.add_argument("--dataset", default="",
                    help="run the cells on this dataset instead of their setting's, where their task allows it (e.g. "
-                        "fashion-mnist-scenes-hard for 001-table5 at cpu scale); the table goes to "
-                        "OUT/<scale>/<table>-<dataset>/ (default: the setting's)")
+                        "fashion-mnist-scenes-hard or fashion-mnist-scenes-crowded for 001-table5 at cpu scale); "
+                        "the table goes to OUT/<scale>/<table>-<dataset>/ (default: the setting's)")
     p.set_defaults(func=command)
 
 

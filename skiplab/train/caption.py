@@ -29,6 +29,8 @@ The data, by ``dataset``:
 - ``fashion-mnist-scenes-hard``: its harder variant (:mod:`skiplab.data.scenes_hard`: a 3x3 grid of up to six
   garments of two sizes and two tones, counts to six, relations among garments told apart from their distractors),
   read the same way.
+- ``fashion-mnist-scenes-crowded``: another (:mod:`skiplab.data.scenes_crowded`: the same grid with up to eight
+  garments of two or three kinds a scene, smaller and darker, and short where captions), read the same way.
 - ``''`` (files): ``captions``, Karpathy's split file (``dataset_coco.json``: train + restval, val, test) or a COCO
   captions file (``captions_train2014.json`` style; then ``valid_captions`` and ``test_captions`` name the other
   splits' files), with the images in ``image_dir`` (each of ``image_size`` pixels a side, of the model's
@@ -54,6 +56,7 @@ from .. import decoding, distributed, run_dir
 from ..data import idx
 from ..data.images import dataset_dirs
 from ..data.scenes import fashion_scenes
+from ..data.scenes_crowded import crowded_fashion_scenes
 from ..data.scenes_hard import hard_fashion_scenes
 from ..interop.coco_eval import CiderD
 from ..models import CaptionerConfig, caption_families, family_of, model_config
@@ -62,7 +65,8 @@ from ..text.captions import CaptionedImage, FeatureFolder, ImageFolder, Vocabula
 from .mt import Seq2SeqData, Seq2SeqRecipe, train_seq2seq
 from .run import Run
 
-SCENE_SETS = {"fashion-mnist-scenes": fashion_scenes, "fashion-mnist-scenes-hard": hard_fashion_scenes}
+SCENE_SETS = {"fashion-mnist-scenes": fashion_scenes, "fashion-mnist-scenes-hard": hard_fashion_scenes,
+              "fashion-mnist-scenes-crowded": crowded_fashion_scenes}
 DATASETS = (*SCENE_SETS, "")
 SPLITS = ("train", "valid", "test")
 
@@ -75,8 +79,8 @@ class CaptionTrainConfig(Seq2SeqRecipe):
         "help": "model spec: a captioner preset, optionally with options, e.g. captioner-small(connection=SAS) or "
                 "captioner-small(encoder_connection=PostLN,decoder_connection=2rSkip+LN)"})
     dataset: str = field(default="fashion-mnist-scenes", metadata={
-        "help": "fashion-mnist-scenes (composed from Fashion-MNIST), fashion-mnist-scenes-hard (its harder variant), "
-                "or '' for --captions files"})
+        "help": "fashion-mnist-scenes (composed from Fashion-MNIST), fashion-mnist-scenes-hard and "
+                "fashion-mnist-scenes-crowded (its harder variants), or '' for --captions files"})
     data_dir: str = field(default="", metadata={
         "help": "fashion-mnist-scenes: the Fashion-MNIST IDX files ('' = where the image task finds them); files: "
                 "the folder relative --captions, --image-dir and --feature-dir are in"})

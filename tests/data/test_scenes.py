@@ -27,7 +27,8 @@ WORDS = {
     "sandal": (5, 1), "sandals": (5, 2), "shirt": (6, 1), "shirts": (6, 2), "sneaker": (7, 1),
     "sneakers": (7, 2), "bag": (8, 1), "bags": (8, 2), "ankle boot": (9, 1), "ankle boots": (9, 2),
 }
-NUMBER = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}  # four to six: the hard set
+NUMBER = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6,  # four to six: the hard set
+          "seven": 7, "eight": 8}  # to eight: the crowded set
 CELLS = {"top left": 0, "top right": 1, "bottom left": 2, "bottom right": 3}
 NOUN = "|".join(sorted(map(re.escape, WORDS), key=len, reverse=True))
 NP = rf"(?:a|an|two|three) (?:{NOUN})"

@@ -131,16 +131,21 @@ def test_shapes_and_metadata(splits):
 
 
 def test_same_seed_same_bytes_other_seed_differs(fashion_dir, splits):
-    again = hard_fashion_scenes(fashion_dir, "train", 30, seed=3, holdout=HOLDOUT)
-    ref = splits["train"]
+    check_seeded(hard_fashion_scenes, hard_scene_captions, fashion_dir, splits["train"])
+
+
+def check_seeded(compose, captions, fashion_dir, ref) -> None:
+    """``compose`` (a set's ``*_fashion_scenes``) gives ``ref``, the 30 training scenes of seed 3, byte for byte
+    again and others for seed 4; ``captions`` gives a scene the same captions for the same generator (shared with
+    the other 3x3 sets' tests)."""
+    again = compose(fashion_dir, "train", 30, seed=3, holdout=HOLDOUT)
     assert again.pixels.tobytes() == ref.pixels.tobytes() and again.captions == ref.captions
     for name in ("cells", "sizes", "tones", "offsets", "sources"):
         assert np.array_equal(getattr(again, name), getattr(ref, name))
-    other = hard_fashion_scenes(fashion_dir, "train", 30, seed=4, holdout=HOLDOUT)
+    other = compose(fashion_dir, "train", 30, seed=4, holdout=HOLDOUT)
     assert other.pixels.tobytes() != ref.pixels.tobytes() and other.captions != ref.captions
     garments = [(0, 8, 0, 1), (4, 8, 1, 1), (8, 4, 0, 0)]
-    assert hard_scene_captions(garments, np.random.default_rng(9)) == hard_scene_captions(garments,
-                                                                                         np.random.default_rng(9))
+    assert captions(garments, np.random.default_rng(9)) == captions(garments, np.random.default_rng(9))
 
 
 def test_the_scenes_of_a_seed_are_pinned(splits):
@@ -156,11 +161,18 @@ def test_the_scenes_of_a_seed_are_pinned(splits):
 
 
 def test_every_caption_is_true(splits):
+    check_families(splits, check_caption)
+
+
+def check_families(splits, check) -> None:
+    """Every caption of ``splits`` is true of its scene by ``check`` (which returns its family); each scene has five
+    families, count, where and attribute among them, and relation or else both total and empty; every family is
+    seen (shared with the other 3x3 sets' tests)."""
     seen = Counter()
     for scenes in splits.values():
         for i, captions in enumerate(scenes.captions):
             scene = scenes.garments(i)
-            families = [check_caption(c, scene) for c in captions]
+            families = [check(c, scene) for c in captions]
             assert len(set(families)) == 5, captions
             assert {"count", "where", "attribute"} <= set(families), captions
             if "relation" not in families:
@@ -205,19 +217,26 @@ def test_a_false_caption_is_caught():
 
 
 def test_pixels_land_where_the_metadata_says(fashion_dir, splits):
+    check_pixels(fashion_dir, splits, (12, 20), (96, 255))
+
+
+def check_pixels(fashion_dir, splits, sides: tuple[int, int], tops: tuple[int, int], rules=scenes_hard.HARD) -> None:
+    """Each garment of ``splits`` is its source image resized to ``sides[size]`` pixels a side with its brightest
+    pixel ``tops[tone]``, at its offset in its cell, and nothing else is on the canvas (shared with the other 3x3
+    sets' tests, their ``rules`` given)."""
     files = {"train": "train", "val": "train", "test": "t10k"}
     for split, scenes in splits.items():
         source = read_idx(fashion_dir / f"{files[split]}-images-idx3-ubyte.gz", IMAGES_MAGIC)
         for i, pixels in enumerate(scenes.pixels):
             rest = pixels.copy()
             for cell, label, size, tone in scenes.garments(i):
-                side, top = (12, 20)[size], (96, 255)[tone]
+                side, top = sides[size], tops[tone]
                 dy, dx = scenes.offsets[i, cell].tolist()
                 assert 0 <= dy <= 21 - side and 0 <= dx <= 21 - side
                 y, x = 21 * (cell // 3) + dy, 21 * (cell % 3) + dx
                 image = source[scenes.sources[i, cell]].reshape(28, 28).astype(np.uint8)
                 patch = pixels[y:y + side, x:x + side]
-                assert np.array_equal(patch, garment_pixels(image, size, tone))
+                assert np.array_equal(patch, garment_pixels(image, size, tone, rules))
                 assert patch.max() == top or image.max() == 0
                 rest[y:y + side, x:x + side] = 0
             assert not rest.any()  # nothing outside the pasted garments
