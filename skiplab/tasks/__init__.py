@@ -45,10 +45,12 @@ def load_trained(path: str | Path) -> Trained:
 
 def check_same_run(cfg: Any, advice: str = "use another --out") -> None:
     """An error when ``cfg.out`` holds a run with settings other than ``cfg``'s (where it lives aside:
-    :data:`~skiplab.run_dir.PLACE`)."""
+    :data:`~skiplab.run_dir.PLACE`). A field the stored run lacks (one added to the config since it was written)
+    counts as the value its metadata gives every earlier run (``older_runs``)."""
     out = Path(cfg.out)
     if (out / "config.json").is_file():
-        stored = getattr(type(cfg), "upgrade", dict)(run_dir.read_json(out / "config.json").get("config") or {})
+        older = {f.name: f.metadata["older_runs"] for f in dataclasses.fields(cfg) if "older_runs" in f.metadata}
+        stored = {**older, **getattr(type(cfg), "upgrade", dict)(run_dir.read_json(out / "config.json").get("config") or {})}
         diff = run_dir.changed_settings(stored, dataclasses.asdict(cfg), ignore=run_dir.PLACE)
         if diff:
             raise run_dir.RunDirError(f"{out} holds a run with other settings ({', '.join(diff)}); {advice}")

@@ -156,3 +156,21 @@ def test_a_tiny_completep_run_records_its_parametrization(text, tmp_path):  # no
     _, model, _ = load_run(out)  # the checkpoint rebuilds the μP, depth-scaled model
     assert model.width_multiplier == 2.0 and model.layers[0].conn_attn.multiplier == 0.5
     assert Path(out / "summary.json").is_file()
+
+
+def test_a_run_written_before_the_parametrization_existed_is_the_same_run(tmp_path):
+    """Its config.json lacks the fields added since (parametrization, depth_base): they count as every earlier run's
+    values (``older_runs``), so comparisons and sweeps pick the run up rather than refusing it."""
+    import dataclasses
+
+    from skiplab import run_dir
+    from skiplab.tasks import check_same_run
+    from skiplab.train.lm import LMTrainConfig
+
+    cfg = LMTrainConfig(corpus="", train_file="t.jsonl", valid_file="v.jsonl", out=str(tmp_path / "run"))
+    old = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("parametrization", "depth_base", "log_layers")}
+    (tmp_path / "run").mkdir()
+    run_dir.write_json(tmp_path / "run" / "config.json", {"config": old})
+    check_same_run(cfg)
+    with pytest.raises(run_dir.RunDirError, match=r"other settings \(parametrization\)"):
+        check_same_run(dataclasses.replace(cfg, parametrization="mup"))
