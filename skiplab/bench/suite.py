@@ -46,6 +46,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from .. import run_dir
+from ..compiled import raise_recompile_limit
 from ..config import count, parse_list
 from ..connections.norms import make_norm
 from ..models import model_config
@@ -342,7 +343,8 @@ def _design_steps(sz: Sizes, group: str, designs: dict[str, str], widths: tuple[
         for mode in ("eager", "compiled"):
             steps, secs = {}, {}
             if mode == "compiled":
-                torch._dynamo.reset()  # each model is an entry of GPT.forward's cache: keep them under its limit
+                torch._dynamo.reset()  # each model is an entry of GPT.forward's cache: keep them under its limit,
+                raise_recompile_limit(2 * len(specs) + 2)  # raised for as many models (past it dynamo runs eagerly)
             for d in specs:
                 model = build(f"{sz.lm_model}(connection={d})", **shape)
                 if mode == "compiled":
