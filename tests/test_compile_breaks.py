@@ -37,8 +37,9 @@ def fresh_dynamo():
 # residual's first layer keeps its values, LNS scales layer l by 1/sqrt(l), Mix-LN's first layers are post-norm,
 # Keel's first layer has no α and its first sub-layer no second norm)
 # Keel's first layer differs; Attention Residuals mixes more sources each layer, MUDD's layer 0 is plain, the
-# per-sub-layer scalars read each sub-layer's own index: one compilation a layer
-PER_LAYER = {"PreLN+ValueRes": 2, "LNS": 2, "MixLN": 2, "Keel": 2, "PreLN+AttnRes": 2, "PreLN+AttnRes(block=2)": 2,
+# per-sub-layer scalars read each sub-layer's own index: one compilation a layer; LAuReL-PA's first layers have fewer
+# earlier inputs to mix than k − 1 (one compilation for each count, then one for every later layer)
+PER_LAYER = {"LAuReL(form=pa)": 2, "PreLN+ValueRes": 2, "LNS": 2, "MixLN": 2, "Keel": 2, "PreLN+AttnRes": 2, "PreLN+AttnRes(block=2)": 2,
              "PreLN+MUDD": 2, "PreLN+Scalars(per=sublayer)": 2}
 
 

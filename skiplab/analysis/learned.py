@@ -5,7 +5,7 @@ the Highway transform gate T = σ(x W_T + b_T), wSkip's learned vector w (its no
 rSkip+LN paper reports ‖w‖ = 1.34, mean 0.24 for a middle-layer w ∈ R^32 initialised at 1), the branch
 gain α of ReZero and SkipInit (one learned scalar each, the same for every example: std 0) and LayerScale's
 λ (its mean and largest magnitude), Admin's shortcut weight ω (its mean and norm), hyper-connections' static
-mixing weights (the mean diagonal of A_r and mean of B), LAuReL's α and β (form=rw) or ‖B A‖ (form=lr), nGPT's
+mixing weights (the mean diagonal of A_r and mean of B), LAuReL's α and β (form=rw), ‖B A‖ (form=lr) and γ_j (form=pa), nGPT's
 eigen learning rates α (mean, least, largest), and of the designs across a stack's layers the value residual's λ_l
 per layer (``+ValueRes``), the U-Net skip weight w_i of the layer it enters (``+UNet``), the speedrun's a_l, b_l and
 backout's λ, and the "i reads j" matrices of the designs that mix earlier outputs (:mod:`.mixing`). The learned
@@ -44,6 +44,7 @@ DATA_FREE = ("wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC", "LAuReL
 PARAMS = ("w_norm", "w_mean", "lambda_mean", "lambda_abs_max", "omega_mean", "omega_norm", "A_r_diag_mean", "B_mean",
           "ba_norm", "alpha_mean", "alpha_min", "alpha_max", "value_lambda", "skip_weight", "resid_lambda", "resid_lambda_attn", "resid_lambda_cross", "resid_lambda_ffn",
           "x0_lambda", "backout_lambda", "backout_layer")  # data-free values without a spread
+PARAM_FAMILIES = ("pa_gamma_",)  # numbered data-free values (LAuReL-PA's γ_j, j = 0, ..., k − 1)
 PAPER_RATIO = 2.64  # rSkip+LN paper, Section 4.3: 2rSkip+LN, middle stage of ResNet-110 on CIFAR-10
 
 
@@ -88,7 +89,7 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
             for key, value in conn.stats().items():
                 if key in GATES and isinstance(value, (int, float)):  # one learned number for every example
                     row[key], row[f"{key}_std"] = value, 0.0
-                elif key in PARAMS:
+                elif key in PARAMS or key.startswith(PARAM_FAMILIES):
                     row[key] = value
         rows.append(row)
     rows += across
@@ -163,7 +164,8 @@ def table(result: dict[str, Any]) -> str:
         stages = ", ".join(f"{s} {v:.3f}" for s, v in result["stages"].items())
         return (f"{text}\n\nper stage: {stages}; network: {result['network']:.3f}; "
                 f"the paper: {result['paper']['ratio']} ({result['paper']['where']})")
-    keys = [k for k in (*GATES, *PARAMS, *_across_keys(rows)) if any(k in r for r in rows)]
+    numbered = {k: None for r in rows for k in r if k.startswith(PARAM_FAMILIES)}
+    keys = [k for k in (*GATES, *PARAMS, *numbered, *_across_keys(rows)) if any(k in r for r in rows)]
     head = ["connection", "spec"] + [f"{k} (mean ± std)" if k in GATES else k for k in keys]
     body = [[r["connection"], r["spec"]] + [(f"{r[k]:.4f} ± {r[k + '_std']:.4f}" if k in GATES else r[k])
                                             if k in r else "-" for k in keys] for r in rows]

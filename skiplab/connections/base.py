@@ -112,6 +112,12 @@ class Connection(nn.Module):
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         raise NotImplementedError
 
+    @classmethod
+    def previous_inputs(cls, spec: _spec.Spec) -> int:
+        """How many inputs of the sub-layers before this one the design reads (LAuReL-PA), handed to its forward as
+        ``previous``, most recent first, by the stack (:class:`~skiplab.connections.across.Across`); most: 0."""
+        return 0
+
     # An additive design is an identity skip plus a term, y = x + B(x) with B(x) = branch_output(F(branch_input(x)))
     # (the pre-norm and Peri-LN families): a design across the stack that replaces the residual sum by a mix of
     # earlier outputs (Attention Residuals, MUDD) calls B on its own inputs.

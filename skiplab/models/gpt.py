@@ -308,7 +308,7 @@ class GPT(nn.Module):
         run = self.across.start(x)
         recompute = self.checkpointing and self.training and torch.is_grad_enabled() and caches is None
         if recompute and (names := not_recomputable(self.cfg.connection)):
-            raise ValueError(f"activation checkpointing runs a layer twice, which +{names[0]} cannot")
+            raise ValueError(f"activation checkpointing runs a layer twice, which {names[0]} cannot")
         for i, layer in enumerate(self.layers):
             if recompute:  # activation checkpointing: the layer's inner activations made again in the backward
                 x = checkpoint(layer, run.enter(i, x), None, run.values(i), run.inner, use_reentrant=False)

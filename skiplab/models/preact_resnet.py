@@ -46,6 +46,9 @@ class PreActResNetConfig:
         if REGISTRY[spec.name].model_side:
             raise ValueError(f"{spec.name} needs its model around it (unit-norm embeddings, scaled attention and "
                              "logits, weights renormalised after each step): the GPT's alone, not the PreAct-ResNet's")
+        if REGISTRY[spec.name].previous_inputs(spec):
+            raise ValueError(f"{spec.name}(form=pa) mixes the inputs of earlier blocks, which the PreAct-ResNet's "
+                             "stages change in width and resolution; use k=1, form=lr or form=rw")
         if spec.stack:
             raise ValueError(f"+{spec.stack[0].name} is a design across the layers of a Transformer stack (attention "
                              "values, same-width skips); the PreAct-ResNet has no attention and its stages change width")

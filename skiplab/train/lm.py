@@ -174,7 +174,7 @@ class LMTrainConfig:
             raise ValueError("--log-layers watches the sub-layers with hooks, which --compile does not allow; "
                              "give one")
         if self.activation_checkpointing and (names := not_recomputable(connection)):
-            raise ValueError(f"--activation-checkpointing runs a layer twice, which +{names[0]} cannot")
+            raise ValueError(f"--activation-checkpointing runs a layer twice, which {names[0]} cannot")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         """The model's config, resolved from the spec, for the tokenizer's ``vocab_size``, as the parametrisation

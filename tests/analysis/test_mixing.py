@@ -75,6 +75,7 @@ def test_the_figure_is_drawn_and_a_model_without_mixing_has_none(trained, text, 
 
 
 @pytest.mark.parametrize("spec, keys", [("LAuReL", ("alpha", "beta")), ("LAuReL(form=lr)", ("ba_norm",)),
+                                        ("LAuReL(form=pa,k=2)", ("ba_norm", "pa_gamma_0", "pa_gamma_1")),
                                         ("nGPT", ("alpha_mean", "alpha_min", "alpha_max"))])
 def test_gates_read_the_newer_connections_learned_values(text, tmp_path, spec, keys):  # noqa: F811
     out = tmp_path / "run"

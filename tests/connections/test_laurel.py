@@ -156,7 +156,7 @@ def test_projection_skip_and_conv_layout():
 
 def test_spec_refuses_what_form_rw_has_not_and_takes_the_model_norm():
     for bad, match in [("LAuReL(norm=rms)", r"form=rw\) has no low-rank term"), ("LAuReL(rank=4)", "form=rw"),
-                       ("LAuReL(form=pa)", "must be one of rw, lr"), ("LAuReL(form=lr,rank=0)", ">= 1"),
+                       ("LAuReL(form=pb)", "must be one of rw, lr, pa"), ("LAuReL(form=lr,rank=0)", ">= 1"),
                        ("LAuReL+BN", "no normalisation")]:
         with pytest.raises(ValueError, match=match):
             skiplab.parse_spec(bad)

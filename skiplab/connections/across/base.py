@@ -31,6 +31,10 @@ the cache of layer l holds the keys and values its earlier positions had. Where 
 hyper-connections' n streams, the U-Net adds whole streams. The PreAct-ResNet has no stack of one width and no
 attention, and refuses them.
 
+A connection may itself read the inputs of the sub-layers before it (LAuReL-PA,
+:meth:`~skiplab.connections.Connection.previous_inputs`): the run then keeps each sub-layer's input and hands the
+last ones to the next sub-layers' connections as ``previous``, most recent first.
+
 Designs that replace the residual sum by a mix of earlier outputs (``replaces_sum``) need a connection that is
 an identity skip plus a term, y = x + B(x) (:attr:`~skiplab.connections.Connection.additive`: the pre-norm and
 Peri-LN families), whose B they call on their own mix; any other combination is refused with one line.
@@ -45,7 +49,7 @@ from typing import Any, Callable, ClassVar
 
 from torch import Tensor, nn
 
-from ..base import ACROSS, Branch, Connection, parse_spec
+from ..base import ACROSS, REGISTRY, Branch, Connection, parse_spec
 from ..spec import Option, Spec
 
 FAMILIES = ("lm", "encoder", "decoder")
@@ -122,6 +126,11 @@ class AcrossDesign(nn.Module):
         return f"+{cls.name} replaces the residual sum; it cannot be combined with +{other}" if other else None
 
     @classmethod
+    def runs_sublayers(cls, spec: Spec) -> bool:
+        """Whether the design, with ``spec`` (its own), runs every sub-layer itself (:meth:`sublayer`)."""
+        return cls.owns_sublayers
+
+    @classmethod
     def check(cls, spec: Spec, stack: Stack) -> str | None:
         """What makes ``spec`` (this design's) impossible in ``stack`` (a layer it names out of range), or None."""
         return None
@@ -189,8 +198,13 @@ def check_stack(spec: str, stack: Stack) -> None:
 
 
 def not_recomputable(spec: str) -> list[str]:
-    """The designs across the stack in ``spec`` whose layers must not run twice (activation checkpointing)."""
-    return [s.name for s in parse_spec(spec).stack if not ACROSS[s.name].recomputable]
+    """The designs in ``spec`` whose layers must not run twice (activation checkpointing), as written: designs
+    across the stack (``+AttnRes``) and a connection that reads earlier sub-layers' inputs (``LAuReL(form=pa)``)."""
+    parsed = parse_spec(spec)
+    names = [f"+{s.name}" for s in parsed.stack if not ACROSS[s.name].recomputable]
+    if REGISTRY[parsed.name].previous_inputs(parsed):
+        names.append(f"{parsed.name}(form=pa)")
+    return names
 
 
 class Across(nn.Module):
@@ -208,8 +222,10 @@ class Across(nn.Module):
         self.mixes_values = any(d.mixes_values for d in self.designs)
         # the design that runs every sub-layer, if any: by its index, so that its parameters are registered once
         self.owner_index = next((i for i, d in enumerate(self.designs) if d.owns_sublayers), None)
-        self.per_sublayer = self.owner_index is not None or any(type(d).sub_enter is not AcrossDesign.sub_enter
-                                                          for d in self.designs)
+        # how many earlier sub-layers' inputs the connection reads (LAuReL-PA); the run hands them over
+        self.previous = REGISTRY[parsed.name].previous_inputs(parsed)
+        self.per_sublayer = (self.owner_index is not None or self.previous > 0
+                             or any(type(d).sub_enter is not AcrossDesign.sub_enter for d in self.designs))
 
     def start(self, x: Tensor | None = None) -> Run:
         """This forward pass's state, the stack's input ``x`` seen by every design."""
@@ -255,6 +271,11 @@ class Run:
         for d in self.across.designs:
             x = d.sub_enter(k, x, self.state)
         owner = self.across.owner_index
+        if owner is None and self.across.previous:  # the connection reads the inputs of the sub-layers before
+            seen = self.state.setdefault("inputs", [])
+            y = conn(x, branch, previous=tuple(seen[: -self.across.previous - 1 : -1]))
+            seen.append(x)
+            return y
         if owner is None:
             return conn(x, branch)
         return self.across.designs[owner].sublayer(k, x, conn, branch, self.state)

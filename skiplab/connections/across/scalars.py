@@ -101,6 +101,10 @@ class Scalars(AcrossDesign):
         self.b = nn.Parameter(b)  # (L,)
 
     @classmethod
+    def runs_sublayers(cls, spec: Spec) -> bool:
+        return spec.options["per"] == "sublayer"
+
+    @classmethod
     def conflict(cls, spec: Spec, named: str, registry: dict[str, type], across: dict[str, type]) -> str | None:
         """``per=sublayer`` runs every sub-layer with a skip path of its own: a connection without one (HC's
         streams) or another design that runs the sub-layers means nothing with it."""
