@@ -23,6 +23,7 @@
     skiplab export hf RUN --out DIR      a PreLN or PreRMS language-model run as a Hugging Face folder
     skiplab curves RUN [RUN ...]         learning curves of runs in one figure (--layers RUN: per-layer heatmaps)
     skiplab analyze NAME RUN [...]       gradients, gates, ratios, activations of trained runs
+    skiplab analyze coord-check CASE ... activation and update sizes across width and depth, per parametrisation
     skiplab bench [--quick]              what the designs and the engine cost here, as side-by-side ratios
     skiplab reproduce TABLE --scale S    a table of the papers at smoke, cpu or paper scale, paper numbers beside ours
     skiplab sweep lm --connections ... --depths ...   designs x depths x lrs x seeds, a table and figures by depth
@@ -58,7 +59,7 @@ from .connections import available_connections, connection, parse_spec
 from .models import family_of, options_of, with_options
 from .reproduce.sweep import sweep
 from .tasks import hf_run
-from .tasks import budget
+from .tasks import budget, coord_check
 from .tasks.compare import compare
 from .tasks.lm import add_generate_arguments, sample_text
 from .tasks.mt import add_decoding_arguments
@@ -419,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     ana = sub.add_parser("analyze", help="look into trained runs").add_subparsers(dest="analysis", required=True,
                                                                                metavar="ANALYSIS")
     analysis_options.add_parsers(ana, cmd_analyze)
+    coord_check.add_arguments(ana.add_parser(
+        "coord-check", help="the coordinate check: activation and update sizes after a few steps, across width and "
+                            "depth, for designs under their parametrisation", description=coord_check.__doc__))
 
     cmp = sub.add_parser("compare", help="compare connections over seeds").add_subparsers(dest="task", required=True, metavar="TASK")
     for task in tasks.TASKS.values():
