@@ -82,6 +82,6 @@ def write(result: dict[str, Any], cases: list[CoordCheckConfig], out: Path) -> N
     plt = pyplot()
     for case, r in zip(cases, result["cases"]):
         fig = reading.figure(r)
-        fig.savefig(out / f"{slug(case)}.png", dpi=110)
+        fig.savefig(out / f"{slug(case)}.png", dpi=80)
         plt.close(fig)
     print(text + f"wrote {out / 'coord_check.json'}, {out / 'coord_check.md'} and {len(cases)} figures")

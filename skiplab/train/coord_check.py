@@ -110,7 +110,8 @@ class CoordCheckConfig:
 
 
 def _rms(t: Tensor) -> float:
-    return t.detach().double().pow(2).mean().sqrt().item()
+    """sqrt(mean t²), to 7 significant digits (the file holds hundreds of them)."""
+    return float(f"{t.detach().double().pow(2).mean().sqrt().item():.7g}")
 
 
 class _Probe:

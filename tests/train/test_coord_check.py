@@ -41,9 +41,9 @@ def test_what_it_measures_is_the_hand_computed_rms():
     with torch.no_grad():
         logits = model(tokens)
     rms = lambda t: t.double().pow(2).mean().sqrt().item()  # noqa: E731
-    assert rows[0]["logits_rms"] == pytest.approx(rms(logits), rel=1e-9)
-    assert rows[0]["final_rms"] == pytest.approx(rms(seen["final"]), rel=1e-9)
-    assert rows[0]["stream_rms_by_layer"][0] == pytest.approx(rms(seen["x0"]), rel=1e-9)
+    assert rows[0]["logits_rms"] == pytest.approx(rms(logits), rel=1e-6)
+    assert rows[0]["final_rms"] == pytest.approx(rms(seen["final"]), rel=1e-6)
+    assert rows[0]["stream_rms_by_layer"][0] == pytest.approx(rms(seen["x0"]), rel=1e-6)
     assert len(rows[0]["stream_rms_by_layer"]) == len(rows[0]["branch_rms_by_layer"]) == 4  # 2 layers x 2
     assert rows[0]["stream_rms"] == pytest.approx(sum(rows[0]["stream_rms_by_layer"]) / 4)
     assert rows[2]["delta_logits_rms"] > 0 and rows[2]["delta_final_rms"] > 0
