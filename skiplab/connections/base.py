@@ -103,6 +103,9 @@ class Connection(nn.Module):
     # decay, ...): a model spec that leaves such a field to its preset takes the recipe's value
     # (:func:`skiplab.models.model_config`), and so does a training config at the field's default.
     recipe: ClassVar[dict[str, Any]] = {}
+    # Fields of the model's config the design cannot do without (HybridNorm: the attention's QKV-norm): a model
+    # whose config sets another value refuses the design in one line (:func:`check_model_requires`)
+    model_requires: ClassVar[dict[str, Any]] = {}
 
     @staticmethod
     def check_number(number: float) -> float:
@@ -153,6 +156,19 @@ class Connection(nn.Module):
     def extra_repr(self) -> str:
         where = "" if self.place == Place() else f", layer={self.place.layer}/{self.place.layers}"
         return f"{self.spec!r}, dim={self.dim}, layout={self.layout!r}{where}"
+
+
+def check_model_requires(cfg: Any, *specs: str) -> None:
+    """A one-line ``ValueError`` where a connection among ``specs`` (empty ones skipped) needs a value of a model
+    config field (``Connection.model_requires``) that ``cfg`` does not have."""
+    for text in specs:
+        if not text:
+            continue
+        cls = REGISTRY[parse_spec(text).name]
+        for key, want in cls.model_requires.items():
+            if getattr(cfg, key, want) != want:
+                raise ValueError(f"{cls.name} needs the model option {key}={want} (part of the design), got "
+                                 f"{key}={getattr(cfg, key)}")
 
 
 def register(cls: type[Connection]) -> type[Connection]:

@@ -22,6 +22,11 @@ projection and before the rotary positions and the dot product,
            arXiv 2501.00656; transformers ``Olmo2Attention``: RMSNorm(heads · head_dim) on the
            projections, then the rotary positions)
 
+    qkv:   q ← Norm(q), k ← Norm(k), v ← Norm(v), each over the d features (HybridNorm's QKV-norm, Zhuo et al.
+           2025, arXiv 2503.04598; BryceZhuo/HybridNorm's configs: ``use_query_norm``, ``use_key_norm``,
+           ``use_value_norm`` on OLMo's norms of d_model features), the values after their projection and
+           before anything mixes them (the value residual, the cache)
+
 Norm is the model's norm kind (RMSNorm on RMS models, LayerNorm on LN models) at the model's eps. Cross-attention
 normalises its decoder queries and its encoder keys the same way (the keys once per sentence).
 """
@@ -37,7 +42,8 @@ from torch import Tensor, nn
 from ..connections.norms import EPS, make_norm
 from .linear import stacked_linear, xavier_linear
 
-QK_NORMS = ("none", "head", "all")  # QK-norm: none, per head (Qwen 3), across the heads (OLMo 2)
+# QK-norm: none, per head (Qwen 3), across the heads (OLMo 2), and the values too (HybridNorm's QKV-norm)
+QK_NORMS = ("none", "head", "all", "qkv")
 
 
 class HeadNorm(nn.Module):
@@ -76,8 +82,10 @@ class _Attention(nn.Module):
         check_qk_norm(qk_norm)
         self.heads, self.dropout = heads, dropout
         # QK-norm: the queries' and the keys' norms (each its own gain), or None
-        self.q_norm = None if qk_norm == "none" else HeadNorm(qk_norm, norm, d_model, heads, eps)
-        self.k_norm = None if qk_norm == "none" else HeadNorm(qk_norm, norm, d_model, heads, eps)
+        over = "all" if qk_norm == "qkv" else qk_norm
+        self.q_norm = None if qk_norm == "none" else HeadNorm(over, norm, d_model, heads, eps)
+        self.k_norm = None if qk_norm == "none" else HeadNorm(over, norm, d_model, heads, eps)
+        self.v_norm = HeadNorm("all", norm, d_model, heads, eps) if qk_norm == "qkv" else None
         self._register_load_state_dict_pre_hook(self._stack_old_keys)
 
     def split(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, H, T, D/H)
@@ -111,8 +119,8 @@ class SelfAttention(_Attention):
     """Queries, keys and values from the same sequence, through one stacked projection ``qkv_proj``; with
     ``rope``, queries and keys are rotated by their positions (:class:`Rotary`) before they meet; ``qk`` then maps
     the rotated queries and keys, and sets the scores' factor (nGPT's :class:`~skiplab.models.ngpt.QKNorm`).
-    ``qk_norm`` (none, head, all) normalises queries and keys before the rotary positions with the ``norm`` kind
-    at ``eps`` (the module docstring)."""
+    ``qk_norm`` (none, head, all, qkv) normalises queries and keys before the rotary positions (qkv: and the
+    values) with the ``norm`` kind at ``eps`` (the module docstring)."""
 
     stacks = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
 
@@ -148,6 +156,8 @@ class SelfAttention(_Attention):
             q, k, v = (F.linear(t, w, b) for t, w, b in zip((x, *kv), self.qkv_proj.weight.chunk(3), biases))
         if self.q_norm is not None:  # QK-norm, before the rotary positions (Qwen 3, OLMo 2)
             q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:  # HybridNorm's QKV-norm
+            v = self.v_norm(v)
         q, k, v = self.split(q), self.split(k), self.split(v)
         if values is not None:
             v = values(v)
@@ -169,7 +179,7 @@ class SelfAttention(_Attention):
 
 class CrossAttention(_Attention):
     """Queries from the decoder, keys and values from the encoder output (``kv_proj``, one matmul); ``qk_norm``
-    normalises the queries and the keys as :class:`SelfAttention` does."""
+    normalises the queries and the keys (with ``qkv`` the values too) as :class:`SelfAttention` does."""
 
     stacks = {"kv_proj": ("k_proj", "v_proj")}
 
@@ -190,6 +200,8 @@ class CrossAttention(_Attention):
         k, v = self.kv_proj(memory).chunk(2, dim=-1)
         if self.k_norm is not None:
             k = self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
         return self.split(k), self.split(v)
 
     def forward(self, query: Tensor, kv: tuple[Tensor, Tensor], mask: Tensor | None = None) -> Tensor:

@@ -58,8 +58,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..connections import (EPS, MODEL_NORMS, Across, Place, connection, final_norm, input_norm, iter_connections,
-                           parse_spec, set_norm_eps)
+from ..connections import (EPS, MODEL_NORMS, Across, Place, check_model_requires, connection, final_norm, input_norm,
+                           iter_connections, parse_spec, set_norm_eps)
 from ..connections.across import Stack, check_stack, not_recomputable
 from ..connections.tie import tie_within_layers
 from . import ngpt
@@ -104,7 +104,8 @@ class GPTConfig:
                 "or rms_norm_eps)", "older_runs": EPS})
     qk_norm: str = field(default="none", metadata={
         "help": f"QK-norm: queries and keys normalised (the model's norm, before rotary) per head (Qwen 3) or across "
-                f"all heads (OLMo 2); one of {', '.join(QK_NORMS)}", "older_runs": "none"})
+                f"all heads (OLMo 2), with qkv the values too (HybridNorm); one of {', '.join(QK_NORMS)}",
+        "older_runs": "none"})
     mup_base_width: int = field(default=0, metadata={
         "help": "width muP's base width d_base (0: off): logits of h*d_base/d, attention scores q.k/d_head, hidden "
                 "matrices' init std over sqrt(d/d_base)", "older_runs": 0})
@@ -132,6 +133,7 @@ class GPTConfig:
             raise ValueError("mup_base_width: nGPT scales its logits and attention itself; width muP means nothing "
                              "on it")
         ngpt.check(self)  # the nGPT connection: the normalised model's fields (SwiGLU, rope, no biases, no dropout)
+        check_model_requires(self, self.connection)  # HybridNorm: the attention's QKV-norm
         check_stack(self.connection, self.stack())  # a design across the stack that names a layer it has not
 
     def stack(self) -> Stack:

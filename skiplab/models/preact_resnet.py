@@ -43,6 +43,10 @@ class PreActResNetConfig:
         if REGISTRY[spec.name].needs_stack:
             raise ValueError(f"{spec.name} needs a stack that holds its residual streams from the first block to "
                              "the last; the PreAct-ResNet's stages change width and resolution between blocks")
+        if REGISTRY[spec.name].model_requires:
+            raise ValueError(f"{spec.name} is a Transformer layer's design (its part inside the attention: "
+                             f"{', '.join(f'{k}={v}' for k, v in REGISTRY[spec.name].model_requires.items())}); "
+                             "the PreAct-ResNet has no attention")
         if REGISTRY[spec.name].model_side:
             raise ValueError(f"{spec.name} needs its model around it (unit-norm embeddings, scaled attention and "
                              "logits, weights renormalised after each step): the GPT's alone, not the PreAct-ResNet's")

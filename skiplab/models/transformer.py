@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from ..connections import MODEL_NORMS, REGISTRY, Across, Place, connection, final_norm, input_norm, parse_spec
+from ..connections import (MODEL_NORMS, REGISTRY, Across, Place, check_model_requires, connection, final_norm,
+                           input_norm, parse_spec)
 from ..connections.across import Stack, check_stack
 from .attention import QK_NORMS, CrossAttention, SelfAttention, check_qk_norm
 from .linear import xavier_linear
@@ -47,7 +48,8 @@ class TransformerConfig(Seq2SeqConfig):
         "help": "the decoder's sub-layers' connection ('' = --connection)", "older_runs": ""})
     qk_norm: str = field(default="none", metadata={
         "help": f"QK-norm: queries and keys of every attention (self and cross) normalised with the model's norm, "
-                f"per head or across all heads; one of {', '.join(QK_NORMS)}", "older_runs": "none"})
+                f"per head or across all heads, with qkv the values too (HybridNorm); one of {', '.join(QK_NORMS)}",
+        "older_runs": "none"})
 
     def __post_init__(self):
         super().__post_init__()
@@ -59,6 +61,7 @@ class TransformerConfig(Seq2SeqConfig):
                 raise ValueError(f"{parse_spec(spec).name} has no encoder-decoder form: the model around it (unit-norm "
                                  "embeddings, scaled q·k and logits, weights renormalised after each step) is the "
                                  "decoder-only GPT's alone")
+        check_model_requires(self, self.connection, self.encoder_connection, self.decoder_connection)
         for name in ("encoder", "decoder"):  # designs across a stack that have no form in it
             check_stack(self.stack_connection(name), self.stack(name))
 

@@ -19,7 +19,7 @@ EXAMPLES = [
     "PreDyT(alpha0=llm)", "MixLN+DyT(alpha0=1)", "LNS+RMS",
     "Admin", "Admin+RMS(init=profile)", "HC", "HC(n=2,kind=static)", "HC(n=2,tanh=no)", "HC+RMS(n=1)", "mHC", "mHC(n=2,iters=5)",
     "Keel", "Keel+RMS", "LAuReL", "LAuReL+RMS(form=lr,rank=2)", "LAuReL(form=lr,rank=3,norm=rms)", "LAuReL(form=pa,rank=2,k=3)",
-    "nGPT",
+    "HybridNorm", "HybridNorm+RMS(star=yes)", "nGPT",
 ]
 
 

@@ -3,6 +3,7 @@ import torch
 import torch.nn.functional as F
 
 import skiplab
+from skiplab.connections import REGISTRY, parse_spec
 from skiplab.models import PRESETS, PreActBlock, build_model, model_config
 from tests.connections.test_registry import EXAMPLES
 
@@ -39,6 +40,14 @@ def test_every_connection_builds_into_every_preset(spec):
         return
     if skiplab.connection(spec, 4).model_side:  # a design whose model is the GPT's (nGPT): refused
         with pytest.raises(ValueError, match="the GPT's alone, not the PreAct-ResNet's"):
+            model_config("preact-resnet20", connection=spec)
+        return
+    if skiplab.connection(spec, 4).model_requires:  # a design partly inside the attention (HybridNorm): refused
+        with pytest.raises(ValueError, match="the PreAct-ResNet has no attention"):
+            model_config("preact-resnet20", connection=spec)
+        return
+    if REGISTRY[parse_spec(spec).name].previous_inputs(parse_spec(spec)):  # LAuReL-PA reads earlier blocks: refused
+        with pytest.raises(ValueError, match=r"LAuReL\(form=pa\) mixes the inputs of earlier blocks"):
             model_config("preact-resnet20", connection=spec)
         return
     if "norm=rms" in spec and spec.startswith("LAuReL"):  # Gemma 3n's term reads G(x): no place beside a projection

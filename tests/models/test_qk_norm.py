@@ -207,8 +207,8 @@ def test_transformer_decodes_incrementally_and_trains_a_step(qk_norm):
 
 
 def test_bad_values_and_meaningless_combinations_are_one_line():
-    for spec, match in (("gpt-mini(qk_norm=heads)", "qk_norm must be one of none, head, all, got 'heads'"),
-                        ("transformer-small(qk_norm=yes)", "qk_norm must be one of none, head, all"),
+    for spec, match in (("gpt-mini(qk_norm=heads)", "qk_norm must be one of none, head, all, qkv, got 'heads'"),
+                        ("transformer-small(qk_norm=yes)", "qk_norm must be one of none, head, all, qkv"),
                         ("gpt-mini(connection=nGPT,qk_norm=head)", "qk_norm=head means nothing with nGPT")):
         with pytest.raises(ValueError, match=match) as err:
             model_config(spec)
@@ -235,7 +235,7 @@ def test_the_command_line_trains_with_qk_norm_refuses_bad_values_and_hf_export(t
         capsys.readouterr()
         assert run(["export", "hf", out, "--out", tmp_path / "hf"]) == 2
         one_line(capsys, "qk_norm=head has no Hugging Face counterpart")
-        for extra, pattern in ((["--qk-norm", "rms"], "qk_norm must be one of none, head, all, got 'rms'"),
+        for extra, pattern in ((["--qk-norm", "rms"], "qk_norm must be one of none, head, all, qkv, got 'rms'"),
                                (["--connection", "nGPT", "--qk-norm", "all"], "qk_norm=all means nothing with nGPT")):
             assert run(args(text, tmp_path / "bad", *extra)) == 2
             one_line(capsys, pattern)
