@@ -47,6 +47,6 @@ for s in json.load(open(sys.argv[1]))["stability"]:
     print(s["connection"], s["depth"], ",".join(f"{v:g}" for v in around))
 PY
         "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" "${extra[@]}" --connections "$design" \
-            --depths "$depth" --lrs "$around" --seeds 3 --out "$out/seeds-$name-$design-L$depth"
+            --depths "$depth" --lrs "$around" --seeds 3 --out "$out/seeds-$name-$design-L$depth" < /dev/null
     done
 done
