@@ -25,7 +25,8 @@ class HybridNorm(Connection):
                                                               requires and its recipe sets)
         feed-forward (any other):    y = G(x + FFN(x))         post-norm
 
-    with a final norm G at the stack's end (OLMo's ``ln_f``, which the authors' OLMo-based models keep). The
+    with a final norm G at the stack's end (the OLMo code the authors build on applies its ``ln_f`` after every
+    block type; their repository holds configs, not model code, so that part is skiplab's reading). The
     authors' 1.2B dense config (BryceZhuo/HybridNorm ``dense_model/configs/exps/1.2B-dense-HybriedNorm.yaml``):
     ``use_query_norm``, ``use_key_norm``, ``use_value_norm: true``, ``attn_norm: false`` (no norm before the
     attention), ``ffn_norm: true`` with ``ffn_residual_after_norm: true`` (the FFN's norm after the residual sum),
