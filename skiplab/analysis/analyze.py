@@ -7,6 +7,7 @@
     linearity     each chosen layer replaced by a trained linear map: metric loss (skiplab.analysis.linearity)
     redundancy    angular distance between layers' hidden states; loss without each block (skiplab.analysis.redundancy)
     norms         hidden-state and sub-layer output RMS per layer, massive activations (skiplab.analysis.norms)
+    saturation    DyT layers' share of inputs in tanh's flat range, per kept checkpoint (skiplab.analysis.saturation)
 
 Each run gets ``analysis/<name>.json``, ``.md`` and ``.png``; with ``--compare`` the first run's
 ``analysis/<name>_compare.png`` overlays them all. Nothing is overwritten without ``overwrite``.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from .. import run_dir
-from . import activations, gradients, learned, linearity, norms, redundancy
+from . import activations, gradients, learned, linearity, norms, redundancy, saturation
 from .report import outputs, pyplot, write
 from .trained import Trained
 
@@ -30,6 +31,7 @@ ANALYSES: dict[str, tuple[Callable[..., dict[str, Any]], Callable, Callable]] = 
     "linearity": (linearity.linearity, linearity.table, linearity.figure),
     "redundancy": (redundancy.redundancy, redundancy.table, redundancy.figure),
     "norms": (norms.norms, norms.table, norms.figure),
+    "saturation": (saturation.saturation, saturation.table, saturation.figure),
 }
 
 

@@ -64,6 +64,11 @@ ANALYSIS_OPTIONS: dict[str, AnalysisOptions] = {
         "test", 200,
         (("--ratio", dict(type=float, default=100.0,
                           help="an entry is massive above this times its state's median |h| (default: 100)")),)),
+    "saturation": AnalysisOptions(
+        "DyT layers: the share of their inputs in tanh's flat range (|αx| > threshold) and the mean gain "
+        "tanh'(αx), at every checkpoint the run kept (why a DyT model stalls)", "test", 200,
+        (("--threshold", dict(type=float, default=2.0,
+                              help="an entry is saturated where |αx| is above this (default: 2, where tanh' = 0.07)")),)),
 }
 
 

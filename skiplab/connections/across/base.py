@@ -113,10 +113,11 @@ class AcrossDesign(nn.Module):
         with this design in it, or None. Two designs may not both run the sub-layers; a design that replaces the residual sum needs an
         additive connection and no other design that mixes the stream (the value residual, which mixes attention
         values, may join it)."""
-        if cls.owns_sublayers:
-            other = next((s.name for s in spec.stack if s.name != cls.name and across[s.name].owns_sublayers), None)
+        own = next(s for s in spec.stack if s.name == cls.name)
+        if cls.runs_sublayers(own):
+            other = next((s for s in spec.stack if s.name != cls.name and across[s.name].runs_sublayers(s)), None)
             if other:
-                return f"+{cls.name} and +{other} both run every sub-layer; give one"
+                return f"+{cls.name} and +{other.name} both run every sub-layer; give one"
         if not cls.replaces_sum:
             return None
         if not registry[spec.name].additive:

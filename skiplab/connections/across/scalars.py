@@ -108,12 +108,9 @@ class Scalars(AcrossDesign):
     def conflict(cls, spec: Spec, named: str, registry: dict[str, type], across: dict[str, type]) -> str | None:
         """``per=sublayer`` runs every sub-layer with a skip path of its own: a connection without one (HC's
         streams) or another design that runs the sub-layers means nothing with it."""
-        if next(s for s in spec.stack if s.name == cls.name).options["per"] != "sublayer":
-            return None
-        if registry[spec.name].needs_stack:
+        if cls.runs_sublayers(next(s for s in spec.stack if s.name == cls.name)) and registry[spec.name].needs_stack:
             return f"+{cls.name}(per=sublayer) scales the skip path, which {named}'s streams have not; use per=layer"
-        other = next((s.name for s in spec.stack if s.name != cls.name and across[s.name].owns_sublayers), None)
-        return f"+{cls.name}(per=sublayer) and +{other} both run every sub-layer; give one" if other else None
+        return super().conflict(spec, named, registry, across)
 
     def begin(self, x: Tensor, state: dict[str, Any]) -> None:
         state["scalars_x0"] = x
