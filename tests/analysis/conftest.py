@@ -1,6 +1,7 @@
-"""Tiny trained translation runs the analysis tests share."""
+"""Tiny trained runs the analysis tests share: translation runs on Multi30k, and GPT runs on a story."""
 
 import gzip
+import json
 from pathlib import Path
 
 import pytest
@@ -26,4 +27,24 @@ def mt_runs(tmp_path_factory):
                      "--encoder-layers", "2", "--decoder-layers", "2", "--vocab-size", "200", "--max-tokens", "512",
                      "--max-steps", "3", "--save-every", "3", "--warmup", "2", "--lr", "3e-3",
                      "--out", str(root / name)]) == 0
+    return root
+
+
+STORY = "the cat sat on the mat. the dog sat on the log. they were happy. "
+TINY_GPT = "gpt-mini(d_model=16,heads=2,layers={layers},ffn_dim=32,context=16,connection={conn})"
+
+
+def tiny_lm_runs(root: Path, runs: dict[str, str], steps: int = 4, eval_every: int = 4, lr: str = "1e-2") -> Path:
+    """Train each ``runs`` name -> model spec for ``steps`` updates into ``root/name`` on a story corpus written
+    to ``root`` (its train, valid and test JSONL)."""
+    for split, n in (("train", 30), ("valid", 3), ("test", 3)):
+        with open(root / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                f.write(json.dumps({"text": STORY * (2 + i % 3)}) + "\n")
+    for name, model in runs.items():
+        argv = ["train", "lm", "--corpus", "", "--train-file", root / "train.jsonl", "--valid-file",
+                root / "valid.jsonl", "--test-file", root / "test.jsonl", "--model", model,
+                "--batch-size", "8", "--max-steps", steps, "--eval-every", eval_every, "--warmup", "1", "--lr", lr,
+                "--device", "cpu", "--out", root / name]
+        assert main([str(a) for a in argv]) == 0
     return root

@@ -1,6 +1,5 @@
 """``skiplab analyze redundancy`` and ``norms``: against hand computation and direct hooks on tiny LM runs."""
 
-import json
 import math
 from types import SimpleNamespace
 
@@ -12,9 +11,8 @@ from skiplab.analysis.norms import norms
 from skiplab.analysis.redundancy import angular_distance, redundancy
 from skiplab.cli import main
 from skiplab.tasks import load_trained
+from tests.analysis.conftest import TINY_GPT as TINY, tiny_lm_runs
 
-TINY = "gpt-mini(d_model=16,heads=2,layers={layers},ffn_dim=32,context=16,connection={conn})"
-STORY = "the cat sat on the mat. the dog sat on the log. they were happy. "
 # float64 rounding of arccos near cos = 1: arccos(1 − ε) ≈ √(2ε), ε ~ 1e-16 -> ~1.5e-8, / π
 ARCCOS64 = 1e-7
 
@@ -22,18 +20,9 @@ ARCCOS64 = 1e-7
 @pytest.fixture(scope="module")
 def lm_runs(tmp_path_factory):
     """Tiny GPT runs (a few updates): 2-layer PreLN, 3-layer PostLN, 2-layer HC(n=2)."""
-    root = tmp_path_factory.mktemp("depth")
-    for split, n in (("train", 30), ("valid", 3), ("test", 3)):
-        with open(root / f"{split}.jsonl", "w") as f:
-            for i in range(n):
-                f.write(json.dumps({"text": STORY * (2 + i % 3)}) + "\n")
-    for name, layers, conn in (("preln", 2, "PreLN"), ("postln", 3, "PostLN"), ("hc", 2, "HC(n=2)")):
-        argv = ["train", "lm", "--corpus", "", "--train-file", root / "train.jsonl", "--valid-file",
-                root / "valid.jsonl", "--test-file", root / "test.jsonl", "--model", TINY.format(layers=layers, conn=conn),
-                "--batch-size", "8", "--max-steps", "4", "--eval-every", "4", "--warmup", "1", "--lr", "1e-2",
-                "--device", "cpu", "--out", root / name]
-        assert main([str(a) for a in argv]) == 0
-    return root
+    return tiny_lm_runs(tmp_path_factory.mktemp("depth"), {
+        name: TINY.format(layers=layers, conn=conn)
+        for name, layers, conn in (("preln", 2, "PreLN"), ("postln", 3, "PostLN"), ("hc", 2, "HC(n=2)"))})
 
 
 def test_angular_distance_of_same_opposite_and_orthogonal_states():

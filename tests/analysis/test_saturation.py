@@ -14,26 +14,16 @@ from skiplab.analysis.trained import Examples, Trained
 from skiplab.cli import main
 from skiplab.connections.norms import DyT
 from skiplab.tasks import load_trained
+from tests.analysis.conftest import TINY_GPT as TINY, tiny_lm_runs
 
-TINY = "gpt-mini(d_model=16,heads=2,layers=2,ffn_dim=32,context=16,connection={conn})"
-STORY = "the cat sat on the mat. the dog sat on the log. they were happy. "
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A tiny PreDyT GPT with step checkpoints at 2 and 4, and a PreLN one."""
-    root = tmp_path_factory.mktemp("saturation")
-    for split, n in (("train", 30), ("valid", 3), ("test", 3)):
-        with open(root / f"{split}.jsonl", "w") as f:
-            for i in range(n):
-                f.write(json.dumps({"text": STORY * (2 + i % 3)}) + "\n")
-    for name, conn in (("dyt", "PreDyT"), ("preln", "PreLN")):
-        argv = ["train", "lm", "--corpus", "", "--train-file", root / "train.jsonl", "--valid-file",
-                root / "valid.jsonl", "--test-file", root / "test.jsonl", "--model", TINY.format(conn=conn),
-                "--batch-size", "8", "--max-steps", "4", "--eval-every", "2", "--warmup", "1", "--lr", "3e-2",
-                "--device", "cpu", "--out", root / name]
-        assert main([str(a) for a in argv]) == 0
-    return root
+    return tiny_lm_runs(tmp_path_factory.mktemp("saturation"),
+                        {name: TINY.format(layers=2, conn=conn) for name, conn in (("dyt", "PreDyT"), ("preln", "PreLN"))},
+                        eval_every=2, lr="3e-2")
 
 
 def by_hand(tr, path, threshold, examples):
