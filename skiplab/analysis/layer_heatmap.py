@@ -1,7 +1,8 @@
 """Per-layer telemetry of one run as heatmaps (``skiplab curves --layers RUN``): for every quantity of its
 ``layers.jsonl`` (``train lm --log-layers N``, :mod:`skiplab.train.layer_telemetry`), one panel with a row per
 sub-layer (``0.attn`` at the top, the deepest at the bottom) and a column per watched update, the colour its value
-on a log scale (a value <= 0 left blank); a last panel draws the final norm's input RMS against the update.
+on a log scale (a value <= 0 left blank), a share (``dyt_saturated``) on a linear one from 0 to 1; a last panel draws
+the final norm's input RMS against the update (and its DyT layer's saturated share, where it has one).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .. import run_dir
 from .report import pyplot
 
 FINAL = "final_norm"
+SHARES = ("dyt_saturated",)  # quantities in [0, 1], drawn on a linear scale
 
 
 def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), title: str = "") -> Path:
@@ -29,7 +31,7 @@ def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), ti
     quantities = list(keys) or known
     plt = pyplot()
     import numpy as np
-    from matplotlib.colors import LogNorm
+    from matplotlib.colors import LogNorm, Normalize
 
     steps = [x["step"] for x in lines]
     half = (steps[-1] - steps[0]) / (2 * (len(steps) - 1)) if len(steps) > 1 else 0.5  # a column's half-width
@@ -39,10 +41,13 @@ def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), ti
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 0.25 * len(subs) * rows + 3 * rows), squeeze=False)
     flat = [ax for row in axes for ax in row]
     for ax, q in zip(flat, quantities):
-        grid = np.array([[x["layers"][n][q] for x in lines] for n in subs], dtype=float)
-        shown = np.where(grid > 0, grid, np.nan)
-        finite = shown[np.isfinite(shown)]
-        norm = LogNorm(vmin=finite.min(), vmax=finite.max()) if finite.size and finite.min() < finite.max() else None
+        grid = np.array([[x["layers"][n].get(q, math.nan) for x in lines] for n in subs], dtype=float)
+        if q in SHARES:
+            shown, norm = grid, Normalize(vmin=0.0, vmax=1.0)
+        else:
+            shown = np.where(grid > 0, grid, np.nan)
+            finite = shown[np.isfinite(shown)]
+            norm = LogNorm(vmin=finite.min(), vmax=finite.max()) if finite.size and finite.min() < finite.max() else None
         image = ax.imshow(shown, aspect="auto", interpolation="nearest", norm=norm, cmap="viridis",
                           extent=(steps[0] - half, steps[-1] + half, len(subs) - 0.5, -0.5))
         ax.set_yticks(range(len(subs)), subs, fontsize=7)
@@ -53,6 +58,12 @@ def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), ti
     final.plot(steps, [x["layers"].get(FINAL, {}).get("input_rms", math.nan) for x in lines], marker=".")
     final.set_xlabel("update")
     final.set_title("final norm: input RMS")
+    if any("dyt_saturated" in x["layers"].get(FINAL, {}) for x in lines):
+        share = final.twinx()
+        share.plot(steps, [x["layers"][FINAL].get("dyt_saturated", math.nan) for x in lines], color="C3", marker=".")
+        share.set_ylim(-0.02, 1.02)
+        share.set_ylabel("DyT: share of |α·x| > 2", color="C3")
+        final.set_title("final norm: input RMS (blue), DyT saturated share (red)")
     for ax in flat[panels:]:
         ax.set_visible(False)
     fig.suptitle(title or f"{run.name}: per-layer telemetry")

@@ -27,7 +27,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from .. import run_dir
-from ..connections.norms import DyT
+from ..connections.norms import SATURATED, DyT
 from .report import legend_labels, markdown, pyplot
 from .trained import Examples, Trained
 
@@ -82,8 +82,8 @@ def valid_losses(run: Path) -> dict[int, float]:
     return out
 
 
-def saturation(tr: Trained, split: str = "test", examples: int = 200, seed: int = 0, threshold: float = 2.0,
-               progress: bool = True) -> dict[str, Any]:
+def saturation(tr: Trained, split: str = "test", examples: int = 200, seed: int = 0,
+               threshold: float = SATURATED, progress: bool = True) -> dict[str, Any]:
     """Per DyT layer and kept checkpoint of the run: the saturated share and the mean gain tanh'(α·x) of
     :mod:`this module <skiplab.analysis.saturation>`, over ``examples`` examples of ``split``."""
     if not threshold > 0:
@@ -102,11 +102,11 @@ def saturation(tr: Trained, split: str = "test", examples: int = 200, seed: int 
 
     def hook(module: DyT, args: tuple, name: str) -> None:
         ex = current["ex"]
-        z = entries(tr, ex, name, args[0].detach().double(), module.layout) * float(module.alpha.detach())
+        x = entries(tr, ex, name, args[0].detach().double(), module.layout)
         c = counts.setdefault(name, [0.0, 0.0, 0.0])
-        c[0] += z.numel()
-        c[1] += float((z.abs() > threshold).sum())
-        c[2] += float((1 - torch.tanh(z) ** 2).sum())
+        c[0] += x.numel()
+        c[1] += float(module.saturated(x, threshold).sum())
+        c[2] += float((1 - torch.tanh(x * float(module.alpha.detach())) ** 2).sum())
 
     current: dict[str, Examples] = {}
     hooks = [m.register_forward_pre_hook(lambda m, a, name=name: hook(m, a, name)) for name, m in layers.items()]

@@ -67,6 +67,9 @@ class ChannelRMSNorm(nn.Module):
         return f"{self.weight.numel()}, eps={self.eps}"
 
 
+SATURATED = 2.0  # |α·x| beyond which DyT's tanh is flat: tanh'(2) = 1 − tanh²(2) = 0.071, tanh(2) = 0.964
+
+
 class DyT(nn.Module):
     """Dynamic Tanh, DyT(x) = γ ⊙ tanh(α·x) + β: α one learned scalar (α₀ = 0.5), γ and β per feature
     (channel) at 1 and 0 (Zhu et al., CVPR 2025, "Transformers without Normalization", arXiv 2503.10622, Section 4,
@@ -86,6 +89,12 @@ class DyT(nn.Module):
         if self.layout == "conv":  # (N, C, H, W): one γ, β per channel
             w, b = w.view(-1, 1, 1), b.view(-1, 1, 1)
         return torch.addcmul(b, w, torch.tanh(self.alpha * x))
+
+    @torch.no_grad()
+    def saturated(self, x: Tensor, threshold: float = SATURATED) -> Tensor:
+        """Where the input ``x`` lies in tanh's flat range, |α·x| > ``threshold`` (bool, x's shape): there the output
+        is γ ⊙ sign(x) + β to within 1 − tanh(threshold), and ∂DyT/∂x = γ α tanh'(α·x) < γ α (1 − tanh²(threshold))."""
+        return (self.alpha.detach() * x.detach()).abs() > threshold
 
     def extra_repr(self) -> str:
         return f"{self.weight.numel()}, layout={self.layout!r}"

@@ -19,7 +19,14 @@ Every N-th update (step s with s mod N = 0) is watched; for every sub-layer j (a
                                               the update the step made (``after_step`` included)
 
 (each norm over the sub-layer's parameters together), and ``final_norm``'s ``input_rms``, the RMS of what the
-stack's final norm reads (streams summed). One line of ``layers.jsonl`` per watched update::
+stack's final norm reads (streams summed). Where the sub-layer's connection (or the final norm) has DyT layers
+(``PreDyT``, the ``+DyT`` designs), also
+
+    dyt_saturated    = share of the entries x of its DyT layers' inputs with |α·x| > 2 (tanh's flat range,
+                       tanh' < 0.071: :meth:`~skiplab.connections.norms.DyT.saturated`; ``skiplab analyze
+                       saturation`` reads the same from a run's checkpoints)
+
+One line of ``layers.jsonl`` per watched update::
 
     {"step": 20, "layers": {"0.attn": {"stream_rms": 1.0, "branch_rms": 0.4, ...}, ..., "final_norm": {...}}}
 
@@ -56,6 +63,7 @@ import torch
 from torch import Tensor, nn
 
 from ..connections import iter_connections
+from ..connections.norms import DyT
 from ..run_dir import LAYERS_FILE, read_steps
 from . import telemetry
 
@@ -93,6 +101,11 @@ def _max_over_median(y: Tensor) -> Tensor:
     return a.max() / a.median()
 
 
+def _saturated(dyt: DyT, x: Tensor) -> Tensor:
+    """(entries of ``x`` in the flat range of ``dyt``'s tanh, entries of ``x``), float32."""
+    return torch.stack([dyt.saturated(x).sum().float(), torch.tensor(float(x.numel()), device=x.device)])
+
+
 def _local(t: Tensor) -> Tensor:
     """This process's part of ``t``: its shard of an FSDP parameter (a DTensor), else ``t`` itself."""
     return t.to_local() if hasattr(t, "to_local") else t
@@ -117,6 +130,9 @@ class LayerWatch:
     def __init__(self, model: nn.Module, every: int, loggers: Any = None) -> None:
         self.model, self.every, self.loggers = model, every, loggers
         self.subs = sublayers(model)
+        # the DyT layers of each sub-layer's connection and of the final norm (dyt_saturated)
+        self.dyts = {name: [m for m in conn.modules() if isinstance(m, DyT)] for name, conn, _, _ in self.subs}
+        self.dyts[FINAL] = [m for m in model.norm.modules() if isinstance(m, DyT)]
         # --fsdp: the parameters are shards (DTensors), whose sums of squares are added over the processes
         self.sharded = any(hasattr(p, "to_local") for _, _, _, ps in self.subs for p in ps)
         self.pending: list[dict[str, Any]] = []
@@ -157,6 +173,10 @@ class LayerWatch:
                 conn.branch_input = watched
                 patched.append(conn)
         hooks.append(self.model.norm.register_forward_pre_hook(lambda m, a: self._enter(FINAL, a[0])))
+        for name, dyts in self.dyts.items():
+            for k, dyt in enumerate(dyts):
+                hooks.append(dyt.register_forward_pre_hook(
+                    lambda m, a, name=name, k=k: self._keep(name, f"dyt{k}", lambda: _saturated(m, a[0]))))
         try:
             yield
         finally:
@@ -202,6 +222,11 @@ class LayerWatch:
             values[name] = {"stream_rms": x, "branch_rms": f, "branch_ratio": f / x, "max_over_median": massive,
                             "grad_norm": grad[k], "update_ratio": delta[k] / weight[k]}
         values[FINAL] = {"input_rms": seen[(FINAL, "x")]}
+        for name, dyts in self.dyts.items():
+            counts = [seen[(name, f"dyt{k}")] for k in range(len(dyts)) if (name, f"dyt{k}") in seen]
+            if counts:  # (saturated entries, entries) over the connection's DyT layers
+                total = torch.stack(counts).sum(0)
+                values[name]["dyt_saturated"] = total[0] / total[1]
         flat = [(n, q) for n, qs in values.items() for q in qs]
         numbers = torch.stack([values[n][q].float().reshape(()) for n, q in flat]).tolist()  # one sync
         layers: dict[str, dict[str, float]] = {}

@@ -17,7 +17,7 @@ from tests.train.test_distributed import one_thread
 from tests.train.test_lm import args, run, text  # noqa: F401  (the fixture)
 from tests.train.test_mt import interrupt_after_step
 
-DESIGNS = ("PreLN", "PostLN", "HC(n=2)", "PreLN+AttnRes(block=2)")
+DESIGNS = ("PreLN", "PostLN", "HC(n=2)", "PreLN+AttnRes(block=2)", "PreDyT")
 SUBS = ["0.attn", "0.mlp", "1.attn", "1.mlp"]
 
 
@@ -120,9 +120,43 @@ def test_training_is_the_same_to_the_bit_with_and_without(text, tmp_path, design
     assert [x["step"] for x in lines] == [2, 4, 6]
     for x in lines:
         assert list(x["layers"]) == [*SUBS, "final_norm"]
-        assert all(math.isfinite(v) and v > 0 for name in SUBS for v in x["layers"][name].values())
+        assert all(math.isfinite(v) and (v > 0 or q == "dyt_saturated") for name in SUBS
+                   for q, v in x["layers"][name].items())
+        assert ("dyt_saturated" in x["layers"]["0.attn"]) == (design == "PreDyT")
     summary = json.loads((watched / "summary.json").read_text())
     assert summary["spike_sources"] == [] and summary["config"]["log_layers"] == 2
+
+
+def test_the_dyt_saturated_share_by_hand(monkeypatch):
+    """PreDyT with every α at 100 (|α·x| > 2 where |x| > 0.02: a part of each input): the share per sub-layer's DyT
+    and the final one's, against the inputs of the DyT layers taken by hand."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=20, d_model=16, heads=2, layers=2, ffn_dim=32, context=8, connection="PreDyT"))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("alpha"):
+                p.fill_(100.0)
+    hand = copy.deepcopy(model)
+    x, y = torch.randint(0, 20, (3, 8)), torch.randint(0, 20, (3, 8))
+    seen = {}
+    owners = {f"{i}.{role}": getattr(layer, f"conn_{role}").norm for i, layer in enumerate(hand.layers)
+              for role in ("attn", "mlp")}
+    hooks = [m.register_forward_pre_hook(lambda m, a, n=n: seen.setdefault(n, a[0].detach().clone()))
+             for n, m in {**owners, "final_norm": hand.norm}.items()]
+    with torch.no_grad():
+        hand(x)
+    for h in hooks:
+        h.remove()
+    expect = {n: float(((100.0 * v).abs() > 2).double().mean()) for n, v in seen.items()}
+    assert all(0 < v < 1 for v in expect.values())  # the threshold cuts inside every input
+    got = watched_update(copy.deepcopy(model), x, y)[0]["layers"]
+    for n, v in expect.items():
+        assert got[n]["dyt_saturated"] == pytest.approx(v, abs=1e-7), n
+    with monkeypatch.context() as m:  # the check catches a share taken of |x| without α
+        m.setattr(layer_telemetry, "_saturated", lambda dyt, t: torch.stack(
+            [(t.abs() > 2).sum().float(), torch.tensor(float(t.numel()))]))
+        got = watched_update(copy.deepcopy(model), x, y)[0]["layers"]
+        assert any(got[n]["dyt_saturated"] != pytest.approx(v, abs=1e-7) for n, v in expect.items())
 
 
 def test_a_stopped_and_resumed_run_writes_the_same_layers(text, tmp_path, monkeypatch):  # noqa: F811
@@ -175,6 +209,11 @@ def test_heatmaps_of_a_run(text, tmp_path, capsys):  # noqa: F811
     assert capsys.readouterr().err.strip().endswith("has no per-layer lines (layers.jsonl); train it with "
                                                     "--log-layers N")
     assert not (tmp_path / "bad.png").exists() and not (tmp_path / "none.png").exists()
+    dyt = tmp_path / "dyt"  # a share on a linear scale, and the final DyT's beside the final norm's input
+    with one_thread():
+        assert run(args(text, dyt, "--log-layers", "2", "--model", tiny("PreDyT"))) == 0
+    assert run(["curves", "--layers", dyt, "--out", tmp_path / "dyt.png", "--keys", "dyt_saturated,stream_rms"]) == 0
+    assert (tmp_path / "dyt.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 class FakeLoggers:
