@@ -46,3 +46,44 @@ def test_unknown_group_is_a_one_line_error(capsys):
         run(quick=True, groups=("imag",))
     assert main(["bench", "--quick", "--groups", "imag"]) == 2
     assert "unknown benchmark group(s) imag" in capsys.readouterr().err
+
+
+def _profile_steps():
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_steps.py"
+    spec = importlib.util.spec_from_file_location("profile_steps", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_step_profiles_at_tiny_shapes(tmp_path, capsys):
+    """benchmarks/profile_steps.py: every design of both cases against its baseline, the operators it adds among
+    the listed ones, the files written; bad options one line."""
+    profile_steps = _profile_steps()
+    out = tmp_path / "profile"
+    result = profile_steps.main(["--small", "--rounds", "2", "--steps", "1", "--threads", "1", "--top", "30",
+                                 "--out", str(out)])
+    assert json.loads((out / "profile.json").read_text())["cases"] == result["cases"]
+    assert (out / "profile.md").read_text().startswith("# Step profiles: ")
+    cases = {c["case"]: c for c in result["cases"]}
+    assert [d["design"] for d in cases["r56"]["designs"]] == ["2xSkip+LN", "2rSkip+LN", "SAS"]
+    assert [d["design"] for d in cases["hc"]["designs"]] == ["HC", "mHC"]
+    for c in cases.values():
+        for d in c["designs"]:
+            assert d["ratio"] > 0 and len(d["ratio_per_round"]) == 2
+            assert all(o["design_spread_ms"] >= 0 and o["baseline_spread_ms"] >= 0 for o in d["ops"])
+    ops = {d["design"]: {o["op"] for o in d["ops"]} for c in cases.values() for d in c["designs"]}
+    assert "_Sinkhorn" in ops["mHC"]  # an operator only the design runs is among its differences
+    assert all(o["baseline_ms"] == 0 for d in cases["hc"]["designs"] if d["design"] == "mHC"
+               for o in d["ops"] if o["op"] == "_Sinkhorn")
+    capsys.readouterr()
+    for argv, message in ((["--cases", "r56,nope"], "--cases: unknown 'nope'; known: r56, hc"),
+                          (["--rounds", "1"], "--rounds must be >= 2"),
+                          (["--small", "--out", str(out)], "profile.json exists; give another --out")):
+        with pytest.raises(SystemExit) as stop:
+            profile_steps.main(argv)
+        assert stop.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert message in err[-1]
