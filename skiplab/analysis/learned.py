@@ -93,6 +93,8 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
                     row[key] = value
         rows.append(row)
     rows += across
+    if mixes and not seen:  # only the mixing matrices read examples
+        seen = mixes[0]["examples"]
     result = {"analysis": what, "run": str(tr.path), "label": tr.label, "split": split, "examples": seen,
               "mode": "eval", "seed": seed, "connections": rows, "time_s": time.time() - t0, "config": tr.config}
     if mixes:

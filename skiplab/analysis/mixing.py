@@ -52,7 +52,7 @@ def mixing(tr: Trained, split: str = "train", examples: int = 10000, seed: int =
            progress: bool = True) -> list[dict[str, Any]]:
     """One entry per stack, design and stream that mixes earlier outputs: ``targets`` (their indices), ``mean``
     and ``std`` (a row per target, a column per source; NaN where a target has fewer sources), ``axes`` (what
-    targets and sources are). Empty where the model holds no such design."""
+    targets and sources are), ``examples`` (how many were read). Empty where the model holds no such design."""
     with recording_mixes(tr.model) as designs:
         if not designs:
             return []
@@ -61,6 +61,7 @@ def mixing(tr: Trained, split: str = "train", examples: int = 10000, seed: int =
             held = getattr(tr.model.get_submodule(path.rpartition(".")[0]), "across", None)
             where.update({id(d): prefix for d in (held.designs if held is not None else ())})
         acc: dict[tuple[str, str, str, int], _Rows] = {}
+        seen = 0
         tr.model.eval()
         bar = tqdm(total=examples, desc=f"depth mixing {tr.path.name}", unit="ex", disable=not progress)
         with torch.no_grad():
@@ -72,13 +73,15 @@ def mixing(tr: Trained, split: str = "train", examples: int = 10000, seed: int =
                     for stream, target, w in d.mix_log:
                         acc.setdefault((prefix, d.name, stream, target), _Rows()).add(_rows(w, mask))
                     d.mix_log.clear()
+                seen += len(ex)
                 bar.update(len(ex))
         bar.close()
         axes = {d.name: d.mix_axes for d in designs}
     out: dict[tuple[str, str, str], dict[str, Any]] = {}
     for (prefix, name, stream, target), rows in sorted(acc.items()):
         entry = out.setdefault((prefix, name, stream), {"stack": prefix, "design": name, "stream": stream,
-                                                       "axes": list(axes[name]), "targets": [], "mean": [], "std": []})
+                                                       "axes": list(axes[name]), "examples": seen, "targets": [],
+                                                       "mean": [], "std": []})
         mean, std = rows.moments()
         entry["targets"].append(target)
         entry["mean"].append(mean)

@@ -39,6 +39,7 @@ def test_attention_residuals_rows_are_its_softmax_over_the_batch(trained):
     torch.testing.assert_close(torch.tensor(entry["std"]), std.to(got.dtype), equal_nan=True, atol=1e-6, rtol=1e-4)
     torch.testing.assert_close(got.nan_to_num(0).sum(1), torch.ones(5, dtype=got.dtype))  # each row a softmax
     assert entry["targets"] == [0, 1, 2, 3, 4] and entry["stack"] == "layer"
+    assert entry["examples"] == _gates(trained["attnres"])["examples"] == 4  # what the title and table count
 
 
 def test_denseformer_rows_are_its_learned_weights_with_no_spread(trained):
