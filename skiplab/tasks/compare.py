@@ -47,6 +47,20 @@ from .parallel import state, train_missing
 from .variants import Variant, baseline_lengths, run_name
 
 
+def scored(spec, cfg: Any, progress: bool) -> dict[str, Any]:
+    """The summary of ``cfg``'s run, with the task's metric in it where the run finished: scored now from its
+    checkpoint where training did not score it (:meth:`~skiplab.tasks.base.Task.score`). A finished run restored
+    without its score and without its checkpoint is a one-line error."""
+    out = Path(cfg.out)
+    summary = run_dir.read_json(out / "summary.json")
+    if summary["status"] == "finished" and spec.metric not in summary:
+        if not (out / "last.pt").is_file():
+            raise run_dir.RunDirError(f"{out}: finished but not scored ({spec.metric}), and its checkpoint (last.pt) "
+                                      "is not there to score it from; put it back, or remove the run to train it again")
+        summary = spec.score(cfg, summary, progress)
+    return summary
+
+
 def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ...], progress: bool = True,
             jobs: int = 1, budget: str = "updates", mixed_blocks: bool = False,
             baseline_updates: tuple[float, ...] = ()) -> list[dict[str, Any]]:
@@ -85,6 +99,9 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
             here = here or _here(base)
             _check_block(seed, block, here)
         train_missing([(task, c) for c in todo], workers=jobs, progress=False)
+        for c in block:  # scored as its block ends: a block's small files are whole without its checkpoints
+            if state(c) == "finished":
+                scored(spec, c, progress=False)
 
     results: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     curves: dict[str, list[list[dict[str, Any]]]] = {v.label: [] for v in variants}
@@ -95,9 +112,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
         for seed in seed_list:
             cfg = config(v, seed)
             out = Path(cfg.out)
-            summary = run_dir.read_json(out / "summary.json")
-            if summary["status"] == "finished" and spec.metric not in summary and spec.score:  # trained, not scored
-                summary = spec.score(cfg, summary, progress)
+            summary = scored(spec, cfg, progress)
             if summary["status"] == "finished":
                 curves[v.label].append(run_dir.read_metrics(out))
                 if reference is None:

@@ -226,6 +226,38 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
     assert "| bits per byte (mean ± std) |" in table  # the metric's name, not a variant's
 
 
+def test_compare_scores_each_block_as_it_ends_and_names_an_unscorable_run(text, tmp_path, capsys, monkeypatch):
+    """Every run of block 1 is scored before block 2 trains (its collected files are whole without checkpoints);
+    a finished run restored without its score and without last.pt is one line, nothing of the table written."""
+    from skiplab.tasks import compare as compare_module, get
+
+    events = []
+    real_train, real_score = compare_module.train_missing, type(get("lm")).score
+    monkeypatch.setattr(compare_module, "train_missing", lambda jobs, **kw: (
+        events.append(("train", sorted(Path(c.out).name for _, c in jobs))), real_train(jobs, **kw))[1])
+    monkeypatch.setattr(type(get("lm")), "score", lambda self, cfg, summary, progress: (
+        events.append(("score", Path(cfg.out).name)), real_score(self, cfg, summary, progress))[1])
+    out = tmp_path / "cmp"
+    argv = args(text, out, "--connections", "PreLN,PostLN", "--seeds", "2")[2:]
+    with one_thread():
+        assert run(["compare", "lm", *argv]) == 0
+    assert events == [("train", ["seed1", "seed1"]), ("score", "seed1"), ("score", "seed1"),
+                      ("train", ["seed2", "seed2"]), ("score", "seed2"), ("score", "seed2")]
+    gone = out / "PostLN" / "seed2"
+    summary = json.loads((gone / "summary.json").read_text())
+    del summary["test_bpb"]
+    (gone / "summary.json").write_text(json.dumps(summary))
+    (gone / "last.pt").unlink()
+    (out / "table.md").unlink()
+    capsys.readouterr()
+    with one_thread():
+        assert run(["compare", "lm", *argv]) == 2
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("compare:")]
+    assert err == [f"skiplab: error: {gone}: finished but not scored (test_bpb), and its checkpoint (last.pt) is not "
+                   "there to score it from; put it back, or remove the run to train it again"]
+    assert not (out / "table.md").exists()
+
+
 def test_compare_refuses_a_block_begun_on_another_machine(text, tmp_path, capsys):
     """Block 1's PreLN was trained on another machine: PostLN's run of that block is not trained here (it would
     lack a same-machine baseline), nothing is written for it; --mixed-blocks trains it and the table flags it."""
