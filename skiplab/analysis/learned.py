@@ -48,6 +48,9 @@ PARAM_FAMILIES = ("pa_gamma_",)  # numbered data-free values (LAuReL-PA's γ_j, 
 PAPER_RATIO = 2.64  # rSkip+LN paper, Section 4.3: 2rSkip+LN, middle stage of ResNet-110 on CIFAR-10
 
 
+META = ("connection", "block", "spec", "stage", "dim")  # a row's fields that are not learned values
+
+
 def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000, seed: int = 0,
             progress: bool = True) -> dict[str, Any]:
     """Per connection of the designs ``what`` covers, the mean and std of what it learned over ``split``."""
@@ -189,6 +192,10 @@ def figure(results: list[dict[str, Any]]):
     for i, r in enumerate(results):
         rows = r["connections"]
         keys = ["ratio"] if what == "ratios" else [k for k in (*GATES, "w_norm", "lambda_mean") if any(k in x for x in rows)]
+        if what == "gates":  # any other learned number of a connection (nGPT's α, LAuReL's ‖BA‖, ...)
+            own = [x for x in rows if ".across." not in f".{x['connection']}"]
+            keys += sorted({k for x in own for k, v in x.items() if k not in keys and k not in META
+                            and not k.endswith("_std") and isinstance(v, (int, float)) and not isinstance(v, bool)})
         for j, key in enumerate(keys):
             xs = [n for n, x in enumerate(rows, 1) if key in x]
             ys = [x[key] for x in rows if key in x]
@@ -210,6 +217,7 @@ def figure(results: list[dict[str, Any]]):
     first = results[0]
     ax.set_title(f"{what}, {first['examples']} {first['split']} examples")
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
