@@ -9,6 +9,9 @@
 #      (compare --baseline-updates; effective.md)                                   -> OUT/compute
 # Usage: experiments/depth_designs.sh [OUT] [SEEDS]   (default runs/depth-designs, 5; resumable, block by block)
 #   afterwards: experiments/collect_runs.sh OUT/designs docs/results/lm/depth-designs-<kind>, likewise OUT/compute
+#   On the AVX2 EPYC, block 1 of the first table is recorded (docs/results/lm/depth-designs-cpu-avx2; its PreLN, PeriLN
+#   and HC are the pool's runs, same recipe and kind): go on with
+#     RECORDED=docs/results/lm/depth-designs-cpu-avx2:docs/results/lm/pool-cpu-avx2 experiments/depth_designs.sh
 set -euo pipefail
 out=${1:-runs/depth-designs}
 seeds=${2:-5}

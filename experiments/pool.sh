@@ -16,7 +16,8 @@
 #   The H100 table at the same scale, docs/results/lm/pool-h100-cpu-scale: blocks 4-5 on an NVIDIA H100 (bf16
 #   autocast, skiplab's default on CUDA), DEVICE=cuda JOBS=8 and SEEDS 4-5:
 #     DEVICE=cuda JOBS=8 RECORDED=docs/results/lm/pool-h100-cpu-scale experiments/pool.sh runs/pool-h100 4-5
-#   DESIGNS=... a subset (PreLN, the baseline, first).
+#   DESIGNS=... a subset (PreLN, the baseline, first). RECORDED may name several folders, separated by ':' (runs of
+#   the same recipe and kind of machine recorded in another table count as done here too).
 set -euo pipefail
 out=${1:-runs/pool-cpu}
 seeds=${2:-8}
@@ -24,7 +25,8 @@ designs=${DESIGNS:-PreLN,PostLN,PeriLN,SandwichLN,DeepNorm,Admin,MixLN,LNS,Layer
 data=${DATA:-../shared/data/pydocs}
 skiplab=${SKIPLAB:-skiplab}
 mkdir -p "$out"
-"$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out"
+IFS=: read -ra recorded <<< "${RECORDED:-}"  # one folder, or several separated by ':'
+for r in "${recorded[@]}"; do "$(dirname "$0")/restore_runs.sh" "$r" "$out"; done
 "$skiplab" compare lm --model "gpt-mini(context=128)" --corpus pydocs --data-dir "$data" --tokenizer bytes \
     --batch-size 16 --max-steps "${STEPS:-600}" --warmup 60 --lr 1e-3 --min-lr 1e-4 --eval-every 100 \
     --valid-tokens 50000 --device "${DEVICE:-cpu}" --connections "$designs" --seeds "$seeds" --jobs "${JOBS:-2}" \
