@@ -42,14 +42,14 @@ def _files(root: Path) -> list[str]:
 
 
 def test_machine_kind_names_the_processor_kernels_and_precision():
-    env = {"cpu": "AMD EPYC 7B13", "cpu_capability": "AVX512", "cuda": "NVIDIA H100 80GB HBM3"}
+    env = {"cpu": "Example CPU X1", "cpu_capability": "AVX512", "cuda": "NVIDIA H100 80GB HBM3"}
     assert run_dir.machine_kind(env, "cuda", True) == "NVIDIA H100 80GB HBM3, bf16 autocast"
     assert run_dir.machine_kind(env, "cuda:0", False) == "NVIDIA H100 80GB HBM3, fp32"
-    assert run_dir.machine_kind(env, "cpu", True) == "AMD EPYC 7B13 (AVX512), fp32"  # autocast is CUDA only
+    assert run_dir.machine_kind(env, "cpu", True) == "Example CPU X1 (AVX512), fp32"  # autocast is CUDA only
     stored = {"config": {"device": "auto", "amp": True}, "environment": env}  # a run before device/amp were kept
     assert run_dir.kinds(stored) == ["NVIDIA H100 80GB HBM3, bf16 autocast"]
     stored["resumed_on"] = [{"at": 300, "environment": {**env, "cuda": None}, "device": "cpu", "amp": False}]
-    assert run_dir.kinds(stored) == ["NVIDIA H100 80GB HBM3, bf16 autocast", "AMD EPYC 7B13 (AVX512), fp32"]
+    assert run_dir.kinds(stored) == ["NVIDIA H100 80GB HBM3, bf16 autocast", "Example CPU X1 (AVX512), fp32"]
 
 
 def test_compare_refuses_blocks_of_two_kinds_and_writes_nothing(text, tmp_path, capsys):
