@@ -17,7 +17,6 @@ its ``last.pt``, beside the run's validation loss at those steps (``metrics.json
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -69,17 +68,8 @@ def _step(path: Path, kind: str) -> int:
 
 def valid_losses(run: Path) -> dict[int, float]:
     """step -> the validation loss the run recorded there (``metrics.jsonl``; empty where it has none)."""
-    path = run / "metrics.jsonl"
-    out: dict[int, float] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("valid_loss"), (int, float)) and "step" in record:
-                out[int(record["step"])] = float(record["valid_loss"])
-    return out
+    return {int(r["step"]): float(r["valid_loss"]) for r in run_dir.read_metrics(run)
+            if isinstance(r.get("valid_loss"), (int, float)) and "step" in r}
 
 
 def saturation(tr: Trained, split: str = "test", examples: int = 200, seed: int = 0,
