@@ -48,11 +48,11 @@ def test_unknown_group_is_a_one_line_error(capsys):
     assert "unknown benchmark group(s) imag" in capsys.readouterr().err
 
 
-def _profile_steps():
+def _benchmark(name):
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "profile_steps.py"
-    spec = importlib.util.spec_from_file_location("profile_steps", path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -61,7 +61,7 @@ def _profile_steps():
 def test_the_step_profiles_at_tiny_shapes(tmp_path, capsys):
     """benchmarks/profile_steps.py: every design of both cases against its baseline, the operators it adds among
     the listed ones, the files written; bad options one line."""
-    profile_steps = _profile_steps()
+    profile_steps = _benchmark("profile_steps")
     out = tmp_path / "profile"
     result = profile_steps.main(["--small", "--rounds", "2", "--steps", "1", "--threads", "1", "--top", "30",
                                  "--out", str(out)])
@@ -87,3 +87,19 @@ def test_the_step_profiles_at_tiny_shapes(tmp_path, capsys):
         assert stop.value.code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert message in err[-1]
+
+
+def test_sas_fused_against_plain_at_tiny_shapes(tmp_path, capsys):
+    """benchmarks/sas_fused.py times both forms, puts the real one back, writes its table, refuses to overwrite."""
+    from skiplab.connections import fused, sas
+    bench = _benchmark("sas_fused")
+    out = tmp_path / "sas.md"
+    rows = bench.main(["--small", "--rounds", "2", "--out", str(out)])
+    assert sas.gated_norm_sum is fused.gated_norm_sum
+    assert [r["shape"] for r in rows] == [[4, 3, 4, 4]]
+    assert rows[0]["fused_ms"] > 0 and rows[0]["plain_ms"] > 0 and rows[0]["ratio_min"] <= rows[0]["ratio"]
+    assert out.read_text().startswith("# SAS fused / plain: ") and "| 4x3x4x4 |" in out.read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--small", "--out", str(out)])
+    assert stop.value.code == 2 and "exists; give another --out" in capsys.readouterr().err

@@ -82,6 +82,67 @@ def gated_sum(*pairs: tuple[Tensor, Tensor]) -> Tensor:
     return _GatedSum.apply(*flat)
 
 
+class _GatedNormSum(torch.autograd.Function):
+    """y = a ⊙ s + b ⊙ f + g ⊙ N(h),  h = s + f,  N a layer norm with its affine weight w and bias (SAS, Eq. 4).
+
+    Backward, with dN the norm's own backward (``native_layer_norm_backward`` / ``native_group_norm_backward``):
+        dh = dN(g ⊙ dy),   ∂/∂s = dh + a ⊙ dy,   ∂/∂f = dh + b ⊙ dy   (one ``addcmul`` each),
+        ∂/∂a = Σ dy ⊙ s,   ∂/∂b = Σ dy ⊙ f,   ∂/∂g = Σ dy ⊙ N(h)   (over the axes each gate broadcasts along)
+    Left to autograd, a ⊙ dy and b ⊙ dy are made first and dh is then added into each: four passes more.
+    """
+
+    @staticmethod
+    def forward(ctx, s, f, a, b, g, weight, bias, shape, eps):
+        h = s + f
+        if shape is None:  # GroupNorm with one group: over every axis but the first
+            n_, c = h.shape[:2]
+            n, mean, rstd = torch.native_group_norm(h, weight, bias, n_, c, h[0, 0].numel(), 1, eps)
+        else:
+            n, mean, rstd = torch.native_layer_norm(h, shape, weight, bias, eps)
+        y = a * s
+        y.addcmul_(b, f)
+        y.addcmul_(g, n)
+        ctx.save_for_backward(s, f, a, b, g, weight, bias, h, n, mean, rstd)
+        ctx.shape, ctx.eps = shape, eps
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        s, f, a, b, g, weight, bias, h, n, mean, rstd = ctx.saved_tensors
+        need = ctx.needs_input_grad
+        mask = [need[0] or need[1], weight is not None and need[5], bias is not None and need[6]]
+        dn = g * dy
+        if ctx.shape is None:
+            n_, c = h.shape[:2]
+            dh, dw, dbias = torch.ops.aten.native_group_norm_backward(
+                dn, h, mean, rstd, weight, n_, c, h[0, 0].numel(), 1, mask)
+        else:
+            dh, dw, dbias = torch.ops.aten.native_layer_norm_backward(dn, h, ctx.shape, mean, rstd, weight, bias, mask)
+        da = _gate_grad(a, dy, s).to(a.dtype) if need[2] else None
+        db = _gate_grad(b, dy, f).to(b.dtype) if need[3] else None
+        dg = _gate_grad(g, dy, n).to(g.dtype) if need[4] else None
+        ds = torch.addcmul(dh, a, dy) if need[0] else None
+        df = dh.addcmul_(b, dy) if need[1] else None
+        return ds, df, da, db, dg, dw, dbias, None, None
+
+
+def gated_norm_sum(a: Tensor, s: Tensor, b: Tensor, f: Tensor, g: Tensor, norm: torch.nn.Module) -> Tensor:
+    """a ⊙ s + b ⊙ f + g ⊙ norm(s + f) (SAS, Eq. 4), its backward fused with the norm's where ``norm`` is a
+    LayerNorm or a one-group GroupNorm (see :class:`_GatedNormSum`); otherwise, under autocast or under
+    ``torch.compile``, the same values by :func:`gated_sum`."""
+    kind = type(norm)
+    layer = kind is torch.nn.LayerNorm
+    fusable = (layer or (kind is torch.nn.GroupNorm and norm.num_groups == 1)) and s.dim() >= 2 \
+        and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(s.device.type) \
+        and len({x.dtype for x in (a, s, b, f, g)}) == 1 and s.shape == f.shape
+    if not fusable:
+        return gated_sum((a, s), (b, f), (g, norm(s + f)))
+    for gate, t in ((a, s), (b, f), (g, s)):
+        _rows(gate, t)
+    return _GatedNormSum.apply(s, f, a, b, g, norm.weight, norm.bias,
+                               tuple(norm.normalized_shape) if layer else None, norm.eps)
+
+
 def scaled_add(s: Tensor, lam: float, f: Tensor, phi: float = 1.0) -> Tensor:
     """λ·s + φ·F (Eq. 2 of the rSkip+LN paper, Table 3's contracted forms) in one kernel where φ = 1."""
     if phi == 1.0:

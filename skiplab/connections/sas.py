@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import Branch, Connection, register
-from .fused import gated_sum
+from .fused import gated_norm_sum, gated_sum
 from .norms import make_norm
 from .place import Place
 from .spec import Option, Spec, choice, finite_float
@@ -114,6 +114,8 @@ class SelfAdaptiveScaling(Connection):
         b = unpool(self.beta(ps, pf), self.layout, s)
         g = (1 - a) * (1 - b) if self.gamma is None else unpool(self.gamma(ps, pf), self.layout, s)
         self._last = {"alpha": a.detach(), "beta": b.detach(), "gamma": g.detach()}  # one value per position
+        if self.recording is None:  # training: the sum and the norm in one autograd node where the norm allows
+            return gated_norm_sum(a, s, b, fx, g, self.norm)
         h = s + fx
         n = self.norm(h)
         self.record(alpha=a, beta=b, gamma=g, pre=h, post=n)

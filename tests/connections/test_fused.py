@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import skiplab
-from skiplab.connections.fused import gated_sum, rms_norm, scaled_add
+from skiplab.connections import fused
+from skiplab.connections.fused import gated_norm_sum, gated_sum, rms_norm, scaled_add
 from skiplab.connections.norms import make_norm, norm_sigma, normalize
 from skiplab.connections.sas import pool_features, unpool
 from tests.conftest import make_branch, make_input, randomise_affine
@@ -36,6 +37,54 @@ def test_gated_sum_refuses_gates_that_do_not_broadcast_over_trailing_axes():
         gated_sum((torch.rand(1, 3, 1), t))
     with pytest.raises(ValueError, match="one shape"):
         gated_sum((torch.rand(2, 3, 1), t), (torch.rand(2, 3, 1), torch.randn(2, 3, 5)))
+
+
+@pytest.mark.parametrize("norm,gate,shape", [
+    (nn.GroupNorm(1, 3), (4, 1, 1, 1), (4, 3, 2, 2)),   # SAS, conv: one gate per example
+    (nn.GroupNorm(1, 3), (4, 3, 1, 1), (4, 3, 2, 2)),   # the transform gate, conv: one per channel
+    (nn.LayerNorm(5), (2, 3, 1), (2, 3, 5)),            # SAS, seq: one gate per position
+    (nn.LayerNorm(5), (2, 3, 5), (2, 3, 5)),            # the transform gate, seq: full size
+    (nn.LayerNorm(5, elementwise_affine=False), (2, 3, 1), (2, 3, 5)),
+])
+def test_gated_norm_sum_passes_gradcheck_and_equals_the_formula(norm, gate, shape):
+    torch.manual_seed(0)
+    norm = norm.double()
+    randomise_affine(norm)
+    params = [p.requires_grad_() for p in norm.parameters()]
+    a, b, g = (torch.rand(gate, **D64) for _ in range(3))
+    s, f = torch.randn(shape, **D64), torch.randn(shape, **D64)
+    fn = lambda *xs: gated_norm_sum(*xs[:5], norm)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (a, s, b, f, g, *params))
+    y, y_ref = fn(a, s, b, f, g), a * s + b * f + g * norm(s + f)
+    torch.testing.assert_close(y, y_ref)
+    dy = torch.randn_like(y)
+    inputs = [a, s, b, f, g, *params]
+    for got, want in zip(torch.autograd.grad(y, inputs, dy), torch.autograd.grad(y_ref, inputs, dy)):
+        torch.testing.assert_close(got, want)
+
+
+def test_gated_norm_sum_comparison_fails_when_the_fused_backward_drops_a_term(monkeypatch):
+    """The check above can fail: with the a ⊙ dy term of ∂/∂s dropped, ∂/∂s no longer matches autograd's."""
+    torch.manual_seed(0)
+    norm = nn.GroupNorm(1, 3).double()
+    a, b, g = (torch.rand(4, 1, 1, 1, **D64) for _ in range(3))
+    s, f = torch.randn(4, 3, 2, 2, **D64), torch.randn(4, 3, 2, 2, **D64)
+    real = torch.addcmul
+    monkeypatch.setattr(fused.torch, "addcmul", lambda t, x, y: t.clone())
+    got = torch.autograd.grad(gated_norm_sum(a, s, b, f, g, norm).sum(), s)[0]
+    monkeypatch.setattr(fused.torch, "addcmul", real)
+    want = torch.autograd.grad((a * s + b * f + g * norm(s + f)).sum(), s)[0]
+    assert not torch.allclose(got, want)
+
+
+def test_gated_norm_sum_falls_back_to_the_formula_for_other_norms():
+    torch.manual_seed(0)
+    norm = make_norm("RMS", 5).double()
+    a, b, g = (torch.rand(2, 3, 1, dtype=torch.float64) for _ in range(3))
+    s, f = torch.randn(2, 3, 5, dtype=torch.float64), torch.randn(2, 3, 5, dtype=torch.float64)
+    torch.testing.assert_close(gated_norm_sum(a, s, b, f, g, norm), a * s + b * f + g * norm(s + f))
+    with pytest.raises(ValueError, match="leading axes"):
+        gated_norm_sum(torch.rand(1, 3, 1, dtype=torch.float64), s, b, f, g, nn.LayerNorm(5).double())
 
 
 @pytest.mark.parametrize("lam,phi", [(1.0, 1.0), (2.0, 1.0), (1.0, 0.5), (0.5, 2.0)])
