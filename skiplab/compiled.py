@@ -12,25 +12,31 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch._dynamo
 from torch import nn
 
 RECOMPILE_LIMIT = 8
 
 
+def _dynamo_config():
+    """dynamo's config, imported when first needed: importing dynamo takes seconds, and most commands never compile."""
+    import torch._dynamo
+
+    return torch._dynamo.config
+
+
 def _limit_name() -> str:
-    return "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+    return "recompile_limit" if hasattr(_dynamo_config(), "recompile_limit") else "cache_size_limit"
 
 
 def set_recompile_limit(limit: int) -> None:
     """dynamo's bound on the compilations of one function (its name differs between torch versions)."""
-    setattr(torch._dynamo.config, _limit_name(), limit)
+    setattr(_dynamo_config(), _limit_name(), limit)
 
 
 def raise_recompile_limit(limit: int) -> None:
     """The bound at least ``limit``: one process that compiles many models of one class (a benchmark of every
     design) keeps a compiled entry of the layer's ``forward`` for each, and past the bound dynamo runs it eagerly."""
-    set_recompile_limit(max(limit, getattr(torch._dynamo.config, _limit_name())))
+    set_recompile_limit(max(limit, getattr(_dynamo_config(), _limit_name())))
 
 
 def compile_model(model: nn.Module, dynamic: bool | None = None) -> nn.Module:

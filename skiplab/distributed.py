@@ -222,7 +222,6 @@ class _SyncNorm(torch.autograd.Function):
         return dx.to(x.dtype), None, None, dw, db, None
 
 
-@torch.compiler.disable  # collectives: a compiled model calls this eagerly
 def _sync_batch_norm(bn: nn.modules.batchnorm._BatchNorm, x: Tensor) -> Tensor:
     c = x.shape[1]
     dims = [0] + list(range(2, x.dim()))
@@ -262,14 +261,19 @@ class SyncBatchNormMixin(nn.modules.batchnorm._BatchNorm):
         if not (self.training and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
             return super().forward(x)
         self._check_input_dim(x)
-        return _sync_batch_norm(self, x)
+        return _EAGER["sync_batch_norm"](self, x)
 
 
 _SYNC_CLASSES: dict[type, type] = {}
+# _sync_batch_norm under torch.compiler.disable (collectives: a compiled model calls it eagerly), made by
+# sync_batch_norm() and not at import: torch.compiler.disable imports dynamo, seconds that most commands never need
+_EAGER: dict[str, Callable[..., Tensor]] = {}
 
 
 def sync_batch_norm(model: nn.Module) -> nn.Module:
     """Every BatchNorm layer of ``model`` synchronised across the ranks, in place (state dict unchanged)."""
+    if "sync_batch_norm" not in _EAGER:
+        _EAGER["sync_batch_norm"] = torch.compiler.disable(_sync_batch_norm)
     for m in model.modules():
         cls = type(m)
         if isinstance(m, nn.modules.batchnorm._BatchNorm) and not isinstance(m, SyncBatchNormMixin):

@@ -48,9 +48,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from scipy import stats as _scipy
-
-from .comparison import mean_std, welch_p
+from .comparison import mean_std, scipy_stats, welch_p
 
 __all__ = ["RunRecord", "Block", "blocks", "holm", "holm_once", "mean_difference", "one_kind", "paired_p", "status", "summarise",
            "wilcoxon_p"]
@@ -122,7 +120,7 @@ def mean_difference(diffs: list[float], level: float = 0.95) -> tuple[float, flo
     mean, sd = mean_std(diffs)
     if len(diffs) < 2:
         return mean, None, None
-    half = float(_scipy.t.ppf(0.5 + level / 2, len(diffs) - 1)) * sd / math.sqrt(len(diffs))
+    half = float(scipy_stats().t.ppf(0.5 + level / 2, len(diffs) - 1)) * sd / math.sqrt(len(diffs))
     return mean, mean - half, mean + half
 
 
@@ -132,7 +130,7 @@ def paired_p(diffs: list[float]) -> float | None:
         return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        p = float(_scipy.ttest_1samp(diffs, 0.0).pvalue)
+        p = float(scipy_stats().ttest_1samp(diffs, 0.0).pvalue)
     return None if math.isnan(p) else p
 
 
@@ -143,7 +141,7 @@ def wilcoxon_p(diffs: list[float]) -> float | None:
         return None
     with warnings.catch_warnings():  # ties or zeros: scipy says its exact p is then approximate, the p stands
         warnings.simplefilter("ignore")
-        p = float(_scipy.wilcoxon(diffs, method="exact").pvalue)
+        p = float(scipy_stats().wilcoxon(diffs, method="exact").pvalue)
     return None if math.isnan(p) else p
 
 

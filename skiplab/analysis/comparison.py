@@ -14,9 +14,15 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from scipy import stats as _scipy
-
 from ..connections import parse_spec
+
+
+def scipy_stats():
+    """``scipy.stats``, imported when a p or an interval is first asked for: it takes a second to import, and most
+    commands never ask."""
+    from scipy import stats
+
+    return stats
 
 
 def lambda_and_norm(spec: str) -> tuple[str, str]:
@@ -54,7 +60,7 @@ def welch_p(a: list[float], b: list[float]) -> float | None:
         return None
     with warnings.catch_warnings():  # nearly equal values: scipy warns of precision, the p it gives stands
         warnings.simplefilter("ignore", RuntimeWarning)
-        p = float(_scipy.ttest_ind(a, b, equal_var=False).pvalue)
+        p = float(scipy_stats().ttest_ind(a, b, equal_var=False).pvalue)
     return None if math.isnan(p) else p
 
 

@@ -17,8 +17,8 @@ import math
 from typing import Any
 
 import numpy as np
-from scipy import stats as _scipy
 
+from .comparison import scipy_stats
 from .report import markdown, pyplot
 
 TOLERANCE = 0.25
@@ -35,7 +35,7 @@ def slope(xs: list[float], ys: list[float]) -> tuple[float, float, float]:
         return b, -math.inf, math.inf
     resid = y - (y.mean() + b * (x - x.mean()))
     se = math.sqrt(float((resid ** 2).sum()) / (n - 2) / sxx)
-    half = float(_scipy.t.ppf(0.975, n - 2)) * se
+    half = float(scipy_stats().t.ppf(0.975, n - 2)) * se
     return b, b - half, b + half
 
 
