@@ -11,9 +11,11 @@ both. Runs are labelled by what varied. What the table reports is the task's (sk
     OUT/compare.json            the comparison's config, the budget, every run's summary, blocks and rows
     OUT/budget.json             --budget flops or time: every variant's updates (skiplab.tasks.budget)
 
-**Blocks.** Seed k of every variant is block k (``--seeds N``: 1..N; ``A-B``: A..B); the runs train block by block
-(the baseline first in each), so a comparison cut short leaves whole blocks behind it, and ``--jobs N`` trains N
-runs of a block side by side. Before a block trains here, its runs already there are checked: a block begun on
+**Blocks.** Seed k of every variant is block k (``--seeds N``: 1..N; ``A-B``: A..B); the runs are queued block by
+block (the baseline first in each) and ``--jobs N`` trains N side by side, the next block's first runs beginning as
+the last of a block end (no worker waits for a block to finish), so a comparison cut short leaves whole blocks behind
+it and at most N runs begun after them. Each run is scored as it finishes, in its own process, so that a block's
+small files are whole without its checkpoints. Before anything trains here, the runs already there are checked: a block begun on
 another machine is refused (one line naming the block, the machines and what to do), so that every design keeps a
 baseline trained on its own machine; ``--mixed-blocks`` allows it, and the table's header then names the runs left
 without a pair.
@@ -34,8 +36,6 @@ import dataclasses
 import time
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from .. import run_dir
 from ..analysis import blocks, comparison, effective
@@ -59,6 +59,12 @@ def scored(spec, cfg: Any, progress: bool) -> dict[str, Any]:
                                       "is not there to score it from; put it back, or remove the run to train it again")
         summary = spec.score(cfg, summary, progress)
     return summary
+
+
+def score_run(task: str, cfg: Any) -> None:
+    """:func:`scored` for a run just trained (``train_missing``'s ``then``, in the run's own process)."""
+    if state(cfg) == "finished":
+        scored(get(task), cfg, progress=False)
 
 
 def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ...], progress: bool = True,
@@ -90,7 +96,8 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
         steps = {"max_steps": plan[v.label]["max_steps"]} if budget != "updates" else {}
         return dataclasses.replace(base, **v.changes, **steps, seed=seed, out=str(root / run_name(v.label) / f"seed{seed}"))
 
-    for seed in tqdm(seed_list, desc="compare", unit="block", disable=not progress):
+    every, queue = [], []
+    for seed in seed_list:
         block = [config(v, seed) for v in variants]
         for cfg in block:
             check_same_run(cfg)
@@ -98,10 +105,12 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
         if todo and not mixed_blocks:
             here = here or _here(base)
             _check_block(seed, block, here)
-        train_missing([(task, c) for c in todo], workers=jobs, progress=False)
-        for c in block:  # scored as its block ends: a block's small files are whole without its checkpoints
-            if state(c) == "finished":
-                scored(spec, c, progress=False)
+        every += block
+        queue += [(task, c) for c in todo]
+    train_missing(queue, workers=jobs, progress=progress, then=score_run)
+    for c in every:  # runs restored or trained before, not scored yet
+        if state(c) == "finished":
+            scored(spec, c, progress=False)
 
     results: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     curves: dict[str, list[list[dict[str, Any]]]] = {v.label: [] for v in variants}

@@ -12,6 +12,7 @@ import multiprocessing
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,19 +42,29 @@ def check_same(cfg: Any) -> None:
     check_same_run(cfg, advice="remove it")
 
 
-def _worker(task: str, cfg: Any, threads: int) -> dict[str, Any]:
-    """Train one run in a worker process; its progress bar and any error go to ``<run>.log``, line by line."""
+def _train(task: str, cfg: Any, progress: bool, then: Callable[[str, Any], Any] | None) -> None:
+    train_or_resume(task, cfg, progress)
+    if then is not None:
+        then(task, cfg)
+
+
+def _worker(task: str, cfg: Any, threads: int, then: Callable[[str, Any], Any] | None) -> None:
+    """Train one run in a worker process (then ``then(task, cfg)`` there); its progress bar and any error go to
+    ``<run>.log``, line by line."""
     torch.set_num_threads(threads)
     tqdm.set_lock(threading.RLock())  # tqdm's default lock is a process-shared semaphore, left behind at exit
     log = Path(cfg.out).with_suffix(".log")
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "a", buffering=1) as f, contextlib.redirect_stdout(f), contextlib.redirect_stderr(f):
-        return train_or_resume(task, cfg, progress=True)
+        _train(task, cfg, True, then)
 
 
 def train_missing(jobs: list[tuple[str, Any]], workers: int = 1, threads: int | None = None,
-                  progress: bool = True) -> dict[str, dict[str, Any]]:
-    """Train every run of ``jobs`` ((task, placed config)) not yet finished; return run dir -> summary."""
+                  progress: bool = True, then: Callable[[str, Any], Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Train every run of ``jobs`` ((task, placed config)) not yet finished, in their order, ``workers`` side by
+    side (the next run begins as soon as a worker is free); return run dir -> summary. ``then(task, cfg)``, a
+    module-level function (a worker receives it pickled), runs right after each run trains, in the same process
+    (e.g. scoring the run while the other workers train)."""
     todo = [(t, c) for t, c in jobs if state(c) in ("partial", "missing")]
     for _, c in todo:
         check_same(c)
@@ -61,13 +72,13 @@ def train_missing(jobs: list[tuple[str, Any]], workers: int = 1, threads: int | 
     if workers <= 1 or len(todo) <= 1:
         for task, cfg in todo:
             bar.set_postfix_str(Path(cfg.out).parent.name)
-            train_or_resume(task, cfg, progress)
+            _train(task, cfg, progress, then)
             bar.update()
     else:
         threads = threads or max(1, (os.cpu_count() or 1) // workers)
         pool = multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=1)
         try:
-            pending = [(pool.apply_async(_worker, (t, c, threads)), c) for t, c in todo]
+            pending = [(pool.apply_async(_worker, (t, c, threads, then)), c) for t, c in todo]
             for handle, cfg in pending:
                 try:
                     handle.get()

@@ -226,23 +226,23 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
     assert "| bits per byte (mean ± std) |" in table  # the metric's name, not a variant's
 
 
-def test_compare_scores_each_block_as_it_ends_and_names_an_unscorable_run(text, tmp_path, capsys, monkeypatch):
-    """Every run of block 1 is scored before block 2 trains (its collected files are whole without checkpoints);
-    a finished run restored without its score and without last.pt is one line, nothing of the table written."""
-    from skiplab.tasks import compare as compare_module, get
+def test_compare_scores_each_run_as_it_ends_and_names_an_unscorable_run(text, tmp_path, capsys, monkeypatch):
+    """The runs are queued block by block, the baseline first, and each is scored as soon as it has trained (a
+    block's collected files are whole without checkpoints); a finished run restored without its score and without
+    last.pt is one line, nothing of the table written."""
+    from skiplab.tasks import get, parallel
 
     events = []
-    real_train, real_score = compare_module.train_missing, type(get("lm")).score
-    monkeypatch.setattr(compare_module, "train_missing", lambda jobs, **kw: (
-        events.append(("train", sorted(Path(c.out).name for _, c in jobs))), real_train(jobs, **kw))[1])
+    real_train, real_score = parallel.train_or_resume, type(get("lm")).score
+    monkeypatch.setattr(parallel, "train_or_resume", lambda task, cfg, progress=True: (
+        events.append(("train", "/".join(Path(cfg.out).parts[-2:]))), real_train(task, cfg, progress))[1])
     monkeypatch.setattr(type(get("lm")), "score", lambda self, cfg, summary, progress: (
-        events.append(("score", Path(cfg.out).name)), real_score(self, cfg, summary, progress))[1])
+        events.append(("score", "/".join(Path(cfg.out).parts[-2:]))), real_score(self, cfg, summary, progress))[1])
     out = tmp_path / "cmp"
     argv = args(text, out, "--connections", "PreLN,PostLN", "--seeds", "2")[2:]
     with one_thread():
         assert run(["compare", "lm", *argv]) == 0
-    assert events == [("train", ["seed1", "seed1"]), ("score", "seed1"), ("score", "seed1"),
-                      ("train", ["seed2", "seed2"]), ("score", "seed2"), ("score", "seed2")]
+    assert events == [(e, f"{r}/seed{k}") for k in (1, 2) for r in ("PreLN", "PostLN") for e in ("train", "score")]
     gone = out / "PostLN" / "seed2"
     summary = json.loads((gone / "summary.json").read_text())
     del summary["test_bpb"]
@@ -256,6 +256,24 @@ def test_compare_scores_each_block_as_it_ends_and_names_an_unscorable_run(text, 
     assert err == [f"skiplab: error: {gone}: finished but not scored (test_bpb), and its checkpoint (last.pt) is not "
                    "there to score it from; put it back, or remove the run to train it again"]
     assert not (out / "table.md").exists()
+
+
+def test_compare_with_jobs_scores_each_run_in_its_worker(text, tmp_path, monkeypatch):
+    """With --jobs 2 the runs train in worker processes and each is scored there, right after it trains: every
+    summary holds its score and the command's own process scores none."""
+    from skiplab.tasks import get
+
+    in_main = []
+    monkeypatch.setattr(type(get("lm")), "score", lambda self, cfg, summary, progress: in_main.append(cfg.out))
+    out = tmp_path / "cmp"
+    argv = args(text, out, "--connections", "PreLN,PostLN", "--seeds", "2", "--jobs", "2")[2:]
+    with one_thread():
+        assert run(["compare", "lm", *argv]) == 0
+    assert in_main == []
+    for name in ("PreLN", "PostLN"):
+        for k in (1, 2):
+            assert "test_bpb" in json.loads((out / name / f"seed{k}" / "summary.json").read_text())
+            assert (out / name / f"seed{k}.log").is_file()
 
 
 def test_compare_refuses_a_block_begun_on_another_machine(text, tmp_path, capsys):
