@@ -8,7 +8,8 @@ the depth-wise LSTM's initialisation, names new runs). Two tables that need the 
 same directory, and a run with any other setting gets its own. A finished (or diverged) run is reused as it is; one cut short is resumed from its
 last checkpoint, exactly as ``compare`` does.
 
-Training what is missing, one by one or side by side: :mod:`skiplab.tasks.parallel` (``state``, ``train_missing``).
+Training what is missing, one by one or side by side, and scoring each run as it ends: :mod:`skiplab.tasks.parallel`
+(``state``, ``train_missing``, ``score_run``).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from typing import Any
 from .. import run_dir
 from ..models import model_config
 from ..tasks import get as get_task, run_name
-from ..tasks.parallel import check_same, state, train_missing, train_time
+from ..tasks.parallel import check_same, score_run, state, train_missing, train_time
 
-__all__ = ["check_same", "key", "keyed_model", "label", "placed", "run_path", "state", "train_missing", "train_time"]
+__all__ = ["check_same", "key", "keyed_model", "label", "placed", "run_path", "score_run", "state", "train_missing",
+           "train_time"]
 
 NOT_TRAINED = ("seed", *run_dir.PLACE)
 

@@ -307,7 +307,7 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
     done = {s: sum(runs.state(c) == s for _, c in needed) for s in STATUSES}
     print(f"sweep: {len(points)} cells x {seeds} seed(s) = {len(needed)} runs ({done['finished']} finished, "
           f"{done['diverged']} diverged already)")
-    runs.train_missing(needed, workers=jobs, progress=progress)
+    runs.train_missing(needed, workers=jobs, progress=progress, then=runs.score_run)  # each scored in its worker
 
     unscored = [c for _, c in needed if runs.state(c) == "finished"
                 and spec.metric not in run_dir.read_json(Path(c.out) / "summary.json")]

@@ -43,28 +43,8 @@ from ..device import pick_device
 from ..models import format_model_spec, parse_model_spec
 from . import budget as budgets
 from . import check_same_run, get
-from .parallel import state, train_missing
+from .parallel import score_run, scored, state, train_missing
 from .variants import Variant, baseline_lengths, run_name
-
-
-def scored(spec, cfg: Any, progress: bool) -> dict[str, Any]:
-    """The summary of ``cfg``'s run, with the task's metric in it where the run finished: scored now from its
-    checkpoint where training did not score it (:meth:`~skiplab.tasks.base.Task.score`). A finished run restored
-    without its score and without its checkpoint is a one-line error."""
-    out = Path(cfg.out)
-    summary = run_dir.read_json(out / "summary.json")
-    if summary["status"] == "finished" and spec.metric not in summary:
-        if not (out / "last.pt").is_file():
-            raise run_dir.RunDirError(f"{out}: finished but not scored ({spec.metric}), and its checkpoint (last.pt) "
-                                      "is not there to score it from; put it back, or remove the run to train it again")
-        summary = spec.score(cfg, summary, progress)
-    return summary
-
-
-def score_run(task: str, cfg: Any) -> None:
-    """:func:`scored` for a run just trained (``train_missing``'s ``then``, in the run's own process)."""
-    if state(cfg) == "finished":
-        scored(get(task), cfg, progress=False)
 
 
 def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ...], progress: bool = True,

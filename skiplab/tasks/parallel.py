@@ -2,7 +2,9 @@
 
 With ``workers`` > 1, that many runs train side by side, each with ``threads // workers`` threads (on a 2-core CPU
 two runs of one thread each keep both cores busy); a worker's output goes to ``<run>.log`` beside the run
-directory. A finished (or diverged) run is kept as it is; one cut short resumes from its last checkpoint.
+directory. A finished (or diverged) run is kept as it is; one cut short resumes from its last checkpoint. The runs
+begin in the order given, the next as soon as a worker is free; a run can be scored on the test split right after it
+trains, in its own worker (:func:`score_run`), so that scoring never leaves a core waiting.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from .. import run_dir
-from . import check_same_run, train_or_resume
+from . import check_same_run, get, train_or_resume
 
 
 def state(cfg: Any) -> str:
@@ -40,6 +42,26 @@ def train_time(cfg: Any) -> float:
 def check_same(cfg: Any) -> None:
     """An error when ``cfg.out`` holds a run with other settings (a directory copied in by hand, say)."""
     check_same_run(cfg, advice="remove it")
+
+
+def scored(spec, cfg: Any, progress: bool) -> dict[str, Any]:
+    """The summary of ``cfg``'s run, with the task's metric in it where the run finished: scored now from its
+    checkpoint where training did not score it (:meth:`~skiplab.tasks.base.Task.score`). A finished run restored
+    without its score and without its checkpoint is a one-line error."""
+    out = Path(cfg.out)
+    summary = run_dir.read_json(out / "summary.json")
+    if summary["status"] == "finished" and spec.metric not in summary:
+        if not (out / "last.pt").is_file():
+            raise run_dir.RunDirError(f"{out}: finished but not scored ({spec.metric}), and its checkpoint (last.pt) "
+                                      "is not there to score it from; put it back, or remove the run to train it again")
+        summary = spec.score(cfg, summary, progress)
+    return summary
+
+
+def score_run(task: str, cfg: Any) -> None:
+    """:func:`scored` for a run just trained (``train_missing``'s ``then``, in the run's own process)."""
+    if state(cfg) == "finished":
+        scored(get(task), cfg, progress=False)
 
 
 def _train(task: str, cfg: Any, progress: bool, then: Callable[[str, Any], Any] | None) -> None:
