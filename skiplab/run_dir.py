@@ -366,6 +366,13 @@ def machines(stored: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def codes(stored: dict[str, Any]) -> list[str]:
+    """Every code version (git commit) a run's config.json says it trained with, its start's then each resume's, in
+    order, none twice; "unknown" where none was recorded."""
+    envs = [stored.get("environment", {}), *(e["environment"] for e in stored.get("resumed_on", []))]
+    return list(dict.fromkeys(e.get("git_commit") or "unknown" for e in envs))
+
+
 def machine_kind(env: dict[str, Any], device: str, amp: bool) -> str:
     """The kind of machine a run trained on, what a paired comparison may pool: on a GPU its model and precision
     ("NVIDIA H100 80GB HBM3, bf16 autocast" or ", fp32"), on a CPU its model, the instruction set torch's kernels

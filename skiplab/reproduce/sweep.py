@@ -152,6 +152,7 @@ def record(task: str, p: Point, seed: int, cfg: Any) -> dict[str, Any]:
     conf = run_dir.read_json(out / "config.json") if (out / "config.json").is_file() else {}
     return {"connection": p.connection, "depth": p.depth, "lr": p.lr, "seed": seed, "dir": str(out),
             "machines": run_dir.machines(conf) if conf else [], "kinds": run_dir.kinds(conf) if conf else [],
+            "code": run_dir.codes(conf) if conf else [],
             "status": runs.state(cfg), spec.metric: summary.get(spec.metric),
             spec.final_valid[0]: summary.get(spec.final_valid[0]), "steps": steps,
             "train_time_s": summary.get("train_time_s"),
@@ -218,7 +219,11 @@ def paired(rows: list[dict[str, Any]], records: list[dict[str, Any]], spec: Any,
     for row, p in zip(rows, blocks.holm(family)):
         row["p_holm"] = p
     kind = one_kind([r for r in records if r.get("kinds")])
-    return {"baseline": first, "unpaired": unpaired, "machines": sorted(machines), "kind": kind,
+    codes: dict[str, int] = {}  # code version(s) -> runs; a run resumed on other code counts under "a + b"
+    for r in records:
+        if r.get("code"):
+            codes[" + ".join(r["code"])] = codes.get(" + ".join(r["code"]), 0) + 1
+    return {"baseline": first, "unpaired": unpaired, "machines": sorted(machines), "kind": kind, "codes": codes,
             "holm_m": sum(p is not None for p in family), "blocks": len({r["seed"] for r in records}),
             "failed": [f"{r['connection']} at depth {r['depth']}, lr {r['lr']:g}" for r in rows if r.get("failed")]}
 

@@ -112,7 +112,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
             steps = summary.get("steps")
             records.append(blocks.RunRecord(
                 v.label, seed, summary["status"], summary.get(spec.metric), tuple(run_dir.machines(conf)),
-                conf.get("environment", {}).get("git_commit"),
+                " + ".join(run_dir.codes(conf)) if conf else None,  # a run resumed on other code names both
                 summary["train_time_s"] / steps if summary["status"] == "finished" and steps else None,
                 {"loss_spikes": summary.get("loss_spikes"), "max_grad_norm": summary.get("max_grad_norm")},
                 tuple(run_dir.kinds(conf)) if conf else ()))

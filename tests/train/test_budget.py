@@ -82,4 +82,8 @@ def test_a_run_resumed_on_another_machine_records_it(tmp_path, monkeypatch):
     stored = json.loads((tmp_path / "config.json").read_text())
     assert stored["resumed_on"] == [{"at": 300, "environment": other}]
     assert run_dir.machines(stored) == ["AMD EPYC (AVX2)", "Intel Xeon Processor (AVX512)"]
+    assert run_dir.codes(stored) == ["abc1234"]  # resumed on another machine, not on other code
+    assert run_dir.codes({**stored, "resumed_on": [{"at": 300, "environment": {**other, "git_commit": "def5678"}},
+                                                   {"at": 400, "environment": {**first, "git_commit": None}}]}) \
+        == ["abc1234", "def5678", "unknown"]
     assert run_dir.note_machine(tmp_path, 400) == ""  # still there: nothing new
