@@ -107,6 +107,7 @@ class _GatedNormSum(torch.autograd.Function):
         return y
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # h and N(h) are made inside forward: no graph to a second order
     def backward(ctx, dy):
         s, f, a, b, g, weight, bias, h, n, mean, rstd = ctx.saved_tensors
         need = ctx.needs_input_grad
