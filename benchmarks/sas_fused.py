@@ -1,5 +1,6 @@
-"""SAS's own forward and backward, fused (``gated_norm_sum``: the sum, the norm and their backward in one autograd
-node) against the same formula left to autograd (``gated_sum`` of α·x, β·F and γ·LN(x + F)), interleaved round by round.
+"""SAS's own forward and backward, fused (``gated_norm_sum``: the sum, the norm and their backward in one
+autograd node) against the same formula left to autograd (``gated_sum`` of α·x, β·F and γ·LN(x + F)), interleaved
+round by round.
 
 The connection alone, on PreAct-ResNet-56's three stage shapes at a batch of 128 (conv layout, one-group GroupNorm),
 the branch's output given: what the fusion changes is memory traffic, which a whole training step's convolutions
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     torch.set_num_threads(args.threads)
     shapes = ((4, 3, 4, 4),) if args.small else SHAPES
     rows = [time_forms(s, args.rounds) for s in shapes]
-    lines = [f"# SAS fused / plain: {machine_name()}; {args.rounds} rounds", "", "| shape | fused ms | plain ms | fused / plain (min-max) |", "|---|---|---|---|"]
+    lines = [f"# SAS fused / plain: {machine_name()}; {args.rounds} rounds", "",
+              "| shape | fused ms | plain ms | fused / plain (min-max) |", "|---|---|---|---|"]
     lines += [f"| {'x'.join(map(str, r['shape']))} | {r['fused_ms']:.1f} | {r['plain_ms']:.1f} | "
               f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) |" for r in rows]
     text = "\n".join(lines) + "\n"

@@ -85,7 +85,7 @@ def gated_sum(*pairs: tuple[Tensor, Tensor]) -> Tensor:
 class _GatedNormSum(torch.autograd.Function):
     """y = a ⊙ s + b ⊙ f + g ⊙ N(h),  h = s + f,  N a layer norm with its affine weight w and bias (SAS, Eq. 4).
 
-    Backward, with dN the norm's own backward (``native_layer_norm_backward`` / ``native_group_norm_backward``):
+    Backward, with dN the norm's own backward (``native_layer_norm_backward``, ``native_group_norm_backward``):
         dh = dN(g ⊙ dy),   ∂/∂s = dh + a ⊙ dy,   ∂/∂f = dh + b ⊙ dy   (one ``addcmul`` each),
         ∂/∂a = Σ dy ⊙ s,   ∂/∂b = Σ dy ⊙ f,   ∂/∂g = Σ dy ⊙ N(h)   (over the axes each gate broadcasts along)
     Left to autograd, a ⊙ dy and b ⊙ dy are made first and dh is then added into each: four passes more.

@@ -15,10 +15,10 @@ both. Runs are labelled by what varied. What the table reports is the task's (sk
 block (the baseline first in each) and ``--jobs N`` trains N side by side, the next block's first runs beginning as
 the last of a block end (no worker waits for a block to finish), so a comparison cut short leaves whole blocks behind
 it and at most N runs begun after them. Each run is scored as it finishes, in its own process, so that a block's
-small files are whole without its checkpoints. Before anything trains here, the runs already there are checked: a block begun on
-another machine is refused (one line naming the block, the machines and what to do), so that every design keeps a
-baseline trained on its own machine; ``--mixed-blocks`` allows it, and the table's header then names the runs left
-without a pair.
+small files are whole without its checkpoints. Before anything trains here, the runs already there are checked: a
+block begun on another machine is refused (one line naming the block, the machines and what to do), so that every
+design keeps a baseline trained on its own machine; ``--mixed-blocks`` allows it, and the table's header then names
+the runs left without a pair.
 
 **One kind of machine.** A block's kind of machine (:func:`skiplab.run_dir.machine_kind`: a CPU model with its
 kernel set in fp32, a GPU model with its precision) is its baseline run's: where that run is there, the kind its
