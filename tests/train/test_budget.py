@@ -70,18 +70,19 @@ def test_flops_budget_and_its_errors(tmp_path, monkeypatch):
 
 
 def test_a_run_resumed_on_another_machine_records_it(tmp_path, monkeypatch):
-    first = {"cpu": "AMD EPYC", "cpu_capability": "AVX2", "cuda": None, "git_commit": "abc1234"}
+    # both machines are made up and faked as the current one: nothing depends on the processor the test runs on
+    first = {"cpu": "Testchip Beta", "cpu_capability": "AVX2", "cuda": None, "git_commit": "abc1234"}
     run_dir.write_json(tmp_path / "config.json", {"config": {}, "environment": first})
     monkeypatch.setattr(run_dir, "environment", lambda: dict(first))
     assert run_dir.note_machine(tmp_path, 300) == ""  # same machine and code: nothing written
     assert "resumed_on" not in json.loads((tmp_path / "config.json").read_text())
-    other = {**first, "cpu": "Intel(R) Xeon(R) Processor", "cpu_capability": "AVX512"}
+    other = {**first, "cpu": "Testchip(R) Alpha(R) Processor", "cpu_capability": "AVX512"}
     monkeypatch.setattr(run_dir, "environment", lambda: dict(other))
     line = run_dir.note_machine(tmp_path, 300)
-    assert "resumed at 300 on Intel Xeon Processor (AVX512)" in line and "before: AMD EPYC (AVX2)" in line
+    assert "resumed at 300 on Testchip Alpha Processor (AVX512)" in line and "before: Testchip Beta (AVX2)" in line
     stored = json.loads((tmp_path / "config.json").read_text())
     assert stored["resumed_on"] == [{"at": 300, "environment": other}]
-    assert run_dir.machines(stored) == ["AMD EPYC (AVX2)", "Intel Xeon Processor (AVX512)"]
+    assert run_dir.machines(stored) == ["Testchip Beta (AVX2)", "Testchip Alpha Processor (AVX512)"]
     assert run_dir.codes(stored) == ["abc1234"]  # resumed on another machine, not on other code
     assert run_dir.codes({**stored, "resumed_on": [{"at": 300, "environment": {**other, "git_commit": "def5678"}},
                                                    {"at": 400, "environment": {**first, "git_commit": None}}]}) \
