@@ -361,16 +361,18 @@ def note_machine(out: Path, at: int, device: str | None = None, amp: bool | None
 
 def machines(stored: dict[str, Any]) -> list[str]:
     """Every machine a run's config.json says it trained on, in order, none twice."""
-    names = [machine_name(stored.get("environment", {})),
-             *(machine_name(e["environment"]) for e in stored.get("resumed_on", []))]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(machine_name(e) for e in _environments(stored)))
 
 
 def codes(stored: dict[str, Any]) -> list[str]:
     """Every code version (git commit) a run's config.json says it trained with, its start's then each resume's, in
     order, none twice; "unknown" where none was recorded."""
-    envs = [stored.get("environment", {}), *(e["environment"] for e in stored.get("resumed_on", []))]
-    return list(dict.fromkeys(e.get("git_commit") or "unknown" for e in envs))
+    return list(dict.fromkeys(e.get("git_commit") or "unknown" for e in _environments(stored)))
+
+
+def _environments(stored: dict[str, Any]) -> list[dict[str, Any]]:
+    """The environment of each stretch of a run: its start's, then every resume's that config.json notes."""
+    return [stored.get("environment", {}), *(e["environment"] for e in stored.get("resumed_on", []))]
 
 
 def machine_kind(env: dict[str, Any], device: str, amp: bool) -> str:

@@ -49,6 +49,7 @@ import dataclasses
 import math
 import shlex
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -219,11 +220,8 @@ def paired(rows: list[dict[str, Any]], records: list[dict[str, Any]], spec: Any,
     for row, p in zip(rows, blocks.holm(family)):
         row["p_holm"] = p
     kind = one_kind([r for r in records if r.get("kinds")])
-    codes: dict[str, int] = {}  # code version(s) -> runs; a run resumed on other code counts under "a + b"
-    for r in records:
-        if r.get("code"):
-            codes[" + ".join(r["code"])] = codes.get(" + ".join(r["code"]), 0) + 1
-    return {"baseline": first, "unpaired": unpaired, "machines": sorted(machines), "kind": kind, "codes": codes,
+    codes = Counter(" + ".join(r["code"]) for r in records if r.get("code"))  # a run resumed on other code: "a + b"
+    return {"baseline": first, "unpaired": unpaired, "machines": sorted(machines), "kind": kind, "codes": dict(codes),
             "holm_m": sum(p is not None for p in family), "blocks": len({r["seed"] for r in records}),
             "failed": [f"{r['connection']} at depth {r['depth']}, lr {r['lr']:g}" for r in rows if r.get("failed")]}
 

@@ -96,7 +96,7 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
         n = pairing.get("blocks") or result["axes"]["seeds"]
         kind = f"Kind of machine: {pairing['kind']}, every run. " if pairing.get("kind") else ""
         if pairing.get("codes"):
-            listed = ", ".join(f"{c} ({n} run{'s' if n > 1 else ''})" for c, n in sorted(pairing["codes"].items()))
+            listed = ", ".join(f"{c} ({k} run{'s' if k > 1 else ''})" for c, k in sorted(pairing["codes"].items()))
             kind += f"Code: {listed}. "
         parts.append(f"{kind}Δ: the paired difference to {pairing['baseline']} at the same depth and lr, block by "
                      "block (block k: seed k), mean with its 95% CI (Student's t); p Wilcoxon: the exact signed-rank "
