@@ -20,7 +20,8 @@ import torch
 
 from skiplab.config import parse_list
 from skiplab.models import build_model, model_config
-from skiplab.text import Tokenizer, encode_parallel, filter_long, load_corpus, make_batches
+from skiplab.corpora import encode_parallel, filter_long, load_corpus, make_batches
+from skiplab.tokenization import Tokenizer
 from skiplab.train.recipe_mt import label_smoothed_loss
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from skiplab import run_dir
-from skiplab.text.prepare import PrepareConfig, prepare
+from skiplab.corpora.prepare import PrepareConfig, prepare
 from skiplab.models import build_model
 from skiplab.train import lm
 from skiplab.train.lm import LMTrainConfig

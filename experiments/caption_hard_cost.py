@@ -31,7 +31,7 @@ import torch
 from skiplab.bench.steps import MTBatch, mt_step
 from skiplab.models import build_model
 from skiplab.reproduce.scales import CPU
-from skiplab.text.captions import Vocabulary
+from skiplab.data.captions import Vocabulary
 from skiplab.train.caption import SCENE_SETS, encode_captions, load_split, pair_batches
 
 EASY = "fashion-mnist-scenes"

@@ -4,7 +4,7 @@
 # sidecars and each step's time and peak memory (/usr/bin/time -v) go to RESULTS (small files, committed).
 # Usage: experiments/debdocs.sh DATA [RESULTS]     RESULTS defaults to docs/results/debdocs
 #   DATA/corpus (train/valid/test.jsonl.gz, manifest.json), DATA/gpt2/gpt2.tiktoken, DATA/shards-gpt2, DATA/shards-bytes
-# Needs the packages that skiplab/text/debdocs.py names installed (its docstring and docs/language-models.md give the
+# Needs the packages that skiplab/corpora/debdocs.py names installed (its docstring and docs/language-models.md give the
 # apt-get line). A step whose output is there already is not run again.
 set -euo pipefail
 data=$1

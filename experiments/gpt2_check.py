@@ -15,7 +15,7 @@ import torch
 import transformers
 
 from skiplab import run_dir
-from skiplab.text.documents import load_documents
+from skiplab.corpora.documents import load_documents
 from skiplab.train.lm import load_run
 
 run, folder = sys.argv[1], Path(sys.argv[2])

@@ -63,9 +63,9 @@ from .tasks import budget, coord_check
 from .tasks.compare import compare
 from .tasks.lm import add_generate_arguments, sample_text
 from .tasks.mt import add_decoding_arguments
-from .text import decode_lines, read_lines
-from .text.debdocs import DebdocsConfig, build
-from .text.prepare import PrepareConfig, prepare
+from .corpora import decode_lines, read_lines
+from .corpora.debdocs import DebdocsConfig, build
+from .corpora.prepare import PrepareConfig, prepare
 from .translate import paired_bootstrap
 from .translate.translator import Translator
 

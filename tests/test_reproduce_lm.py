@@ -22,9 +22,9 @@ from skiplab.models import build_model, model_config
 from skiplab.reproduce import TABLES, report, reproduce, resolve, scale, table
 from skiplab.reproduce import runs as runs_mod
 from skiplab.reproduce.scales import C4_T5, DOLMA_OLMO, LM_PAPER, OLMO_PAPER, OLMO_STEPS, SCALES
-from skiplab.text.documents import load_documents
-from skiplab.text.prepare import PrepareConfig, prepare
-from skiplab.text.shards import SIDECAR
+from skiplab.corpora.documents import load_documents
+from skiplab.corpora.prepare import PrepareConfig, prepare
+from skiplab.corpora.shards import SIDECAR
 from skiplab.train import lm
 
 pytestmark = pytest.mark.filterwarnings("error:Tight layout not applied")

@@ -50,7 +50,8 @@ from ..compiled import raise_recompile_limit
 from ..config import count, parse_list
 from ..connections.norms import make_norm
 from ..models import model_config
-from ..text import Tokenizer, encode_parallel, load_corpus, make_batches
+from ..corpora import encode_parallel, load_corpus, make_batches
+from ..tokenization import Tokenizer
 from ..train.layer_telemetry import LayerWatch
 from ..train.telemetry import Telemetry
 from ..decoding import beam_search

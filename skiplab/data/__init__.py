@@ -1,4 +1,7 @@
-"""Image classification data: CIFAR-10/100, MNIST, Fashion-MNIST as uint8 tensors, plus augmentation.
+"""Image data: CIFAR-10/100, MNIST, Fashion-MNIST as uint8 tensors, plus augmentation; and captioned images: the
+composed fashion-mnist-scenes sets (:mod:`~skiplab.data.scenes` and its variants), caption files in COCO's and
+Karpathy's formats with the images or features they describe (:mod:`~skiplab.data.captions`), and the scenes
+written in those formats (:mod:`~skiplab.data.scene_files`).
 
 >>> from skiplab.data import load_image_dataset, augment_batch, normalise
 >>> data = load_image_dataset("cifar10")              # ImageData: train_x (50000, 3, 32, 32) uint8, ...

@@ -55,7 +55,7 @@ all (one to three); to locate each garment in the grid (which corner, which side
 between two garments (left of, above, diagonally across), which need both garments' kinds and positions at
 once. No caption can be written without the pixels: kinds, counts, cells and relations are all drawn.
 
-On disk (:func:`skiplab.text.scene_files.write_scenes`), the formats of MSCOCO and Karpathy's split file (:mod:`skiplab.text.captions`
+On disk (:func:`skiplab.data.scene_files.write_scenes`), the formats of MSCOCO and Karpathy's split file (:mod:`skiplab.data.captions`
 reads them):
 
     images/<split>_<index:06d>.png     the scenes, 8-bit grey PNG

@@ -33,7 +33,7 @@ from torch import nn
 from .. import run_dir
 from ..models import model_from_checkpoint
 from ..models.generate import generate
-from ..text.lm_tokenizer import load_lm_tokenizer
+from ..tokenization.lm import load_lm_tokenizer
 
 
 def harness_lm(model: nn.Module, tokenizer: Any, batch_size: int = 16, max_gen_toks: int = 256, seed: int = 0,

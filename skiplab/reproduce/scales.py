@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 from ..models import model_config, with_options
-from ..text.pretrained import parse_pretrained
-from ..text.pretrained.base import one_line
-from ..text.shards import SIDECAR, check_prepared, is_prepared, read_prepared
+from ..tokenization.pretrained import parse_pretrained
+from ..tokenization.pretrained.base import one_line
+from ..corpora.shards import SIDECAR, check_prepared, is_prepared, read_prepared
 from ..train.caption import CaptionTrainConfig
 from ..train.image import ImageTrainConfig
 from ..train.lm import LMTrainConfig

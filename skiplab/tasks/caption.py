@@ -29,7 +29,7 @@ from ..decoding import beam_search
 from ..device import pick_device
 from ..interop import coco_eval
 from ..models import caption_families, model_from_checkpoint, with_options
-from ..text.captions import Vocabulary
+from ..data.captions import Vocabulary
 from ..train import caption
 from .base import Task
 from .mt import MTTrained, add_decoding_arguments

@@ -49,10 +49,10 @@ from torch import Tensor
 from .. import run_dir
 from ..connections import iter_connections
 from ..interop import hf
-from ..text.pretrained import read_pretrained
-from ..text.pretrained.base import require
-from ..text.pretrained.hf_tokenizer import EOT_NAMES, INSTALL, HFTokenizer
-from ..text.pretrained.tiktoken_encoding import ENCODINGS, TiktokenEncoding
+from ..tokenization.pretrained import read_pretrained
+from ..tokenization.pretrained.base import require
+from ..tokenization.pretrained.hf_tokenizer import EOT_NAMES, INSTALL, HFTokenizer
+from ..tokenization.pretrained.tiktoken_encoding import ENCODINGS, TiktokenEncoding
 from ..train import lm
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"

@@ -26,11 +26,11 @@ from ..config import count
 from ..connections import connection
 from ..models import build_model, lm_families, with_options
 from ..models.generate import generate
-from ..text.lm_tokenizer import LM_TOKENIZERS
-from ..text.prepare import PrepareConfig, prepare
-from ..text.pretrained import read_pretrained
-from ..text.shards import read_prepared
-from ..text.windows import eval_windows, sample_windows
+from ..tokenization.lm import LM_TOKENIZERS
+from ..corpora.prepare import PrepareConfig, prepare
+from ..tokenization.pretrained import read_pretrained
+from ..corpora.shards import read_prepared
+from ..corpora.windows import eval_windows, sample_windows
 from ..train import lm, parametrization
 from .base import Task
 
@@ -224,7 +224,7 @@ def tokenised_once(cfg: lm.LMTrainConfig, root: Path, progress: bool = True) -> 
     bpe / unigram tokenizer trained) once, not once a run. Its name is a digest of what decides the tokens: the
     corpus and where it is, or the files (path, size and modification time), the tokenizer spec (a pretrained
     one's file contents too) and a trained tokenizer's vocabulary size. Its runs' windows are those of the text
-    (:func:`skiplab.text.prepare.prepare` writes :func:`skiplab.train.lm.stream`'s tokens)."""
+    (:func:`skiplab.corpora.prepare.prepare` writes :func:`skiplab.train.lm.stream`'s tokens)."""
     files = {s: getattr(cfg, f"{s}_file") for s in ("train", "valid", "test") if getattr(cfg, f"{s}_file")}
     stamp = {s: [str(Path(f).resolve()), *((Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
                                            if Path(f).is_file() else ())] for s, f in files.items()}

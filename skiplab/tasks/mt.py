@@ -23,7 +23,8 @@ from ..analysis.trained import Examples, Trained
 from ..config import count
 from ..connections import connection
 from ..models import format_model_spec, model_config, parse_model_spec, seq2seq_families
-from ..text import Tokenizer, encode_parallel, filter_long, load_split, make_batches
+from ..corpora import encode_parallel, filter_long, load_split, make_batches
+from ..tokenization import Tokenizer
 from ..train import mt
 from ..translate.metrics import bleu_forms, paired_bootstrap, score_forms
 from ..translate.translator import Translator, evaluate_split, split_forms

@@ -35,7 +35,7 @@ The data, by ``dataset``:
   captions file (``captions_train2014.json`` style; then ``valid_captions`` and ``test_captions`` name the other
   splits' files), with the images in ``image_dir`` (each of ``image_size`` pixels a side, of the model's
   ``channels``: a model of 3 reads COCO's few grey images widened to RGB, a model of 1 refuses a colour image;
-  :class:`~skiplab.text.captions.ImageFolder`) or their features in ``feature_dir`` (one ``.npy`` / ``.npz`` per
+  :class:`~skiplab.data.captions.ImageFolder`) or their features in ``feature_dir`` (one ``.npy`` / ``.npz`` per
   image, floating-point (regions, ``feature_dim``); the model's ``input`` must be ``features``). Every file's
   header is checked before a run writes anything. A relative path among these is inside ``data_dir`` where one is
   given (how ``reproduce`` finds COCO under its ``--data-root``).
@@ -60,7 +60,7 @@ from ..data.scenes_crowded import crowded_fashion_scenes
 from ..data.scenes_hard import hard_fashion_scenes
 from ..interop.coco_eval import CiderD
 from ..models import CaptionerConfig, caption_families, family_of, model_config
-from ..text.captions import CaptionedImage, FeatureFolder, ImageFolder, Vocabulary, read_coco_captions, \
+from ..data.captions import CaptionedImage, FeatureFolder, ImageFolder, Vocabulary, read_coco_captions, \
     read_karpathy, tokenize
 from .mt import Seq2SeqData, Seq2SeqRecipe, train_seq2seq
 from .run import Run

@@ -4,7 +4,7 @@ AdamW (β 0.9 / 0.95, weight decay on matrices only: biases, norms, gains and th
 not decayed, as nanoGPT's ``configure_optimizers`` does by dimension), a linear warm-up to ``lr`` over
 ``warmup`` steps, then cosine decay to ``min_lr`` at ``max_steps`` (or constant), gradient clipping, bf16
 autocast on CUDA. An update is ``grad_accum`` micro-batches of ``batch_size`` windows of ``context + 1``
-tokens (skiplab.text.windows), drawn from one generator whose state the checkpoints keep; the loss is the
+tokens (skiplab.corpora.windows), drawn from one generator whose state the checkpoints keep; the loss is the
 mean cross-entropy over the update's tokens. After every update the model's ``after_step()`` runs (nGPT renormalises
 its matrices; the other designs do nothing); a design's own recipe (nGPT: no weight decay, no warm-up) replaces the
 fields left at their defaults (:func:`design_recipe`). Every ``eval_every`` steps the validation split is scored
@@ -48,12 +48,12 @@ from ..connections.across import not_recomputable
 from ..device import pick_device
 from ..interop.loggers import parse_loggers
 from ..models import GPTConfig, PRESETS, build_model, family_of, model_config, model_from_checkpoint
-from ..text.documents import Documents, load_documents, read_documents
-from ..text.lm_tokenizer import (LM_TOKENIZERS, ByteTokenizer, LMTokenizer, SubwordTokenizer, check_lm_tokenizer,
+from ..corpora.documents import Documents, load_documents, read_documents
+from ..tokenization.lm import (LM_TOKENIZERS, ByteTokenizer, LMTokenizer, SubwordTokenizer, check_lm_tokenizer,
                                   load_lm_tokenizer, train_lm_tokenizer)
-from ..text.pretrained import read_pretrained
-from ..text.shards import Prepared, check_prepared, is_prepared, read_prepared
-from ..text.windows import (BIN_DTYPES, Stream, bits_per_byte, count_words, eval_windows, perplexity, read_bin,
+from ..tokenization.pretrained import read_pretrained
+from ..corpora.shards import Prepared, check_prepared, is_prepared, read_prepared
+from ..corpora.windows import (BIN_DTYPES, Stream, bits_per_byte, count_words, eval_windows, perplexity, read_bin,
                             token_stream, unigram_nats, window_starts, windows_at)
 from . import layer_telemetry, parametrization, sharded
 from .layer_telemetry import LayerWatch
@@ -318,7 +318,7 @@ def vocabulary(cfg: LMTrainConfig) -> int:
 @torch.no_grad()
 def evaluate(model, data: Stream, context: int, device, amp: bool, stride: int = 0, batch: int = 16,
              group: distributed.Group = distributed.Group(), progress: bool = False) -> dict[str, Any]:
-    """Σ NLL of ``data`` (``nll``, nats), every target once (see skiplab.text.windows), and the three units
+    """Σ NLL of ``data`` (``nll``, nats), every target once (see skiplab.corpora.windows), and the three units
     it makes: bits per byte, per-token perplexity (of the model's tokens) and word perplexity:
 
         loss = nll / tokens,   bpb = nll / (ln 2 · bytes),   token_ppl = exp(loss),   word_ppl = exp(nll / words)
@@ -647,7 +647,7 @@ def coverage(data: Stream, context: int, stride: int = 0) -> str:
 
 def unigram_baseline(cfg: LMTrainConfig, split: str = "test") -> dict[str, Any] | None:
     """Loss and bits per byte on a split of ``cfg``'s corpus of the unigram model of its training split, in the
-    tokens of ``cfg``'s finished run (:func:`skiplab.text.windows.unigram_nats`): the level of a model that
+    tokens of ``cfg``'s finished run (:func:`skiplab.corpora.windows.unigram_nats`): the level of a model that
     ignores context, against which a run that trained can be told from one that stalled. Bytes and .bin files
     need no checkpoint; a subword tokenizer is read from the run's (None where it has none)."""
     prep = prepared(cfg)

@@ -40,8 +40,9 @@ import torch
 from tqdm import tqdm
 
 from ..models import PRESETS, Seq2SeqConfig, build_model, family_of, model_config, seq2seq_families
-from ..text import Tokenizer, encode_parallel, filter_long, load_split, make_batches
-from ..text.corpus import Parallel
+from ..corpora import encode_parallel, filter_long, load_split, make_batches
+from ..tokenization import Tokenizer
+from ..corpora.parallel import Parallel
 from .. import distributed, run_dir
 from ..config import check_bounds
 from ..interop.loggers import parse_loggers

@@ -25,7 +25,7 @@ import numpy as np
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.metrics.bleu import MAX_NGRAM_ORDER
 
-from ..text import moses
+from ..tokenization import moses
 
 METRICS = ("bleu", "bleu_tok", "chrf")
 
@@ -134,7 +134,7 @@ def bleu_forms(hyps: list[str], refs: list[str], tokenized: bool, lang: str) -> 
     """Both forms of ``hyps`` (a system's output) and ``refs`` in target language ``lang``.
 
     ``tokenized``: the references are Moses-tokenised with the entities unescaped (a corpus read with
-    :attr:`~skiplab.text.Parallel.tokenized`), and so are the hypotheses of a model trained on them.
+    :attr:`~skiplab.corpora.Parallel.tokenized`), and so are the hypotheses of a model trained on them.
     That text is the tokenised form; detokenising both sides with sacremoses' ``MosesDetokenizer(lang)``
     gives the other. (Moses' escaping is one-to-one, so tokens that match unescaped match escaped: the
     tokenised score is multi-bleu.perl's on the published escaped references.) Otherwise (raw text, as Multi30k) the text is the detokenised form, and

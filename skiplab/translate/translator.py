@@ -15,7 +15,8 @@ from tqdm import tqdm
 from .. import run_dir
 from ..device import pick_device
 from ..models import EncoderDecoder, model_from_checkpoint
-from ..text import Tokenizer, load_split, make_batches
+from ..corpora import load_split, make_batches
+from ..tokenization import Tokenizer
 from .metrics import BleuForms, bleu_forms, score_forms
 from ..decoding import beam_search
 

@@ -12,9 +12,9 @@ import pytest
 
 from skiplab.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx
 from skiplab.data.scenes import CELL_NAMES, compose_scenes, fashion_scenes, scene_captions
-from skiplab.text import scene_files
-from skiplab.text.scene_files import write_scenes
-from skiplab.text.captions import ImageFolder, read_coco_captions, read_karpathy, tokenize
+from skiplab.data import scene_files
+from skiplab.data.scene_files import write_scenes
+from skiplab.data.captions import ImageFolder, read_coco_captions, read_karpathy, tokenize
 from tests.conftest import write_fashion_mnist
 
 HOLDOUT = 64  # of the fixture's 256 training images

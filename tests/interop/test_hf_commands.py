@@ -11,7 +11,7 @@ import torch
 
 from skiplab.cli import main
 from skiplab.train.lm import load_run
-from tests.text.test_pretrained_tokenizers import write_hf
+from tests.tokenization.test_pretrained_tokenizers import write_hf
 from tests.train.test_distributed import one_thread
 
 transformers = pytest.importorskip("transformers", minversion="5.0")

@@ -13,10 +13,10 @@ import torch
 
 from skiplab.cli import main
 from skiplab.tasks.hf_run import export_hf, tokenizer_files
-from skiplab.text.pretrained import read_pretrained
-from skiplab.text.pretrained.tiktoken_encoding import ENCODINGS, TiktokenEncoding, bpe_merges, dump_ranks, parse_ranks
+from skiplab.tokenization.pretrained import read_pretrained
+from skiplab.tokenization.pretrained.tiktoken_encoding import ENCODINGS, TiktokenEncoding, bpe_merges, dump_ranks, parse_ranks
 from skiplab.train.lm import load_run
-from tests.text.test_pretrained_tokenizers import write_hf, write_sentencepiece
+from tests.tokenization.test_pretrained_tokenizers import write_hf, write_sentencepiece
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import text  # noqa: F401 - a fixture: train, valid and test.jsonl of a short story
 

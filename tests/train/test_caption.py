@@ -283,7 +283,7 @@ def test_self_critical_loss_is_the_rewarded_log_likelihood(scenes_dir, monkeypat
     """With the samples and the greedy captions fixed, the loss is -Σ (r_k - r_greedy) log p(sample k), the
     log-probabilities those of the model without dropout."""
     import skiplab.decoding as decoding
-    from skiplab.text.captions import Vocabulary
+    from skiplab.data.captions import Vocabulary
     from skiplab.train.caption import ImageBatch, SelfCritical
 
     cfg = CaptionTrainConfig(max_steps=1, data_dir=str(scenes_dir), train_scenes=4, valid_scenes=2, test_scenes=2)

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from skiplab.models import build_model, model_config
-from skiplab.text.lm_tokenizer import ByteTokenizer
-from skiplab.text.windows import count_words
+from skiplab.tokenization.lm import ByteTokenizer
+from skiplab.corpora.windows import count_words
 from skiplab.train import lm
 
 # 12 + 11 bytes; words by hand: the / cat / sat, and on / the / mat / '' (a trailing newline leaves an empty piece)

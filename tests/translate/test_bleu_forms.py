@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from skiplab.text import moses
+from skiplab.tokenization import moses
 from skiplab.translate import bleu, bleu_forms, bleu_tok, paired_bootstrap, score_forms
 
 # Moses-tokenised German, entities already unescaped (as load_corpus gives a WMT'14 reference)

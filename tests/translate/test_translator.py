@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from skiplab.text import load_corpus, moses, read_lines
+from skiplab.corpora import load_corpus, read_lines
+from skiplab.tokenization import moses
 from skiplab.translate import bleu_forms, score_forms
 from skiplab.translate.translator import Translator, evaluate_split, split_forms
 

@@ -1,7 +1,13 @@
-"""The machine-translation text pipeline: parallel corpora, sentencepiece subwords, token batching,
-and Moses' conventions for tokenised text (:mod:`~skiplab.text.moses`).
+"""Text corpora on disk and what a model reads of them.
 
->>> from skiplab.text import load_corpus, Tokenizer, encode_parallel, filter_long, make_batches
+Translation's parallel corpora and their token batches are exported here; language modelling's documents
+(:mod:`~skiplab.corpora.documents`), the ``debdocs`` corpus (:mod:`~skiplab.corpora.debdocs`, built from prose
+by :mod:`~skiplab.corpora.prose`), token shards (:mod:`~skiplab.corpora.shards`, written by
+:mod:`~skiplab.corpora.prepare`) and the windows a model trains on (:mod:`~skiplab.corpora.windows`) are
+imported from their modules. Tokenizers live in :mod:`skiplab.tokenization`.
+
+>>> from skiplab.corpora import load_corpus, encode_parallel, filter_long, make_batches
+>>> from skiplab.tokenization import Tokenizer
 >>> train = load_corpus("multi30k", None, "en", "de", "train")     # Parallel: 29000 pairs
 >>> valid = load_corpus("wmt14-en-de(valid=newstest2012+newstest2013)", None, "en", "de", "valid")
 >>> tok = Tokenizer.train(train.src + train.tgt, "runs/spm", vocab_size=8000)
@@ -11,7 +17,7 @@ and Moses' conventions for tokenised text (:mod:`~skiplab.text.moses`).
 """
 
 from .batching import Batch, collate, encode_parallel, filter_long, make_batches
-from .corpus import (
+from .parallel import (
     CORPORA,
     SPLITS,
     CorpusInfo,
@@ -26,17 +32,14 @@ from .corpus import (
     read_lines,
     read_parallel,
 )
-from .tokenizer import MODEL_TYPES, Tokenizer
 
 __all__ = [
     "CORPORA",
-    "MODEL_TYPES",
     "SPLITS",
     "Batch",
     "CorpusInfo",
     "CorpusSpec",
     "Parallel",
-    "Tokenizer",
     "collate",
     "decode_lines",
     "default_data_dir",

@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 
 from skiplab.cli import main
-from skiplab.text.documents import (LM_CORPORA, DocumentStream, iter_documents, iter_read_documents, load_documents,
+from skiplab.corpora.documents import (LM_CORPORA, DocumentStream, iter_documents, iter_read_documents, load_documents,
                                     read_documents)
-from skiplab.text.lm_tokenizer import ByteTokenizer, load_lm_tokenizer
-from skiplab.text.prepare import PrepareConfig, prepare
-from skiplab.text.shards import (FORMAT_NAME, FORMAT_VERSION, SIDECAR, TOKENIZER_FILE, open_shard, token_dtype,
+from skiplab.tokenization.lm import ByteTokenizer, load_lm_tokenizer
+from skiplab.corpora.prepare import PrepareConfig, prepare
+from skiplab.corpora.shards import (FORMAT_NAME, FORMAT_VERSION, SIDECAR, TOKENIZER_FILE, open_shard, token_dtype,
                                  write_shard)
-from skiplab.text.windows import count_words
+from skiplab.corpora.windows import count_words
 
 TEXTS = ["The cat sat.\n  Indented   code:\tx = 1\n", "Zweite Geschichte: grüße, naïve café — ok", "中文 text 🙂",
          "line\u2028separator and \x85 next-line stay inside", " "]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from skiplab.data import DownloadError
-from skiplab.text import CORPORA, Parallel, default_data_dir, load_corpus, load_split, parse_corpus, read_lines, read_parallel
+from skiplab.corpora import CORPORA, Parallel, default_data_dir, load_corpus, load_split, parse_corpus, read_lines, read_parallel
 
 SHARED_MULTI30K = Path(__file__).resolve().parents[2].parent / "shared/data/multi30k"
 

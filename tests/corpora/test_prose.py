@@ -4,8 +4,8 @@ import gzip
 
 import pytest
 
-from skiplab.text.prose import clean, decode, html_to_text, man_to_text, rst_to_text, text_key, to_text
-from skiplab.text.prose.clean import drop_number_tables, is_numeric_line
+from skiplab.corpora.prose import clean, decode, html_to_text, man_to_text, rst_to_text, text_key, to_text
+from skiplab.corpora.prose.clean import drop_number_tables, is_numeric_line
 
 
 def test_html_keeps_the_main_content_only_when_the_page_marks_it():

@@ -7,7 +7,8 @@ import random
 import pytest
 import torch
 
-from skiplab.text import Batch, Parallel, Tokenizer, collate, encode_parallel, filter_long, make_batches
+from skiplab.tokenization import Tokenizer
+from skiplab.corpora import Batch, Parallel, collate, encode_parallel, filter_long, make_batches
 
 PAD, BOS, EOS = Tokenizer.PAD, Tokenizer.BOS, Tokenizer.EOS
 

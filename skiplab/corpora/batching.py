@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .corpus import Parallel
-from .tokenizer import Tokenizer
+from .parallel import Parallel
+from ..tokenization import Tokenizer
 
 PAD, BOS, EOS = Tokenizer.PAD, Tokenizer.BOS, Tokenizer.EOS
 

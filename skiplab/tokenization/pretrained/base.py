@@ -8,10 +8,10 @@ the end-of-text id, the tiktoken encoding's name). Its stored form, in a run and
     {"kind": "hf", "eot": 50256, ...}\\n  the header, one line of JSON
     <payload>                           the file's bytes, as read
 
-so that :func:`skiplab.text.pretrained.load_pretrained` rebuilds it with no file access.
+so that :func:`skiplab.tokenization.pretrained.load_pretrained` rebuilds it with no file access.
 
 These tokenizers read text, not bytes: a lone surrogate (a byte that was not UTF-8, see
-:mod:`skiplab.text.documents`) is read as U+FFFD. Whether decoding an encoding gives the text back exactly is
+:mod:`skiplab.corpora.documents`) is read as U+FFFD. Whether decoding an encoding gives the text back exactly is
 the tokenizer's own property: byte-level BPE (GPT-2, GPT-NeoX, LLaMA-3, tiktoken) does; a sentencepiece model
 that normalises text or has no byte fallback (T5's ``spiece.model``) does not.
 """

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from skiplab.cli import main
-from skiplab.text.debdocs import SOURCES, DebdocsConfig, Source, build, installed
-from skiplab.text.documents import load_documents
-from skiplab.text.prose import CONVERTERS
-from skiplab.text.shards import SIDECAR
+from skiplab.corpora.debdocs import SOURCES, DebdocsConfig, Source, build, installed
+from skiplab.corpora.documents import load_documents
+from skiplab.corpora.prose import CONVERTERS
+from skiplab.corpora.shards import SIDECAR
 
 PROSE = ("The {n}th page explains how the subsystem number {n} schedules its work queues, why a reader "
          "should care about latency, and which options change it. ")

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from skiplab.cli import main
-from skiplab.text.lm_tokenizer import ByteTokenizer, load_lm_tokenizer
-from skiplab.text.prepare import PrepareConfig, prepare
-from skiplab.text.shards import SIDECAR, ShardedTokens, open_shard, read_prepared, write_shard
-from skiplab.text.windows import read_bin, window_starts, windows_at
+from skiplab.tokenization.lm import ByteTokenizer, load_lm_tokenizer
+from skiplab.corpora.prepare import PrepareConfig, prepare
+from skiplab.corpora.shards import SIDECAR, ShardedTokens, open_shard, read_prepared, write_shard
+from skiplab.corpora.windows import read_bin, window_starts, windows_at
 from skiplab.train.lm import LMTrainConfig, evaluate_checkpoint, stream
-from tests.text.test_pretrained_tokenizers import write_hf, write_tiktoken
+from tests.tokenization.test_pretrained_tokenizers import write_hf, write_tiktoken
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import STORY, TINY
 
@@ -114,7 +114,7 @@ def test_a_prepared_corpus_gives_the_texts_streams_and_windows(pydocs, tmp_path,
     if tokenizer == "bytes":
         assert isinstance(tok, ByteTokenizer)
     else:  # the model prepare trains is the one train lm trains from the same text
-        from skiplab.text.lm_tokenizer import train_lm_tokenizer
+        from skiplab.tokenization.lm import train_lm_tokenizer
 
         again = train_lm_tokenizer("bpe", DOCS["train"], tmp_path / "spm", 300)  # its bytes name its own path
         assert all(again.encode(t) == tok.encode(t) for texts in DOCS.values() for t in texts)

@@ -4,7 +4,7 @@ import html
 
 import pytest
 
-from skiplab.text import moses
+from skiplab.tokenization import moses
 
 
 @pytest.mark.parametrize("entity", list(moses.ENTITIES))

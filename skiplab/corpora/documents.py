@@ -41,7 +41,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .corpus import decode_lines, default_data_dir, fetch
+from .parallel import decode_lines, default_data_dir, fetch
 
 LM_SPLITS = ("train", "valid", "test")
 EOT_SEPARATOR = "<|endoftext|>"  # TinyStories' document separator line

@@ -15,7 +15,7 @@ depth-wise LSTM paper, Section 5). An option equal to the default is dropped fro
 (:attr:`CorpusSpec.name`), which names the loaded data.
 
 The prepared IWSLT'15 and WMT'14 files are Moses-tokenised and Moses-escaped (``&quot;``, ``&apos;``,
-``&amp;``, ...; see :mod:`skiplab.text.moses`). Their users translate and score the tokenised text with
+``&amp;``, ...; see :mod:`skiplab.tokenization.moses`). Their users translate and score the tokenised text with
 the entities turned back into characters, so :func:`load_corpus` unescapes every split and side of a
 corpus marked :attr:`CorpusInfo.moses_escaped`, and marks the data :attr:`Parallel.tokenized`.
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.download import download
-from . import moses
+from ..tokenization import moses
 
 SPLITS = ("train", "valid", "test")
 TIMEOUT_S = 30.0
@@ -239,7 +239,7 @@ def load_corpus(
     A split of several file stems is their pairs concatenated in order. Files absent from ``data_dir``
     (default: see the module docstring) are downloaded when ``download`` is true; otherwise
     :class:`FileNotFoundError` names the file and its URL. A Moses-escaped corpus comes back unescaped
-    (:func:`skiplab.text.moses.unescape` on every line of both sides) and marked ``tokenized``.
+    (:func:`skiplab.tokenization.moses.unescape` on every line of both sides) and marked ``tokenized``.
     """
     spec = parse_corpus(name)
     info = spec.info

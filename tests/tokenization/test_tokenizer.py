@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from skiplab.text import Tokenizer
+from skiplab.tokenization import Tokenizer
 
 WORDS = (
     "the a man woman dog child street park blue red shirt runs sits reads looks at in on with "

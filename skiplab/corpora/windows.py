@@ -3,7 +3,7 @@ r"""Token streams of a language model's splits, and the windows it trains and is
 A split's stream is its documents' tokens, each document followed by the end-of-text token, in one flat
 array (uint16 where the vocabulary fits, else uint32). Pre-tokenised ``.bin`` files (nanoGPT's layout: the
 flat array of one split, no header; or llm.c / modded-nanogpt shards, a header then the tokens; a glob of
-either) and the shards of a prepared folder (:mod:`skiplab.text.shards`) are read through ``np.memmap``
+either) and the shards of a prepared folder (:mod:`skiplab.corpora.shards`) are read through ``np.memmap``
 without loading them; a sidecar ``FILE.bin.json`` may give ``{"bytes": N}``, the UTF-8 bytes of the text they
 hold, for bits per byte.
 
@@ -68,7 +68,7 @@ def token_stream(encoded: Iterable[Sequence[int] | np.ndarray], eot: int, vocab_
 
 def read_bin(path: str | Path, dtype: str, vocab_size: int) -> Stream:
     """A pre-tokenised split: a ``.bin`` file or a glob of them, memory-mapped: llm.c / modded-nanogpt shards
-    (told by their header, :mod:`skiplab.text.shards`) or headerless ``dtype`` tokens, each file scanned once
+    (told by their header, :mod:`skiplab.corpora.shards`) or headerless ``dtype`` tokens, each file scanned once
     for an id at or past ``vocab_size``. Where every file has a sidecar ``FILE.bin.json`` giving ``{"bytes": N}``,
     their sum is the text's bytes."""
     if dtype not in BIN_DTYPES:

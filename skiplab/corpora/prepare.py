@@ -1,5 +1,5 @@
 """``skiplab prepare lm``: a language-model corpus tokenised once, into shards per split and a sidecar
-(:mod:`skiplab.text.shards` describes both), so that training and evaluation start without tokenising or
+(:mod:`skiplab.corpora.shards` describes both), so that training and evaluation start without tokenising or
 scanning anything.
 
 The corpus and tokenizer options are those of ``skiplab train lm``: a named corpus (``--corpus``,
@@ -11,7 +11,7 @@ of text. The folder is written beside itself (``OUT.partial``, marked as this co
 ``OUT`` is never replaced. An ``OUT.partial`` that an interrupted run of this command left (it holds the mark) is
 removed by the next; one without the mark is not this command's, and is left as it is (a one-line error).
 
-The text is streamed (:func:`skiplab.text.documents.iter_documents`): a split is read a document at a time and
+The text is streamed (:func:`skiplab.corpora.documents.iter_documents`): a split is read a document at a time and
 written a shard at a time, so memory holds one document, one shard's tokens and, for valid and test, the
 document index, whatever the corpus's size (enwik8 and text8, one document a split, are the exception).
 Training a bpe / unigram tokenizer here holds the train split's text (sentencepiece trains on it in memory);
@@ -34,8 +34,8 @@ from tqdm import tqdm
 
 from .documents import (LM_SPLITS, Documents, DocumentStream, iter_documents, iter_read_documents, load_documents,
                         read_documents)
-from .lm_tokenizer import LM_TOKENIZERS, LMTokenizer, check_lm_tokenizer, load_lm_tokenizer, train_lm_tokenizer
-from .pretrained import read_pretrained
+from ..tokenization.lm import LM_TOKENIZERS, LMTokenizer, check_lm_tokenizer, load_lm_tokenizer, train_lm_tokenizer
+from ..tokenization.pretrained import read_pretrained
 from .shards import (FORMAT_NAME, FORMAT_VERSION, MAX_SHARD_TOKENS, SIDECAR, TOKENIZER_FILE, token_dtype,
                      write_shard)
 from .windows import count_words

@@ -3,7 +3,7 @@ pretrained tokenizer read from its file.
 
 Bytes and the trained subwords are lossless: decoding the encoding of any text gives it back exactly (bytes
 trivially; the subword model keeps every space and newline and falls back to bytes for characters it has not
-seen, see :meth:`skiplab.text.Tokenizer.train`'s ``lossless``), so that the loss of a model is the loss of the
+seen, see :meth:`skiplab.tokenization.Tokenizer.train`'s ``lossless``), so that the loss of a model is the loss of the
 text itself and bits per byte compare across tokenizers. A pretrained tokenizer is lossless where its format is
 (byte-level BPE is; T5's sentencepiece model normalises). Documents are joined with an end-of-text token, ``eot``.
 
@@ -14,7 +14,7 @@ text itself and bits per byte compare across tokenizers. A pretrained tokenizer 
     tiktoken:NAME:FILE     tiktoken's encoding NAME (gpt2, cl100k_base, ...) from its local ranks file
     KIND(eot=TOKEN):...    a pretrained kind with its end-of-text token named
 
-(the pretrained forms: :mod:`skiplab.text.pretrained`). A tokenizer is stored in its run and every checkpoint as
+(the pretrained forms: :mod:`skiplab.tokenization.pretrained`). A tokenizer is stored in its run and every checkpoint as
 bytes (:meth:`to_bytes`, :func:`load_lm_tokenizer`): the sentencepiece model trained, or a pretrained tokenizer's
 file with a one-line header, so that eval, generate and resume need nothing else.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .pretrained import FORMS, PretrainedTokenizer, is_pretrained, load_pretrained, parse_pretrained
-from .tokenizer import MODEL_TYPES, Tokenizer
+from .subwords import MODEL_TYPES, Tokenizer
 
 LM_TOKENIZERS = ("bytes", *MODEL_TYPES)  # the kinds made here; the pretrained ones are read from a file
 _BYTES_MARK = b"skiplab:bytes"

@@ -13,10 +13,10 @@ dpkg's ``status``; a symbolic link (another name of a page read under its own) i
 package pattern (``linux-doc-*``) takes every installed package it matches; a source none of whose packages is
 installed is an error naming the ``apt-get install`` to run.
 
-Each file is one document: its prose (:func:`skiplab.text.prose.to_text`: HTML pages, manual pages,
+Each file is one document: its prose (:func:`skiplab.corpora.prose.to_text`: HTML pages, manual pages,
 reStructuredText or plain text without their markup; code listings kept as text; tables of numbers and binary
 files dropped). A document shorter than ``min_chars`` characters (an index page, a ``.so`` link, a stub) is
-dropped, as is a duplicate: a document whose normalised text (:func:`~skiplab.text.prose.clean.text_key`) was
+dropped, as is a duplicate: a document whose normalised text (:func:`~skiplab.corpora.prose.clean.text_key`) was
 met before, in the order above, so no text is in two splits. Its split follows from its path alone::
 
     bucket = int(sha256(path)[:16], 16) mod 1000

@@ -13,9 +13,9 @@ import torch
 
 from skiplab.cli import main
 from skiplab.data.download import DownloadError
-from skiplab.text.documents import LM_CORPORA, load_documents, read_documents
-from skiplab.text.lm_tokenizer import ByteTokenizer, load_lm_tokenizer, train_lm_tokenizer
-from skiplab.text.windows import bits_per_byte, eval_windows, read_bin, sample_windows, token_stream, unigram_nats
+from skiplab.corpora.documents import LM_CORPORA, load_documents, read_documents
+from skiplab.tokenization.lm import ByteTokenizer, load_lm_tokenizer, train_lm_tokenizer
+from skiplab.corpora.windows import bits_per_byte, eval_windows, read_bin, sample_windows, token_stream, unigram_nats
 
 TEXTS = ["The cat sat.\n  Indented   code:\tx = 1\n", "Zweite Geschichte: grüße, naïve café — ok", "中文 text 🙂"]
 
@@ -70,7 +70,7 @@ def test_named_corpora_read_their_official_files_and_name_the_download_offline(t
     def offline(url, dest, timeout=30):
         raise DownloadError(f"could not download {url} (no network); fetch that file elsewhere and put it at {dest}")
 
-    monkeypatch.setattr("skiplab.text.documents.fetch", offline)
+    monkeypatch.setattr("skiplab.corpora.documents.fetch", offline)
     with pytest.raises(DownloadError, match="text8.zip"):
         load_documents("text8", tmp_path / "none", "train")
     with pytest.raises(FileNotFoundError, match="pydocs is not downloadable"):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from skiplab.text.captions import (
+from skiplab.data.captions import (
     CaptionedImage,
     CaptionSet,
     FeatureFolder,

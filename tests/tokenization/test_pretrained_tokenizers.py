@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from skiplab.cli import main
-from skiplab.text.lm_tokenizer import ByteTokenizer, SubwordTokenizer, load_lm_tokenizer, train_lm_tokenizer
-from skiplab.text.pretrained import PretrainedSpec, parse_pretrained, read_pretrained
-from skiplab.text.pretrained.tiktoken_encoding import ENCODINGS, gpt2_stand_ins
+from skiplab.tokenization.lm import ByteTokenizer, SubwordTokenizer, load_lm_tokenizer, train_lm_tokenizer
+from skiplab.tokenization.pretrained import PretrainedSpec, parse_pretrained, read_pretrained
+from skiplab.tokenization.pretrained.tiktoken_encoding import ENCODINGS, gpt2_stand_ins
 from skiplab.train.lm import LMTrainConfig, checkpoint_tokenizer
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import STORY, args, text  # noqa: F401 - text is a fixture

@@ -1,5 +1,5 @@
 """fashion-mnist-scenes on disk: the composed set (:mod:`skiplab.data.scenes`) written in the formats of MSCOCO and
-Karpathy's split file, which :mod:`skiplab.text.captions` reads (the layout: :mod:`skiplab.data.scenes`'s docstring).
+Karpathy's split file, which :mod:`skiplab.data.captions` reads (the layout: :mod:`skiplab.data.scenes`'s docstring).
 
     images/<split>_<index:06d>.png, captions_<split>.json (COCO), dataset.json (Karpathy), scenes.json (contents)
 
@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..data.scenes import CANVAS, CELL_NAMES, CLASS_WORDS, DATASET, HOLDOUT, SCENE_SPLITS, Scenes, fashion_scenes
+from .scenes import CANVAS, CELL_NAMES, CLASS_WORDS, DATASET, HOLDOUT, SCENE_SPLITS, Scenes, fashion_scenes
 from .captions import tokenize
 
 

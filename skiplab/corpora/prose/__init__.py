@@ -1,12 +1,12 @@
 """Documentation files to plain prose: HTML pages, manual pages, reStructuredText and plain text.
 
->>> from skiplab.text.prose import to_text
+>>> from skiplab.corpora.prose import to_text
 >>> to_text("html", b"<html><body><p>A <b>bold</b> claim.</p><script>x()</script></body></html>")
 'A bold claim.'
 
-Each kind has its converter (:mod:`~skiplab.text.prose.html`, :mod:`~skiplab.text.prose.man`,
-:mod:`~skiplab.text.prose.rst`; plain text is taken as it is), and every result is finished the same way
-(:func:`~skiplab.text.prose.clean.clean`: tables of numbers dropped, blank lines squeezed).
+Each kind has its converter (:mod:`~skiplab.corpora.prose.html`, :mod:`~skiplab.corpora.prose.man`,
+:mod:`~skiplab.corpora.prose.rst`; plain text is taken as it is), and every result is finished the same way
+(:func:`~skiplab.corpora.prose.clean.clean`: tables of numbers dropped, blank lines squeezed).
 """
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ tokenizer's stored form (``tokenizer.bin``) and a sidecar ``prepared.json`` sayi
                           "shards": [{"file": "train_000000.bin", "tokens": N}],
                           "index": "valid.docs.npy"}, ...}}    (index: valid and test only, see below)
 
-A split's stream is its shards' tokens one after another, the stream :func:`skiplab.text.windows.token_stream`
+A split's stream is its shards' tokens one after another, the stream :func:`skiplab.corpora.windows.token_stream`
 makes from the text (each document's tokens, then end of text), so training on a prepared folder draws the
-windows a run on the text draws. Bytes and words are the text's (:class:`skiplab.text.documents.Documents`,
-:func:`skiplab.text.windows.count_words`), for bits per byte and word perplexity. ``SPLIT.docs.npy`` holds, per
+windows a run on the text draws. Bytes and words are the text's (:class:`skiplab.corpora.documents.Documents`,
+:func:`skiplab.corpora.windows.count_words`), for bits per byte and word perplexity. ``SPLIT.docs.npy`` holds, per
 document, the cumulative tokens, UTF-8 bytes and words at its end (int64, shape (documents, 3)), so that the
 first documents holding ``--valid-tokens`` are cut where the text would be cut, with their bytes and words.
 
@@ -42,8 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .pretrained import parse_pretrained
-from .tokenizer import MODEL_TYPES
+from ..tokenization.pretrained import parse_pretrained
+from ..tokenization.subwords import MODEL_TYPES
 
 HEADER_INTS = 256
 HEADER_BYTES = HEADER_INTS * 4
@@ -58,7 +58,7 @@ _SCANNED: set[tuple[str, int, int, int]] = set()  # (shard, size, mtime, largest
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
-    """uint16 where every id fits, else uint32 (as :func:`skiplab.text.windows.token_stream`)."""
+    """uint16 where every id fits, else uint32 (as :func:`skiplab.corpora.windows.token_stream`)."""
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
