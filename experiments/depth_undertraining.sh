@@ -14,6 +14,8 @@
 # Usage: experiments/depth_undertraining.sh [OUT]   (default runs/depth-long3; ~8.5 core-hours on a 2-core EPYC)
 #   afterwards: experiments/collect_runs.sh OUT/short docs/results/depth-long3/short (lr, warmup, long likewise) and
 #   experiments/collect_runs.sh OUT/runs docs/results/depth-long3/runs (every run's small files)
+#   RECORDED=docs/results/depth-long3/runs puts runs recorded there back into OUT/runs first (scored, so not trained
+#   again): a sitting on a fresh machine of the same kind goes on where the last recorded one stopped.
 set -euo pipefail
 out=${1:-runs/depth-long3}
 data=${DATA:-../shared/data/pydocs}
@@ -23,6 +25,7 @@ common=(--model "gpt-mini(context=128)" --corpus pydocs --data-dir "$data" --tok
         --seeds "${SEEDS:-3}" --jobs "${JOBS:-2}")
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
+"$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out/runs"
 "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --connections PreLN,PostLN --depths 4,16 --lrs 1e-3 \
     --max-steps 400 --warmup 40 --out "$out/short"
 "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --connections PreLN --depths 16 --lrs 3e-4,1e-3,3e-3 \
