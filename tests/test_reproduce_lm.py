@@ -25,7 +25,7 @@ from skiplab.reproduce.scales import C4_T5, DOLMA_OLMO, LM_PAPER, OLMO_PAPER, OL
 from skiplab.corpora.documents import load_documents
 from skiplab.corpora.prepare import PrepareConfig, prepare
 from skiplab.corpora.shards import SIDECAR
-from skiplab.train import lm
+from skiplab.train import lm, lm_data
 
 pytestmark = pytest.mark.filterwarnings("error:Tight layout not applied")
 
@@ -446,9 +446,9 @@ def test_paper_scale_c4_cells_train_from_the_prepared_folder_with_the_papers_rec
     assert (big.model, big.batch_size * big.grad_accum, big.max_steps, big.warmup, big.lr, big.min_lr) == (
         "llama-1b(connection=PreRMS)", 512, 100_000, 10_000, 5e-4, 5e-5)
     # the run reads the folder as it is: its check passes, the tokenizer is the folder's (no file read)
-    prep = lm.prepared(cfg)
+    prep = lm_data.prepared(cfg)
     assert prep is not None and prep.root == c4_t5 / "c4-t5"
-    assert len(lm.prepared_stream(prep, "test", None)) == prep.split("test")["tokens"]
+    assert len(lm_data.prepared_stream(prep, "test", None)) == prep.split("test")["tokens"]
     # where the folder lives is not part of what the run is: the same key with any --data-root
     moved = dataclasses.replace(cfg, data_dir="/elsewhere/c4-t5")
     assert runs_mod.key(moved) == runs_mod.key(cfg)
@@ -559,6 +559,6 @@ def test_paper_scale_olmo_cells_train_from_the_prepared_dolma_folder_and_say_wha
     assert (cfg.lr, cfg.min_lr, cfg.warmup, cfg.adam_betas, cfg.weight_decay, cfg.clip_norm) == (
         4e-4, 4e-5, 2000, (0.9, 0.95), 0.1, 1.0)
     assert r.setting.metric == "perplexity" and "V2 and V3 validation sets" in r.setting.about
-    prep = lm.prepared(cfg)  # the run's own check of the folder passes (the file's path is not the runs')
+    prep = lm_data.prepared(cfg)  # the run's own check of the folder passes (the file's path is not the runs')
     assert prep is not None and prep.meta["tokenizer"] == f"hf:{tok}" and DOLMA_OLMO.tokenizer == "hf:tokenizer.json"
     assert resolve(t, t.cell("DHC×4", "V3 eval loss"), paper, data_root=str(root)).config == cfg

@@ -14,8 +14,9 @@ from skiplab import run_dir, tasks
 from skiplab.analysis.report import pyplot
 from skiplab.reproduce.sweep import aggregate, plan, stability
 from skiplab.reproduce.sweep_report import _reference_line
-from skiplab.train import lm
-from skiplab.train.lm import LMTrainConfig, unigram_baseline
+from skiplab.train import lm_data
+from skiplab.train.lm import LMTrainConfig
+from skiplab.train.lm_data import unigram_baseline
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import run, text  # noqa: F401 (text: the tiny corpus fixture)
 
@@ -140,7 +141,7 @@ def test_a_second_sweep_trains_and_scores_nothing(swept, text, monkeypatch, caps
 
     monkeypatch.setattr(tasks.TASKS["lm"], "train", refuse)
     monkeypatch.setattr(tasks.TASKS["lm"], "score", refuse)
-    monkeypatch.setattr(lm, "unigram_baseline", refuse)  # the reference too is kept in a run's summary
+    monkeypatch.setattr(lm_data, "unigram_baseline", refuse)  # the reference too is kept in a run's summary
     summaries = sorted((swept / "runs").glob("*/seed1/summary.json"))
     before = {p: p.stat().st_mtime_ns for p in summaries}
     rows = load(swept / "sweep.json")["rows"]

@@ -5,7 +5,7 @@ scanning anything.
 The corpus and tokenizer options are those of ``skiplab train lm``: a named corpus (``--corpus``,
 ``--data-dir``) or files (``--corpus '' --train-file ... --valid-file ... [--test-file ...]``), and
 ``--tokenizer`` bytes, bpe / unigram (trained here on the training split, ``--vocab-size``) or a pretrained one
-from its file. A split's tokens are exactly :func:`skiplab.train.lm.stream`'s: each document encoded, then end
+from its file. A split's tokens are exactly :func:`skiplab.train.lm_data.stream`'s: each document encoded, then end
 of text. The folder is written beside itself (``OUT.partial``, marked as this command's by a file
 ``.skiplab-prepare`` inside) and renamed when complete: nothing partial is left under ``OUT``, and an existing
 ``OUT`` is never replaced. An ``OUT.partial`` that an interrupted run of this command left (it holds the mark) is

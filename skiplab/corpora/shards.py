@@ -239,7 +239,7 @@ class Prepared:
 
     def first_documents(self, split: str, tokens: int) -> tuple[int, int, int]:
         """(tokens, bytes, words) of the first documents holding ``tokens`` tokens (all of them where fewer), as
-        :func:`skiplab.train.lm.stream` cuts the text."""
+        :func:`skiplab.train.lm_data.stream` cuts the text."""
         info = self.split(split)
         if not info.get("index"):
             raise ValueError(f"{self.sidecar}: the {split} split has no document index; --valid-tokens needs one")

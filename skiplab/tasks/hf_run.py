@@ -226,7 +226,7 @@ def read_hf_tokenizer(folder: Path, config: Any, copy: Path) -> tuple[str, HFTok
 # -- import ---------------------------------------------------------------------------------------------------
 def import_hf(source: str | Path, out: str | Path, overwrite: bool = False, **options: Any) -> Path:
     """Make the run directory ``out`` of the Hugging Face folder ``source``; ``options``: the run's other
-    :class:`~skiplab.train.lm.LMTrainConfig` fields (its data: corpus, data_dir, train_file, ...; the recipe a
+    :class:`~skiplab.train.lm_config.LMTrainConfig` fields (its data: corpus, data_dir, train_file, ...; the recipe a
     ``train lm --resume`` fine-tunes with), but :data:`FROM_FOLDER`."""
     source, out = Path(source), Path(out)
     check_out(out, overwrite)

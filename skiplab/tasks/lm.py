@@ -31,7 +31,7 @@ from ..corpora.prepare import PrepareConfig, prepare
 from ..tokenization.pretrained import read_pretrained
 from ..corpora.shards import read_prepared
 from ..corpora.windows import eval_windows, sample_windows
-from ..train import lm, parametrization
+from ..train import lm, lm_branch, lm_data, parametrization
 from .base import Task
 
 
@@ -55,7 +55,7 @@ class LMTrained(Trained):
         offsets; ``batch`` windows at a time (at most ``max_tokens`` tokens)."""
         self.check_split(split)
         where = {**self.config, **({"data_dir": data_dir} if data_dir else {})}
-        data = lm.stream(where, split, lm.checkpoint_tokenizer(self.checkpoint))
+        data = lm_data.stream(where, split, lm_data.checkpoint_tokenizer(self.checkpoint))
         n = self.model.cfg.context
         rows = max(1, min(batch, max_tokens // n))
         if shuffle:
@@ -77,7 +77,7 @@ class LMTrained(Trained):
     @torch.no_grad()
     def score_test(self, beam: int, progress: bool) -> tuple[float, int, dict[str, float]]:
         """Test bits per byte (every target once, windows of the model's context)."""
-        data = lm.stream(self.config, "test", lm.checkpoint_tokenizer(self.checkpoint))
+        data = lm_data.stream(self.config, "test", lm_data.checkpoint_tokenizer(self.checkpoint))
         result = lm.evaluate(self.model, data, self.model.cfg.context, torch.device("cpu"), False, progress=progress)
         if result["bpb"] is None:
             raise ValueError(f"{self.path}: the test split's bytes are unknown (a .bin without a .bin.json "
@@ -112,14 +112,14 @@ class LMTask(Task):
         return summary
 
     def reference(self, cfg: Any) -> dict[str, Any] | None:
-        """The test bits per byte of the unigram model of the training split (:func:`lm.unigram_baseline`), in the
+        """The test bits per byte of the unigram model of the training split (:func:`lm_data.unigram_baseline`), in the
         run's tokens, computed once (a pass over the training split) and kept in the run's summary as
         ``unigram_test_bpb``, as :meth:`score` keeps the test score; None where the bytes are unknown (.bin files
         without their sidecar) or a subword run's tokenizer is (no checkpoint)."""
         path = Path(cfg.out) / "summary.json"
         summary = run_dir.read_json(path)
         if "unigram_test_bpb" not in summary:
-            found = lm.unigram_baseline(cfg, "test")
+            found = lm_data.unigram_baseline(cfg, "test")
             if found is None:  # not known now; a later sweep may find the checkpoint
                 return None
             summary = dict(summary, unigram_test_bpb=found["bpb"])
@@ -130,7 +130,7 @@ class LMTask(Task):
     def probe_step(self, cfg: Any) -> tuple[Any, int]:
         """One update of ``cfg``'s model as ``train lm`` makes it (AdamW of the recipe, clipping), on
         ``batch_size`` random windows of its context; the vocabulary is its tokenizer's."""
-        mcfg = cfg.model_config(lm.vocabulary(cfg))
+        mcfg = cfg.model_config(lm_data.vocabulary(cfg))
         torch.manual_seed(cfg.seed)
         model = build_model(mcfg)
         param = parametrization.resolve(mcfg, cfg.parametrization)
@@ -163,13 +163,13 @@ class LMTask(Task):
             if args.resume:
                 raise ValueError("--branch makes a new run from a checkpoint; give it without --resume")
             default = next(f.default for f in dataclasses.fields(lm.LMTrainConfig) if f.name == "max_steps")
-            lm.branch(args.branch, args.out, args.overwrite, args.max_steps if args.max_steps != default else 0)
+            lm_branch.branch(args.branch, args.out, args.overwrite, args.max_steps if args.max_steps != default else 0)
             args.resume, args.overwrite = True, False
 
     def shared_data(self, base: Any, root: Path, progress: bool = True) -> Any:
         """``base`` reading its text tokenised once (:func:`tokenised_once`) under ``root``; ``base`` itself where
         its data are a prepared folder or .bin files already."""
-        if lm.prepared(base) is not None or base.binary:
+        if lm_data.prepared(base) is not None or base.binary:
             return base
         return dataclasses.replace(base, data_dir=str(tokenised_once(base, root, progress)))
 
@@ -224,7 +224,7 @@ def tokenised_once(cfg: lm.LMTrainConfig, root: Path, progress: bool = True) -> 
     bpe / unigram tokenizer trained) once, not once a run. Its name is a digest of what decides the tokens: the
     corpus and where it is, or the files (path, size and modification time), the tokenizer spec (a pretrained
     one's file contents too) and a trained tokenizer's vocabulary size. Its runs' windows are those of the text
-    (:func:`skiplab.corpora.prepare.prepare` writes :func:`skiplab.train.lm.stream`'s tokens)."""
+    (:func:`skiplab.corpora.prepare.prepare` writes :func:`skiplab.train.lm_data.stream`'s tokens)."""
     files = {s: getattr(cfg, f"{s}_file") for s in ("train", "valid", "test") if getattr(cfg, f"{s}_file")}
     stamp = {s: [str(Path(f).resolve()), *((Path(f).stat().st_size, Path(f).stat().st_mtime_ns)
                                            if Path(f).is_file() else ())] for s, f in files.items()}

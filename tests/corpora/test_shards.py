@@ -15,7 +15,8 @@ from skiplab.tokenization.lm import ByteTokenizer, load_lm_tokenizer
 from skiplab.corpora.prepare import PrepareConfig, prepare
 from skiplab.corpora.shards import SIDECAR, ShardedTokens, open_shard, read_prepared, write_shard
 from skiplab.corpora.windows import read_bin, window_starts, windows_at
-from skiplab.train.lm import LMTrainConfig, evaluate_checkpoint, stream
+from skiplab.train.lm import LMTrainConfig, evaluate_checkpoint
+from skiplab.train.lm_data import stream
 from tests.tokenization.test_pretrained_tokenizers import write_hf, write_tiktoken
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import STORY, TINY

@@ -17,7 +17,8 @@ from skiplab.cli import main
 from skiplab.tokenization.lm import ByteTokenizer, SubwordTokenizer, load_lm_tokenizer, train_lm_tokenizer
 from skiplab.tokenization.pretrained import PretrainedSpec, parse_pretrained, read_pretrained
 from skiplab.tokenization.pretrained.tiktoken_encoding import ENCODINGS, gpt2_stand_ins
-from skiplab.train.lm import LMTrainConfig, checkpoint_tokenizer
+from skiplab.train.lm import LMTrainConfig
+from skiplab.train.lm_data import checkpoint_tokenizer
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import STORY, args, text  # noqa: F401 - text is a fixture
 from tests.train.test_mt import interrupt_after_step

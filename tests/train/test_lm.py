@@ -331,6 +331,7 @@ def test_compare_lm_tokenises_once_for_every_run(text, tmp_path, monkeypatch):
     run of the comparison ends exactly where the same run trained from the text ends (same windows)."""
     import skiplab.tasks.lm as task_lm
     import skiplab.train.lm as train_lm
+    import skiplab.train.lm_data as lm_data
 
     made = []
     real = task_lm.prepare
@@ -339,7 +340,8 @@ def test_compare_lm_tokenises_once_for_every_run(text, tmp_path, monkeypatch):
     alone = tmp_path / "alone"
     with one_thread():
         assert run(args(text, alone, *bpe)) == 0  # from the text, before text reading is refused
-    monkeypatch.setattr(train_lm, "documents", lambda *a, **k: pytest.fail("a run read the text"))
+    for reader in (train_lm, lm_data):  # the loop's (a tokenizer trained by the run) and the token streams'
+        monkeypatch.setattr(reader, "documents", lambda *a, **k: pytest.fail("a run read the text"))
     out = tmp_path / "cmp"
     argv = args(text, out, *bpe, "--connections", "PreLN,PostLN", "--seeds", "1")[2:]
     with one_thread():

@@ -11,7 +11,7 @@ from torch import nn
 from skiplab.models import build_model, model_config
 from skiplab.tokenization.lm import ByteTokenizer
 from skiplab.corpora.windows import count_words
-from skiplab.train import lm
+from skiplab.train import lm, lm_data
 
 # 12 + 11 bytes; words by hand: the / cat / sat, and on / the / mat / '' (a trailing newline leaves an empty piece)
 DOCS = ["the cat  sat", "on the\nmat\n"]
@@ -24,7 +24,7 @@ def split(tmp_path):
     path = tmp_path / "test.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS))
     where = {"corpus": "", "data_dir": "", "test_file": str(path), "bin_dtype": "uint16", "vocab_size": 257}
-    return lm.stream(where, "test", ByteTokenizer())
+    return lm_data.stream(where, "test", ByteTokenizer())
 
 
 class Uniform(nn.Module):
