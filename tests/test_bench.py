@@ -7,7 +7,8 @@ import math
 import pytest
 
 from skiplab.bench import GROUPS, run
-from skiplab.bench.suite import DEPTH_DESIGNS, HYPER_DESIGNS, IMAGE_DESIGNS, LM_DESIGNS, MT_DESIGNS, default_groups
+from skiplab.bench.shapes import DEPTH_DESIGNS, HYPER_DESIGNS, IMAGE_DESIGNS, LM_DESIGNS, MT_DESIGNS
+from skiplab.bench.suite import default_groups
 from skiplab.cli import main
 
 

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from skiplab.bench.gpu import GPU_DESIGNS
 from skiplab.bench.steps import build
-from skiplab.bench.suite import DEPTH_DESIGNS, LM_DESIGNS
+from skiplab.bench.shapes import DEPTH_DESIGNS, LM_DESIGNS
 from skiplab.compiled import CompileStats, compile_layers, set_recompile_limit
 
 NEW_DESIGNS = {"LAuReL", "LAuReL(form=lr,norm=rms)", "PreLN+Scalars(per=sublayer)", "PreLN+Backout"}  # beside the bench's
