@@ -8,7 +8,7 @@ product's sum by thread), and MKL's dynamic thread choice on and off.
 
 The threads come from the environment (``OMP_NUM_THREADS``), not from ``torch.set_num_threads`` (which turns MKL's
 dynamic thread choice off): ``--settings default`` runs as a process left alone does; ``--settings run`` applies
-what a skiplab run applies (:func:`skiplab.run_dir.fix_threads`) first. ``--load N`` keeps N busy processes
+what a skiplab run applies (:func:`skiplab.host.fix_threads`) first. ``--load N`` keeps N busy processes
 beside it (a loaded machine).
 
 Usage: OMP_NUM_THREADS=2 python benchmarks/determinism.py [--model gpt-mini(layers=3,connection=PostLN)]
@@ -26,7 +26,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from skiplab.run_dir import fix_threads, thread_settings
+from skiplab.host import fix_threads, thread_settings
 from skiplab.models import build_model, model_config
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from skiplab import run_dir
+from skiplab import host
 from skiplab.corpora.prepare import PrepareConfig, prepare
 from skiplab.models import build_model
 from skiplab.train import lm
@@ -87,9 +87,9 @@ def main() -> None:
         print(json.dumps(row))
     shutil.rmtree(out / "run", ignore_errors=True)
     result = {"command": "python benchmarks/prepare_pydocs.py " + " ".join(sys.argv[1:]), "threads": 1,
-              "repeats": REPEATS, "rows": rows, "environment": run_dir.environment()}
+              "repeats": REPEATS, "rows": rows, "environment": host.environment()}
     (out / "prepare.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"pydocs ({PYDOCS.name}), one thread, {run_dir.machine_name(result['environment'])}; start = train lm "
+    lines = [f"pydocs ({PYDOCS.name}), one thread, {host.machine_name(result['environment'])}; start = train lm "
              "from nothing to its first update's forward (gpt-mini, 4,096 validation tokens), median of "
              f"{REPEATS}, text and prepared alternately", "",
              "| tokenizer | prepare (s) | on disk (MB) | dtype | train / valid / test tokens | start from text (s) "

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from skiplab import run_dir
+from skiplab import host, run_dir
 from skiplab.corpora.documents import load_documents
 from skiplab.train.lm import load_run
 
@@ -45,5 +45,5 @@ if len(sys.argv) > 3:
     result["eval_imported_minus_run"] = {k: evals[1][k] - evals[0][k] for k in keys}
     analyses = [json.loads((Path(r) / "analysis" / "redundancy.json").read_text()) for r in (run, imported)]
     result["redundancy_identical"] = analyses[0].get("blocks") == analyses[1].get("blocks")
-result["environment"] = run_dir.environment()
+result["environment"] = host.environment()
 print(json.dumps(result, indent=2))

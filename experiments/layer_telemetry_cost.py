@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from skiplab import run_dir
+from skiplab import host
 from skiplab.bench.steps import build, loop_step
 from skiplab.bench.timing import interleaved
 from skiplab.models import model_config
@@ -41,7 +41,7 @@ def main() -> None:
                      "layers": loop_step(model, batch, layers=LayerWatch(model, EVERY), updates=EVERY)}, a.rounds, 1)
     result = {"model": a.model, "rows": a.rows, "context": context, "every": EVERY, "rounds": a.rounds,
               "threads": a.threads, "plain_s": t["plain"], "layers_s": t["layers"], "ratio": t["layers"] / t["plain"],
-              "environment": run_dir.environment()}
+              "environment": host.environment()}
     print(json.dumps({k: v for k, v in result.items() if k != "environment"}))
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

@@ -21,12 +21,10 @@ drops the rest, a last line torn by a killed process included, saying what it dr
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import platform
 import shutil
-import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -34,6 +32,8 @@ from typing import IO, Any
 
 import torch
 from torch import Tensor
+
+from skiplab import host
 
 try:
     import fcntl
@@ -146,89 +146,6 @@ def release(out: Path) -> None:
     if handle is not None:
         (key / LOCK).unlink(missing_ok=True)
         handle.close()  # closing the descriptor releases the flock
-
-
-def processor() -> str:
-    """The CPU's model name (/proc/cpuinfo where there is one)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-# -- the CPU's threads ---------------------------------------------------------------------------------------
-# environment variables that set how many threads the CPU kernels use, whether a library may change that count
-# while a run goes on, and MKL's code branch: recorded with every run where set
-THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_DYNAMIC", "MKL_DYNAMIC", "MKL_CBWR", "OMP_PROC_BIND",
-              "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
-
-
-def fix_threads(threads: int = 0) -> dict[str, Any]:
-    """Fix the number of threads the CPU kernels use for the rest of the process (``threads``, else the number the
-    process has: ``OMP_NUM_THREADS`` or the cores) and return :func:`thread_settings`.
-
-    ``torch.set_num_threads`` also turns MKL's dynamic thread choice off (``mkl_set_dynamic(0)``, which a process
-    that never calls it leaves on): MKL computes the same product the same way only when its number of threads
-    is fixed (oneMKL Developer Guide, "Reproducibility Conditions": a fixed number of threads, ``MKL_DYNAMIC`` and
-    ``OMP_DYNAMIC`` false). torch's own kernels split their work by the thread count alone. So two runs of one
-    config on one machine with the same count make the same updates, to the bit (docs/images.md)."""
-    torch.set_num_threads(threads or torch.get_num_threads())
-    return thread_settings()
-
-
-def thread_settings() -> dict[str, Any]:
-    """The thread count of torch's kernels (intra-op) and of its inter-op pool, whether MKL may change its thread
-    count at run time (None where that cannot be read), and the :data:`THREAD_ENV` variables that are set."""
-    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
-            "mkl_dynamic": _mkl_dynamic(), "thread_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
-
-
-def _mkl_dynamic() -> bool | None:
-    """MKL's dynamic thread choice (MKL_DYNAMIC) as the MKL linked into torch has it now; None without MKL or where
-    the build does not expose it."""
-    if not torch.backends.mkl.is_available():
-        return None
-    try:
-        return bool(ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_get_dynamic())
-    except (OSError, AttributeError):
-        return None
-
-
-def environment() -> dict[str, Any]:
-    """What produced a result: versions, the machine (CPU results depend on the processor's kernels: the
-    instruction set torch's CPU kernels use is recorded), device, the CPU threads and how they were fixed
-    (:func:`thread_settings`), and the code's git commit where there is one."""
-    try:
-        here = Path(__file__).resolve().parent
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "cpu": processor(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        **thread_settings(),  # threads, interop_threads, mkl_dynamic, thread_env
-        # a copy of the tree without its .git (a device's working copy) names its commit in SKIPLAB_GIT_COMMIT
-        "git_commit": commit or os.environ.get("SKIPLAB_GIT_COMMIT") or None,
-    }
-
-
-def machine_name(env: dict[str, Any]) -> str:
-    """A short name of the machine an ``environment()`` record describes: its GPU, else its CPU and the
-    instruction set torch's kernels used (e.g. "Intel Xeon Processor (AVX512)"); "unknown" if not recorded."""
-    if env.get("cuda"):
-        return str(env["cuda"])
-    cpu = " ".join(str(env.get("cpu", "")).replace("(R)", "").replace("(TM)", "").split())
-    if not cpu:
-        return "unknown"
-    return f"{cpu} ({env['cpu_capability']})" if env.get("cpu_capability") else cpu
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -344,24 +261,26 @@ def note_machine(out: Path, at: int, device: str | None = None, amp: bool | None
     ``resumed_on`` (with the step it went on from), so that tables can tell a run trained on two machines; return a
     line saying so ("" where nothing changed)."""
     stored = read_json(out / "config.json")
-    now, first = environment(), stored.get("environment", {})
+    now, first = host.environment(), stored.get("environment", {})
     seen = [first, *(e["environment"] for e in stored.get("resumed_on", []))]
     last = seen[-1]
     entry = {"at": at, "environment": now, **({"device": device, "amp": amp} if device is not None else {})}
-    same_kind = device is None or machine_kind(now, device, bool(amp)) == _segments(stored)[-1]
-    if machine_name(now) == machine_name(last) and now.get("git_commit") == last.get("git_commit") and same_kind \
+    same_kind = device is None or host.machine_kind(now, device, bool(amp)) == _segments(stored)[-1]
+    same_machine = host.machine_name(now) == host.machine_name(last)
+    if same_machine and now.get("git_commit") == last.get("git_commit") and same_kind \
             and now.get("threads") == last.get("threads", now.get("threads")):
         return ""
     write_json(out / "config.json", {**stored, "resumed_on": [*stored.get("resumed_on", []), entry]})
 
     def where(env: dict[str, Any]) -> str:
-        return f"{machine_name(env)}, threads {env.get('threads', '?')}, code {env.get('git_commit') or 'unknown'}"
+        code = env.get("git_commit") or "unknown"
+        return f"{host.machine_name(env)}, threads {env.get('threads', '?')}, code {code}"
     return f"{out}: resumed at {at} on {where(now)} (before: {where(last)}); config.json records it"
 
 
 def machines(stored: dict[str, Any]) -> list[str]:
     """Every machine a run's config.json says it trained on, in order, none twice."""
-    return list(dict.fromkeys(machine_name(e) for e in _environments(stored)))
+    return list(dict.fromkeys(host.machine_name(e) for e in _environments(stored)))
 
 
 def codes(stored: dict[str, Any]) -> list[str]:
@@ -375,17 +294,6 @@ def _environments(stored: dict[str, Any]) -> list[dict[str, Any]]:
     return [stored.get("environment", {}), *(e["environment"] for e in stored.get("resumed_on", []))]
 
 
-def machine_kind(env: dict[str, Any], device: str, amp: bool) -> str:
-    """The kind of machine a run trained on, what a paired comparison may pool: on a GPU its model and precision
-    ("NVIDIA H100 80GB HBM3, bf16 autocast" or ", fp32"), on a CPU its model, the instruction set torch's kernels
-    used and fp32 ("AMD EPYC (AVX512), fp32"; autocast is CUDA only). Two runs of one kind compute the same
-    kernels at the same precision; of two kinds, a design's difference to its baseline may itself differ."""
-    if str(device).startswith("cuda") and env.get("cuda"):
-        return f"{env['cuda']}, {'bf16 autocast' if amp else 'fp32'}"
-    cpu = machine_name({**env, "cuda": None})  # the processor and its kernel set
-    return "unknown" if cpu == "unknown" else f"{cpu}, fp32"
-
-
 def _device_and_amp(stored: dict[str, Any]) -> tuple[str, bool]:
     """The device and precision config.json records (older runs: resolved from their config as training did)."""
     config, env = stored.get("config") or {}, stored.get("environment", {})
@@ -397,7 +305,7 @@ def _device_and_amp(stored: dict[str, Any]) -> tuple[str, bool]:
 
 
 def kinds(stored: dict[str, Any]) -> list[str]:
-    """Every kind of machine (:func:`machine_kind`) a run's config.json says it trained on, in order, none twice
+    """Every kind of machine (:func:`skiplab.host.machine_kind`) a run's config.json says it trained on, in order, none twice
     (a run resumed on another kind has two)."""
     return list(dict.fromkeys(_segments(stored)))
 
@@ -405,9 +313,9 @@ def kinds(stored: dict[str, Any]) -> list[str]:
 def _segments(stored: dict[str, Any]) -> list[str]:
     """The kind of machine of each stretch of a run: its start, then every resume config.json notes."""
     device, amp = _device_and_amp(stored)
-    out = [machine_kind(stored.get("environment", {}), device, amp)]
+    out = [host.machine_kind(stored.get("environment", {}), device, amp)]
     for e in stored.get("resumed_on", []):
-        out.append(machine_kind(e["environment"], e.get("device", device), e.get("amp", amp)))
+        out.append(host.machine_kind(e["environment"], e.get("device", device), e.get("amp", amp)))
     return out
 
 

@@ -340,9 +340,9 @@ def test_deltas_figure_draws_no_bar_for_a_row_not_run(tmp_path, monkeypatch):
 def test_the_table_names_the_machines_its_runs_trained_on(smoke, tmp_path):
     """"Made with" names where the runs were trained (from their config.json), not only where the table was
     made: a GPU run, a run resumed on another machine (counted for both), an unfinished run (not counted)."""
-    from skiplab import run_dir
+    from skiplab import host, run_dir
 
-    here = run_dir.machine_name(run_dir.environment())
+    here = host.machine_name(host.environment())
     made = smoke["results"]["000-table1"]
     assert set(made["run_machines"]) == {here}
     used = {r for c in made["cells"] if c["available"] for r in c["runs"]}  # cells may share runs

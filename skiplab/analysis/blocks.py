@@ -27,7 +27,7 @@ and a row's difference holds at level α when p̃ < α; this controls the chance
 (the family-wise error rate) at α, whatever the dependence between the rows. The t-test's corrected p decides
 "holds"; the Wilcoxon p stands beside it as a check that needs no normality.
 
-**One kind of machine.** A run's kind of machine (:func:`skiplab.run_dir.machine_kind`: a CPU model with its
+**One kind of machine.** A run's kind of machine (:func:`skiplab.host.machine_kind`: a CPU model with its
 kernel set in fp32, or a GPU model with its precision) is part of what a design's difference to its baseline is:
 blocking removes an additive machine effect, not a design that gains more on one kind than on another. A block's
 kind is its baseline run's; a table pools blocks of one kind only (:func:`one_kind` refuses others).

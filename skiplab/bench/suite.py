@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from .. import run_dir
+from .. import host
 from ..config import count, parse_list
 from .designs import caption, depth, hyper, image, lm, mt
 from .engine import compiled, engine, machine, processes
@@ -65,7 +65,7 @@ def auto_out(root: str = "docs/results/bench") -> str:
     """``root/<card or cpu>-<date>``: the card's (or CPU's) name in lower case, runs of other characters as '-'."""
     import re
 
-    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else run_dir.processor()
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else host.processor()
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower().replace("nvidia", "")).strip("-")
     return f"{root}/{slug}-{time.strftime('%Y-%m-%d')}"
 
@@ -73,7 +73,7 @@ def auto_out(root: str = "docs/results/bench") -> str:
 def machine_name() -> str:
     """The CPU model and its kernels' instruction set (and GPU, where there is one) the numbers were measured on."""
     gpu = f", {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
-    return (f"{run_dir.processor()} ({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} cores, "
+    return (f"{host.processor()} ({torch.backends.cpu.get_cpu_capability()}), {os.cpu_count()} cores, "
             f"{torch.get_num_threads()} threads{gpu}; torch {torch.__version__}")
 
 
@@ -121,7 +121,7 @@ def write(out: str, header: str, quick: bool, sz: Sizes, rows: list[Row]) -> Non
 
 def environment() -> dict:
     """skiplab's run environment (versions, CPU, card, commit) and, where there is a card, its driver and CUDA."""
-    env = run_dir.environment()
+    env = host.environment()
     if torch.cuda.is_available():
         env["cuda_version"] = torch.version.cuda
         try:

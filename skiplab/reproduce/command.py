@@ -32,7 +32,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .. import run_dir
+from .. import host, run_dir
 from ..analysis import blocks
 from ..analysis import comparison
 from ..analysis.linearity import linearity
@@ -217,7 +217,7 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
                                                                                          "--out", out])),
             "train_commands": sorted({report.train_command(task, cfg) for task, cfg in needed}),
             "train_time_s": sum(runs.train_time(c) for _, c in needed),
-            "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
+            "wall_time_s": time.time() - t0, "environment": host.environment(),
             "run_machines": run_machines([Path(c.out) for _, c in needed]),
             "run_kinds": run_kinds([Path(c.out) for _, c in needed]),
             "holm_m": holm_m,
@@ -265,13 +265,13 @@ def run_machines(dirs: list[Path]) -> dict[str, dict[str, Any]]:
             entry = seen.setdefault(name, {"runs": 0, "commits": []})
             entry["runs"] += 1
             for e in envs:
-                if run_dir.machine_name(e) == name and e.get("git_commit") and e["git_commit"] not in entry["commits"]:
+                if host.machine_name(e) == name and e.get("git_commit") and e["git_commit"] not in entry["commits"]:
                     entry["commits"].append(e["git_commit"])
     return seen
 
 
 def run_kinds(dirs: list[Path]) -> dict[str, dict[str, Any]]:
-    """The kinds of machine (:func:`skiplab.run_dir.machine_kind`) a table's finished runs trained on: kind -> its
+    """The kinds of machine (:func:`skiplab.host.machine_kind`) a table's finished runs trained on: kind -> its
     number of runs and whether it is a GPU."""
     seen: dict[str, dict[str, Any]] = {}
     for d in dirs:

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from .. import run_dir
+from .. import host
 from ..analysis.report import pyplot
 from .scales import GPU_BASIS
 
@@ -129,7 +129,7 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
         if text:
             parts.append(f"{title}: {text}")
     env = result.get("environment") or {}
-    made = f" Table made on {run_dir.machine_name(env)}, torch {env['torch']}." if "cpu" in env else ""
+    made = f" Table made on {host.machine_name(env)}, torch {env['torch']}." if "cpu" in env else ""
     trained = "; ".join(f"{name} ({v['runs']} runs, code {', '.join(v['commits']) or 'unknown'})"
                         for name, v in (result.get("run_machines") or {}).items())
     runs_line = (f"Wall time of this invocation {duration(result['wall_time_s'])}; the runs' own training time "

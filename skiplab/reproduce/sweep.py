@@ -36,7 +36,7 @@ and per design and depth, over the lrs η swept:
 The best lr is thus chosen among the lrs at which every seed trained: a lower mean of fewer seeds, the
 others having diverged, does not win.
 
-A sweep's runs are all of one kind of machine (:func:`skiplab.run_dir.machine_kind`: a CPU model with its kernel
+A sweep's runs are all of one kind of machine (:func:`skiplab.host.machine_kind`: a CPU model with its kernel
 set in fp32, a GPU model with its precision): runs already there of another kind than the rest, or than this
 machine's where runs are left to train here, are refused before anything is trained or written (one line naming
 the kinds), and the table's header names the kind. The paired differences (:mod:`skiplab.analysis.blocks`) carry
@@ -55,7 +55,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .. import run_dir
+from .. import host, run_dir
 from ..analysis import blocks
 from ..device import pick_device
 from ..models import parse_model_spec, with_options
@@ -257,8 +257,8 @@ def check_kinds(task: str, base: Any, points: list[Point], seeds: int, root: Pat
                 left = True
     here = None
     if left:
-        env, device = run_dir.environment(), str(pick_device(getattr(base, "device", "cpu")))
-        here = run_dir.machine_kind(env, device, bool(getattr(base, "amp", False)) and device.startswith("cuda"))
+        env, device = host.environment(), str(pick_device(getattr(base, "device", "cpu")))
+        here = host.machine_kind(env, device, bool(getattr(base, "amp", False)) and device.startswith("cuda"))
     one_kind(there, here)
 
 
@@ -331,7 +331,7 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
         "reference": reference, "pairing": pairing,
         "command": "skiplab sweep " + " ".join(shlex.quote(a) for a in (argv or [task, "--out", str(out)])),
         "train_time_s": sum(runs.train_time(c) for _, c in needed), "wall_time_s": time.time() - t0,
-        "environment": run_dir.environment(),
+        "environment": host.environment(),
     }
     out.mkdir(parents=True, exist_ok=True)
     run_dir.write_json(out / "sweep.json", result)

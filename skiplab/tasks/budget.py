@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import run_dir
+from .. import host, run_dir
 from ..models.flops import counted_flops
 from .variants import Variant
 
@@ -95,14 +95,14 @@ def plan(task: Any, base: Any, variants: list[Variant], budget: str, root: Path)
                              f"{warmup} warm-up updates; give a larger --max-steps")
     root.mkdir(parents=True, exist_ok=True)
     run_dir.write_json(path, {"budget": budget, "max_steps": base.max_steps, "baseline": labels[0],
-                              "variants": out, "environment": run_dir.environment()})
+                              "variants": out, "environment": host.environment()})
     return out
 
 
 def describe(budget: str, base: Any, plan_: dict[str, dict[str, Any]], baseline: str, root: Path) -> str:
     """The line a table's header gives its budget (a time budget names the machine budget.json was measured on)."""
     path = root / "budget.json"
-    machine = run_dir.machine_name(run_dir.read_json(path).get("environment", {})) if path.is_file() else ""
+    machine = host.machine_name(run_dir.read_json(path).get("environment", {})) if path.is_file() else ""
     if budget == "updates":
         epochs = getattr(base, "epochs", 0)
         return f"budget: equal length ({epochs:,} epochs each)" if epochs else \

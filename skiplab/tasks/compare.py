@@ -20,7 +20,7 @@ block begun on another machine is refused (one line naming the block, the machin
 design keeps a baseline trained on its own machine; ``--mixed-blocks`` allows it, and the table's header then names
 the runs left without a pair.
 
-**One kind of machine.** A block's kind of machine (:func:`skiplab.run_dir.machine_kind`: a CPU model with its
+**One kind of machine.** A block's kind of machine (:func:`skiplab.host.machine_kind`: a CPU model with its
 kernel set in fp32, a GPU model with its precision) is its baseline run's: where that run is there, the kind its
 config.json records, else this machine's, where it will train. Blocks of two kinds are refused before anything
 is written or trained (one line naming each kind's seeds), and the table's header names the one kind.
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import run_dir
+from .. import host, run_dir
 from ..analysis import blocks, comparison, effective
 from ..device import pick_device
 from ..models import format_model_spec, parse_model_spec
@@ -143,7 +143,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
         "seeds": len(seed_list), "seed_list": list(seed_list),
         "budget": budget, "plan": plan, "header": header, "columns": columns, "rows": rows, "runs": results,
         **({"effective": effective_result} if effective_result else {}),
-        "wall_time_s": time.time() - t0, "environment": run_dir.environment(),
+        "wall_time_s": time.time() - t0, "environment": host.environment(),
     })
     print(f"{title}; {spec.metric_label} over seeds ({'higher' if spec.higher_is_better else 'lower'} is better)")
     print(table)
@@ -161,10 +161,10 @@ def _seeds_text(seeds: tuple[int, ...]) -> str:
 def _here(base: Any) -> tuple[str, str]:
     """This machine's name and the kind of machine a run of ``base`` trains on here (its device and precision as
     training resolves them: :class:`skiplab.train.run.Run`)."""
-    env = run_dir.environment()
+    env = host.environment()
     device = str(pick_device(base.device)) if hasattr(base, "device") else "cpu"
     amp = bool(getattr(base, "amp", False)) and device.startswith("cuda")
-    return run_dir.machine_name(env), run_dir.machine_kind(env, device, amp)
+    return host.machine_name(env), host.machine_kind(env, device, amp)
 
 
 def block_kinds(base: Any, variants: list[Variant], seeds: tuple[int, ...]) -> dict[int, str]:

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .. import config, run_dir
+from .. import config, host, run_dir
 from ..analysis import coord_check as reading
 from ..analysis.report import pyplot
 from ..train.coord_check import CoordCheckConfig, coord_check
@@ -68,13 +68,13 @@ def command(args: argparse.Namespace) -> None:
 def run(cases: list[CoordCheckConfig], tolerance: float, progress: bool = True) -> dict[str, Any]:
     results = [coord_check(c, progress) for c in cases]
     summaries = [reading.summary(r, tolerance) for r in results]
-    return {"cases": results, "summaries": summaries, "tolerance": tolerance, "environment": run_dir.environment()}
+    return {"cases": results, "summaries": summaries, "tolerance": tolerance, "environment": host.environment()}
 
 
 def write(result: dict[str, Any], cases: list[CoordCheckConfig], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = result["environment"]
-    text = (f"Coordinate check on {run_dir.machine_name(env)}, torch {env['torch']}, code {env['git_commit']}; "
+    text = (f"Coordinate check on {host.machine_name(env)}, torch {env['torch']}, code {env['git_commit']}; "
             f"slopes of log2 q on log2 n at the last step with their 95% intervals, flat within "
             f"±{result['tolerance']:g}.\n\n{reading.table(result['summaries'])}\n")
     run_dir.write_json(out / "coord_check.json", result)

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .. import run_dir
+from .. import host, run_dir
 from ..connections import iter_connections
 from ..interop import hf
 from ..tokenization.pretrained import read_pretrained
@@ -261,7 +261,7 @@ def import_hf(source: str | Path, out: str | Path, overwrite: bool = False, **op
             "config": state["config"], "model": {"class": type(model).__name__, **state["model_config"]},
             "parameters": sum(p.numel() for p in model.parameters()), "connections": specs,
             "data": {"vocab_size": mcfg.vocab_size, "tokenizer": spec, "eot": tok.eot if tok else None},
-            "imported": imported, "environment": run_dir.environment()})
+            "imported": imported, "environment": host.environment()})
         run_dir.save_checkpoint(stage / "last.pt", state)
         if tok is not None:
             tok.write(stage)

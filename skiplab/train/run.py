@@ -35,7 +35,7 @@ rank's own, in rank order), ``world_size`` and the save's ``record``.
 
 What resume guarantees: a run stopped after any save and resumed goes on exactly as if it had never
 stopped, to the bit, given the same number of processes (its RNG states and batch shares are per rank),
-the same machine and number of CPU threads (a Run fixes the count it starts with: ``run_dir.fix_threads``;
+the same machine and number of CPU threads (a Run fixes the count it starts with: ``host.fix_threads``;
 config.json's environment records it, and a resume with another count is noted in ``resumed_on``)
 and the same config, apart from the fields a task lets grow (a budget) and where the run lives
 (``run_dir.PLACE``: a moved run resumes). Anything else is refused with a one-line error before a file
@@ -56,7 +56,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import distributed, run_dir
+from .. import distributed, host, run_dir
 from ..compiled import CompileStats, compile_model
 from ..connections import admin, iter_connections
 from ..interop.loggers import open_loggers
@@ -73,7 +73,7 @@ class Run:
     def __init__(self, cfg: Any, kind: str, group: distributed.Group, device: torch.device,
                  resume: bool = False, overwrite: bool = False) -> None:
         self.cfg, self.kind, self.group, self.device, self.resuming = cfg, kind, group, device, resume
-        run_dir.fix_threads()  # the CPU kernels' thread count fixed (MKL's dynamic choice off): same config, same bits
+        host.fix_threads()  # the CPU kernels' thread count fixed (MKL's dynamic choice off): same config, same bits
         self.amp = cfg.amp and device.type == "cuda"  # bf16 autocast: CUDA only
         self.out = group.on_main(lambda: run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite))
         self.model: nn.Module | None = None
@@ -180,7 +180,7 @@ class Run:
             "parameters": sum(p.numel() for p in model.parameters()), **({"connections": specs} if specs else {}),
             **({"admin": built} if built else {}), **extra,
             "device": str(self.device), "amp": self.amp,
-            "environment": {**run_dir.environment(), **self.group.describe()}}))
+            "environment": {**host.environment(), **self.group.describe()}}))
 
     def checkpoint(self, record: dict[str, Any], rng: dict[str, Any], **extras: Any) -> dict[str, Any]:
         """The checkpoint of now: the task's ``extras`` (epoch, step, best, ...) and ``rng`` (its own

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from skiplab import run_dir
+from skiplab import host, run_dir
 from skiplab.tasks import budget
 from skiplab.tasks.variants import Variant
 
@@ -46,7 +46,7 @@ def test_time_budget_gives_the_slower_design_fewer_updates(tmp_path, monkeypatch
     stored = json.loads((tmp_path / "budget.json").read_text())
     assert stored["budget"] == "time" and stored["variants"]["b"] == plan["b"]
     line = budget.describe("time", Config(), plan, "a", tmp_path)  # the machine budget.json was measured on
-    assert line.startswith("budget: equal wall-clock on " + run_dir.machine_name(stored["environment"]))
+    assert line.startswith("budget: equal wall-clock on " + host.machine_name(stored["environment"]))
     # read back as written (the ratios are the machine's that planned it), not measured again
     monkeypatch.setattr(budget, "time_ratio", lambda *a, **k: pytest.fail("measured again"))
     assert budget.plan(FakeTask(), Config(), _variants(), "time", tmp_path) == plan
@@ -73,11 +73,11 @@ def test_a_run_resumed_on_another_machine_records_it(tmp_path, monkeypatch):
     # both machines are made up and faked as the current one: nothing depends on the processor the test runs on
     first = {"cpu": "Testchip Beta", "cpu_capability": "AVX2", "cuda": None, "git_commit": "abc1234"}
     run_dir.write_json(tmp_path / "config.json", {"config": {}, "environment": first})
-    monkeypatch.setattr(run_dir, "environment", lambda: dict(first))
+    monkeypatch.setattr(host, "environment", lambda: dict(first))
     assert run_dir.note_machine(tmp_path, 300) == ""  # same machine and code: nothing written
     assert "resumed_on" not in json.loads((tmp_path / "config.json").read_text())
     other = {**first, "cpu": "Testchip(R) Alpha(R) Processor", "cpu_capability": "AVX512"}
-    monkeypatch.setattr(run_dir, "environment", lambda: dict(other))
+    monkeypatch.setattr(host, "environment", lambda: dict(other))
     line = run_dir.note_machine(tmp_path, 300)
     assert "resumed at 300 on Testchip Alpha Processor (AVX512)" in line and "before: Testchip Beta (AVX2)" in line
     stored = json.loads((tmp_path / "config.json").read_text())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from skiplab import run_dir
+from skiplab import host, run_dir
 from skiplab.cli import main
 from skiplab.reproduce import sweep as sweep_mod
 from skiplab.train.lm import LMTrainConfig
@@ -29,7 +29,7 @@ def text(tmp_path):
 def _elsewhere(out: Path, seed: int) -> None:
     """A finished-looking run's config.json and summary.json in ``out``, trained on a CPU of another kind than
     this machine's."""
-    env = run_dir.environment()
+    env = host.environment()
     other = {**env, "cpu": f"{env['cpu']} Other", "cuda": None}
     out.mkdir(parents=True)
     run_dir.write_json(out / "config.json", {"config": {"seed": seed}, "device": "cpu", "amp": False,
@@ -43,9 +43,9 @@ def _files(root: Path) -> list[str]:
 
 def test_machine_kind_names_the_processor_kernels_and_precision():
     env = {"cpu": "Example CPU X1", "cpu_capability": "AVX512", "cuda": "NVIDIA H100 80GB HBM3"}
-    assert run_dir.machine_kind(env, "cuda", True) == "NVIDIA H100 80GB HBM3, bf16 autocast"
-    assert run_dir.machine_kind(env, "cuda:0", False) == "NVIDIA H100 80GB HBM3, fp32"
-    assert run_dir.machine_kind(env, "cpu", True) == "Example CPU X1 (AVX512), fp32"  # autocast is CUDA only
+    assert host.machine_kind(env, "cuda", True) == "NVIDIA H100 80GB HBM3, bf16 autocast"
+    assert host.machine_kind(env, "cuda:0", False) == "NVIDIA H100 80GB HBM3, fp32"
+    assert host.machine_kind(env, "cpu", True) == "Example CPU X1 (AVX512), fp32"  # autocast is CUDA only
     stored = {"config": {"device": "auto", "amp": True}, "environment": env}  # a run before device/amp were kept
     assert run_dir.kinds(stored) == ["NVIDIA H100 80GB HBM3, bf16 autocast"]
     stored["resumed_on"] = [{"at": 300, "environment": {**env, "cuda": None}, "device": "cpu", "amp": False}]
@@ -65,7 +65,7 @@ def test_compare_refuses_blocks_of_two_kinds_and_writes_nothing(text, tmp_path, 
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "different kinds of machine" in lines[0]
-    here = run_dir.machine_kind(run_dir.environment(), "cpu", False)
+    here = host.machine_kind(host.environment(), "cpu", False)
     assert "seed 1 on " in lines[0] and f"seed 2 on {here}" in lines[0]
     assert _files(out) == before
     # the same blocks of one kind are not refused by the check (seed 2 alone: the kind of this machine)

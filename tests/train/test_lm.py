@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from skiplab import run_dir
+from skiplab import host
 from skiplab.cli import main
 from skiplab.models import GPT, GPTConfig
 from skiplab.models.generate import filter_logits, generate
@@ -48,8 +48,8 @@ def another_machine(cfg_path: Path) -> str:
     env = cfg["environment"]
     env.update(cpu=f"{env['cpu']} (other)", cuda=None)
     cfg_path.write_text(json.dumps(cfg))
-    assert run_dir.machine_name(env) != run_dir.machine_name(run_dir.environment())
-    return run_dir.machine_name(env)
+    assert host.machine_name(env) != host.machine_name(host.environment())
+    return host.machine_name(env)
 
 
 def run(argv) -> int:

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from skiplab import run_dir
+from skiplab import host, run_dir
 from tests.train.test_distributed import ROOT
 from tests.train.test_lm import args, text  # noqa: F401 (text is a fixture)
 
@@ -28,7 +28,7 @@ def skiplab(*argv, threads: int = 2) -> subprocess.CompletedProcess:
 
 
 def test_fixing_the_threads_turns_mkls_dynamic_choice_off():
-    code = ("import json; from skiplab.run_dir import fix_threads, thread_settings; "
+    code = ("import json; from skiplab.host import fix_threads, thread_settings; "
             "print(json.dumps([thread_settings(), fix_threads()]))")
     env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(ROOT)}
     env.pop("MKL_DYNAMIC", None)
@@ -63,9 +63,9 @@ def test_two_runs_on_two_threads_and_a_stopped_one_end_with_the_same_weights(tex
 def test_a_resume_on_another_number_of_threads_is_said_and_recorded(tmp_path, monkeypatch):
     first = {"cpu": "a CPU", "cpu_capability": "AVX2", "cuda": None, "git_commit": "abc1234", "threads": 2}
     run_dir.write_json(tmp_path / "config.json", {"config": {}, "environment": first})
-    monkeypatch.setattr(run_dir, "environment", lambda: dict(first))
+    monkeypatch.setattr(host, "environment", lambda: dict(first))
     assert run_dir.note_machine(tmp_path, 10) == ""
-    monkeypatch.setattr(run_dir, "environment", lambda: {**first, "threads": 1})
+    monkeypatch.setattr(host, "environment", lambda: {**first, "threads": 1})
     line = run_dir.note_machine(tmp_path, 10)
     assert "resumed at 10 on a CPU (AVX2), threads 1" in line and "(before: a CPU (AVX2), threads 2" in line
     assert json.loads((tmp_path / "config.json").read_text())["resumed_on"][0]["environment"]["threads"] == 1

@@ -1,0 +1,113 @@
+"""The machine a result comes from: what it is, how many CPU threads its kernels use, and how to name it.
+
+Every run, table and benchmark records :func:`environment` (versions, the processor and the instruction set torch's
+CPU kernels use, the GPU, the threads, the code's commit). :func:`machine_name` turns such a record into a short name
+and :func:`machine_kind` into the kind of machine a paired comparison may pool (a processor and its kernels at fp32,
+or a GPU and its precision). A CPU's kernels give the same bits for the same config only with a fixed thread count:
+:func:`fix_threads` fixes it for the rest of the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def processor() -> str:
+    """The CPU's model name (/proc/cpuinfo where there is one)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# -- the CPU's threads ---------------------------------------------------------------------------------------
+# environment variables that set how many threads the CPU kernels use, whether a library may change that count
+# while a run goes on, and MKL's code branch: recorded with every run where set
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_DYNAMIC", "MKL_DYNAMIC", "MKL_CBWR", "OMP_PROC_BIND",
+              "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
+
+
+def fix_threads(threads: int = 0) -> dict[str, Any]:
+    """Fix the number of threads the CPU kernels use for the rest of the process (``threads``, else the number the
+    process has: ``OMP_NUM_THREADS`` or the cores) and return :func:`thread_settings`.
+
+    ``torch.set_num_threads`` also turns MKL's dynamic thread choice off (``mkl_set_dynamic(0)``, which a process
+    that never calls it leaves on): MKL computes the same product the same way only when its number of threads
+    is fixed (oneMKL Developer Guide, "Reproducibility Conditions": a fixed number of threads, ``MKL_DYNAMIC`` and
+    ``OMP_DYNAMIC`` false). torch's own kernels split their work by the thread count alone. So two runs of one
+    config on one machine with the same count make the same updates, to the bit (docs/images.md)."""
+    torch.set_num_threads(threads or torch.get_num_threads())
+    return thread_settings()
+
+
+def thread_settings() -> dict[str, Any]:
+    """The thread count of torch's kernels (intra-op) and of its inter-op pool, whether MKL may change its thread
+    count at run time (None where that cannot be read), and the :data:`THREAD_ENV` variables that are set."""
+    return {"threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
+            "mkl_dynamic": _mkl_dynamic(), "thread_env": {k: os.environ[k] for k in THREAD_ENV if k in os.environ}}
+
+
+def _mkl_dynamic() -> bool | None:
+    """MKL's dynamic thread choice (MKL_DYNAMIC) as the MKL linked into torch has it now; None without MKL or where
+    the build does not expose it."""
+    if not torch.backends.mkl.is_available():
+        return None
+    try:
+        return bool(ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so")).mkl_serv_get_dynamic())
+    except (OSError, AttributeError):
+        return None
+
+
+def environment() -> dict[str, Any]:
+    """What produced a result: versions, the machine (CPU results depend on the processor's kernels: the
+    instruction set torch's CPU kernels use is recorded), device, the CPU threads and how they were fixed
+    (:func:`thread_settings`), and the code's git commit where there is one."""
+    try:
+        here = Path(__file__).resolve().parent
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return {
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpu": processor(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        **thread_settings(),  # threads, interop_threads, mkl_dynamic, thread_env
+        # a copy of the tree without its .git (a device's working copy) names its commit in SKIPLAB_GIT_COMMIT
+        "git_commit": commit or os.environ.get("SKIPLAB_GIT_COMMIT") or None,
+    }
+
+
+def machine_name(env: dict[str, Any]) -> str:
+    """A short name of the machine an ``environment()`` record describes: its GPU, else its CPU and the
+    instruction set torch's kernels used (e.g. "Intel Xeon Processor (AVX512)"); "unknown" if not recorded."""
+    if env.get("cuda"):
+        return str(env["cuda"])
+    cpu = " ".join(str(env.get("cpu", "")).replace("(R)", "").replace("(TM)", "").split())
+    if not cpu:
+        return "unknown"
+    return f"{cpu} ({env['cpu_capability']})" if env.get("cpu_capability") else cpu
+
+
+def machine_kind(env: dict[str, Any], device: str, amp: bool) -> str:
+    """The kind of machine a run trained on, what a paired comparison may pool: on a GPU its model and precision
+    ("NVIDIA H100 80GB HBM3, bf16 autocast" or ", fp32"), on a CPU its model, the instruction set torch's kernels
+    used and fp32 ("AMD EPYC (AVX512), fp32"; autocast is CUDA only). Two runs of one kind compute the same
+    kernels at the same precision; of two kinds, a design's difference to its baseline may itself differ."""
+    if str(device).startswith("cuda") and env.get("cuda"):
+        return f"{env['cuda']}, {'bf16 autocast' if amp else 'fp32'}"
+    cpu = machine_name({**env, "cuda": None})  # the processor and its kernel set
+    return "unknown" if cpu == "unknown" else f"{cpu}, fp32"
