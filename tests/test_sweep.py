@@ -177,6 +177,8 @@ def test_one_lr_is_the_configs_and_draws_no_lr_figure(text, tmp_path):  # noqa: 
     assert result["axes"]["lrs"] == [LMTrainConfig.lr] and len(result["runs"]) == 1
     assert (out / "depth.png").is_file() and (out / "curves.png").is_file() and not (out / "lr.png").exists()
     assert "Highest stable lr" not in (out / "sweep.md").read_text()
+    width = int.from_bytes((out / "curves.png").read_bytes()[16:20], "big")  # the PNG header's width in pixels
+    assert width >= 7 * 120  # one depth, one panel: still wide enough for the two-line title (7 in at 120 dpi)
 
 
 def test_the_axes_are_checked_and_the_lr_defaults_to_the_configs():

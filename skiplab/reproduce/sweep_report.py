@@ -250,7 +250,7 @@ def curves_figure(result: dict[str, Any], curves: dict[int, dict[str, list[list[
     length)."""
     plt = pyplot()
     depths, conns = result["axes"]["depths"], result["axes"]["connections"]
-    fig, axes = plt.subplots(1, len(depths), figsize=(4.5 * len(depths), 4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(depths), figsize=(max(4.5 * len(depths), 7), 4), squeeze=False, sharey=True)
     for ax, depth in zip(axes[0], depths):
         for i, conn in enumerate(conns):
             seeds = [r for r in curves.get(depth, {}).get(conn, []) if r]
