@@ -33,7 +33,7 @@ from typing import IO, Any
 import torch
 from torch import Tensor
 
-from skiplab import host
+from . import host
 
 try:
     import fcntl
