@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from skiplab.analysis.blocks import mean_difference, paired_p, wilcoxon_p
+from skiplab.analysis.blocks import RunRecord, mean_difference, paired_p, status, wilcoxon_p
 from skiplab.tasks.lm import LMTask
 
 # (what, (sweep, connection, depth, lr) of the run, the same of the run it is compared with)
@@ -37,10 +37,15 @@ def test_bpb(folder: Path, sweep: str, connection: str, depth: int, lr: float) -
     if not path.is_file():
         return None
     result = json.loads(path.read_text())
-    floor = result["reference"]["value"] - LMTask.stall_margin  # below it a run learned more than the unigram model
-    return {r["seed"]: (r["test_bpb"] if r["test_bpb"] < floor else None) for r in result["runs"]
-            if (r["connection"], r["depth"], r["lr"]) == (connection, depth, lr) and r["status"] == "finished"
-            and r.get("test_bpb") is not None}
+    reference = result["reference"]["value"]
+    out = {}
+    for r in result["runs"]:
+        if (r["connection"], r["depth"], r["lr"]) == (connection, depth, lr) and r.get("test_bpb") is not None:
+            record = RunRecord(connection, r["seed"], r["status"], r["test_bpb"])
+            verdict = status(record, reference, LMTask.stall_margin, higher_is_better=False)
+            if verdict in ("trained", "stalled"):
+                out[r["seed"]] = r["test_bpb"] if verdict == "trained" else None
+    return out
 
 
 def main(folder: Path) -> int:
