@@ -45,7 +45,6 @@ import dataclasses
 import json
 import sys
 import time
-import typing
 import warnings
 from pathlib import Path
 
@@ -56,10 +55,10 @@ from .analysis.analyze import analyze
 from .analysis.curves import plot_runs
 from .analysis.layer_heatmap import plot_layers
 from .connections import available_connections, connection, parse_spec
-from .models import family_of, options_of, with_options
+from .models import family_of, options_of
 from .reproduce.sweep import sweep
 from .tasks import hf_run
-from .tasks import budget, coord_check
+from .tasks import arguments, budget, coord_check
 from .tasks.compare import compare
 from .tasks.lm import add_generate_arguments, sample_text
 from .tasks.mt import add_decoding_arguments
@@ -101,66 +100,6 @@ def cmd_gradient_flow(args: argparse.Namespace) -> None:
     gradient_flow.run(config.from_arguments(gradient_flow.GradientFlowConfig, args))
 
 
-def _train_config(cls, args: argparse.Namespace):
-    """The config from the options, model options added to its spec; with --resume, the stored run's config
-    with only the options given changed (and --out, where the run is now)."""
-    if not getattr(args, "resume", False):
-        cfg = config.from_arguments(cls, args)
-        return dataclasses.replace(cfg, model=_with_model_options(cfg.model, args))
-    out = getattr(args, "out")
-    try:
-        stored = run_dir.read_json(Path(out) / "config.json")["config"]
-    except FileNotFoundError:
-        raise run_dir.RunDirError(f"nothing to resume in {out}: no config.json there") from None
-    stored = getattr(cls, "upgrade", dict)(stored)
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name) != f.default}
-    given["out"] = out
-    stale = sorted(set(stored) - {f.name for f in dataclasses.fields(cls)})
-    if stale:
-        raise run_dir.RunDirError(f"{out} was written by an older skiplab (its config has {', '.join(stale)}); "
-                                  "it cannot be resumed by this one")
-    stored = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
-    cfg = cls(**{**stored, **given})
-    return dataclasses.replace(cfg, model=_with_model_options(cfg.model, args))
-
-
-# The model options of a task: every field of its families' configs but those the data decides.
-MODEL_OPTION_SKIP = ("vocab_size", "pad_id", "in_channels", "num_classes")
-
-
-def _model_options(task: str) -> dict[str, tuple[dataclasses.Field, type, list[str]]]:
-    """name -> (field, type, the families that have it), over the task's model families' configs."""
-    options: dict[str, tuple[dataclasses.Field, type, list[str]]] = {}
-    for cls in tasks.get(task).families():
-        hints = typing.get_type_hints(cls)
-        for name, f in options_of(cls).items():
-            if name not in MODEL_OPTION_SKIP:
-                options.setdefault(name, (f, hints[name], []))[2].append(cls.__name__.removesuffix("Config"))
-    return options
-
-
-def _add_model_options(p: argparse.ArgumentParser, task: str, skip: tuple[str, ...] = ()) -> None:
-    group = p.add_argument_group("model options", "fields of the model's config; each adds to --model's spec "
-                                                  "(default: the preset's value)")
-    every = len(tasks.get(task).families())
-    p.set_defaults(model_options=task)
-    for name, (f, tp, families) in _model_options(task).items():
-        if name in skip:
-            continue
-        only = "" if len(families) == every else f" [{', '.join(families)} only]"
-        group.add_argument("--" + name.replace("_", "-"), dest=name, type=config.parser_for(tp), default=None,
-                           metavar=name.upper(), help=f"{f.metadata.get('help', '')}{only}")
-
-
-def _with_model_options(spec: str, args: argparse.Namespace) -> str:
-    """``spec`` with the model options given on the command line added (a value the spec sets otherwise is an
-    error naming both)."""
-    task = getattr(args, "model_options", None)
-    names = _model_options(task) if task else {}
-    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
-    return with_options(spec, **given) if given else spec
-
-
 def _print_summary(summary: dict) -> None:
     if distributed.rank() == 0:  # under torchrun every rank holds the summary; one prints it
         print(json.dumps({k: v for k, v in summary.items() if k != "config"}, indent=2))
@@ -169,7 +108,7 @@ def _print_summary(summary: dict) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     task = tasks.get(args.task)
     task.before_train(args)
-    _print_summary(task.train(_train_config(task.config, args), resume=args.resume, overwrite=args.overwrite))
+    _print_summary(task.train(arguments.train_config(task.config, args), resume=args.resume, overwrite=args.overwrite))
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -232,7 +171,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
 def cmd_compare(args: argparse.Namespace) -> None:
     task = tasks.get(args.task)
     base = config.from_arguments(task.config, args)
-    base = dataclasses.replace(base, model=_with_model_options(base.model, args))
+    base = dataclasses.replace(base, model=arguments.with_model_options(base.model, args))
     if args.connections is not None:
         connections = args.connections
     else:  # the default connections, for a single model that takes connections
@@ -245,7 +184,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
 def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
     p = sub.add_parser(task, help=help, description=help)
     config.add_arguments(p, tasks.get(task).config, skip=("seed",))
-    _add_model_options(p, task, skip=("connection",))
+    arguments.add_model_options(p, task, skip=("connection",))
     p.add_argument("--models", type=config.parse_list, default=(), metavar="SPECS",
                    help="model specs to compare, comma-separated, e.g. transformer-small,dwlstm-small(share=all) "
                         "(default: --model alone)")
@@ -274,7 +213,7 @@ def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[s
 def cmd_sweep(args: argparse.Namespace) -> None:
     task = tasks.get(args.task)
     base = config.from_arguments(task.config, args)
-    base = dataclasses.replace(base, model=_with_model_options(base.model, args))
+    base = dataclasses.replace(base, model=arguments.with_model_options(base.model, args))
     sweep(task.name, base, args.connections, args.depths, args.lrs, seeds=args.seeds, jobs=args.jobs,
           argv=args.argv[1:], runs_dir=args.runs)
 
@@ -287,7 +226,7 @@ def _add_sweep(sub, task: tasks.Task):
     lr = next(f.default for f in dataclasses.fields(task.config) if f.name == "lr")
     p = sub.add_parser(task.name, help=help, description=help)
     config.add_arguments(p, task.config, skip=("seed", "lr"))
-    _add_model_options(p, task.name, skip=("connection", *task.depth_options))
+    arguments.add_model_options(p, task.name, skip=("connection", *task.depth_options))
     p.add_argument("--connections", type=config.parse_list, required=True, metavar="SPECS",
                    help="connection specs to sweep, comma-separated, e.g. PreLN,PostLN,DeepNorm")
     p.add_argument("--depths", type=config.parse_list, required=True, metavar="DEPTHS",
@@ -326,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     for task in tasks.TASKS.values():
         p = train.add_parser(task.name, help=task.help, description=task.help)
         config.add_arguments(p, task.config)
-        _add_model_options(p, task.name)
+        arguments.add_model_options(p, task.name)
         p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
         p.add_argument("--overwrite", action="store_true", help="replace the run in --out")
         task.add_train_arguments(p)

@@ -40,7 +40,8 @@ from ..config import count, parse_list
 from ..tasks import get as get_task, load_trained
 from . import report, runs, stats
 from .papers import TABLES, table as get_table
-from .scales import DATA_ROOT, GPU_BASIS, Scale, Setting, scale as get_scale
+from .prepared import DATA_ROOT
+from .scales import GPU_BASIS, Scale, Setting, scale as get_scale
 from .tables import Cell, Table
 
 PROBE_STEPS = {"smoke": 1, "cpu": 50, "paper": 100}
@@ -69,7 +70,7 @@ def _data_dir(root: str, name: str) -> str:
 def resolve(t: Table, cell: Cell, sc: Scale, data_root: str = "", device: str = "auto",
             assume_prepared: bool = False, dataset: str = "") -> Resolved:
     """What ``cell`` runs at scale ``sc``. A setting that trains from a prepared folder under ``data_root``
-    (:class:`~skiplab.reproduce.scales.PreparedData`) runs where the folder is there as it needs it, and says what
+    (:class:`~skiplab.reproduce.prepared.PreparedData`) runs where the folder is there as it needs it, and says what
     is needed where not; ``assume_prepared`` resolves it as if the folder were there (``--list``'s estimates).
     ``dataset`` replaces the setting's dataset where the task allows it (:meth:`~skiplab.tasks.base.Task.
     with_dataset`; ``reproduce --dataset``)."""

@@ -1,0 +1,76 @@
+"""A task's options on the command line: its training config from them (``--resume``: the stored run's, with what
+was given changed) and its model families' config fields as options that add to ``--model``'s spec.
+
+Model options given on the command line add to the model spec (``--model dwlstm-small --share all`` is
+``dwlstm-small(share=all)``); one the family lacks, or one the spec already sets otherwise, is an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from pathlib import Path
+
+from .. import config, run_dir
+from ..models import options_of, with_options
+from . import get
+
+def train_config(cls, args: argparse.Namespace):
+    """The config from the options, model options added to its spec; with --resume, the stored run's config
+    with only the options given changed (and --out, where the run is now)."""
+    if not getattr(args, "resume", False):
+        cfg = config.from_arguments(cls, args)
+        return dataclasses.replace(cfg, model=with_model_options(cfg.model, args))
+    out = getattr(args, "out")
+    try:
+        stored = run_dir.read_json(Path(out) / "config.json")["config"]
+    except FileNotFoundError:
+        raise run_dir.RunDirError(f"nothing to resume in {out}: no config.json there") from None
+    stored = getattr(cls, "upgrade", dict)(stored)
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name) != f.default}
+    given["out"] = out
+    stale = sorted(set(stored) - {f.name for f in dataclasses.fields(cls)})
+    if stale:
+        raise run_dir.RunDirError(f"{out} was written by an older skiplab (its config has {', '.join(stale)}); "
+                                  "it cannot be resumed by this one")
+    stored = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
+    cfg = cls(**{**stored, **given})
+    return dataclasses.replace(cfg, model=with_model_options(cfg.model, args))
+
+
+# The model options of a task: every field of its families' configs but those the data decides.
+MODEL_OPTION_SKIP = ("vocab_size", "pad_id", "in_channels", "num_classes")
+
+
+def model_options(task: str) -> dict[str, tuple[dataclasses.Field, type, list[str]]]:
+    """name -> (field, type, the families that have it), over the task's model families' configs."""
+    options: dict[str, tuple[dataclasses.Field, type, list[str]]] = {}
+    for cls in get(task).families():
+        hints = typing.get_type_hints(cls)
+        for name, f in options_of(cls).items():
+            if name not in MODEL_OPTION_SKIP:
+                options.setdefault(name, (f, hints[name], []))[2].append(cls.__name__.removesuffix("Config"))
+    return options
+
+
+def add_model_options(p: argparse.ArgumentParser, task: str, skip: tuple[str, ...] = ()) -> None:
+    group = p.add_argument_group("model options", "fields of the model's config; each adds to --model's spec "
+                                                  "(default: the preset's value)")
+    every = len(get(task).families())
+    p.set_defaults(model_options=task)
+    for name, (f, tp, families) in model_options(task).items():
+        if name in skip:
+            continue
+        only = "" if len(families) == every else f" [{', '.join(families)} only]"
+        group.add_argument("--" + name.replace("_", "-"), dest=name, type=config.parser_for(tp), default=None,
+                           metavar=name.upper(), help=f"{f.metadata.get('help', '')}{only}")
+
+
+def with_model_options(spec: str, args: argparse.Namespace) -> str:
+    """``spec`` with the model options given on the command line added (a value the spec sets otherwise is an
+    error naming both)."""
+    task = getattr(args, "model_options", None)
+    names = model_options(task) if task else {}
+    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    return with_options(spec, **given) if given else spec
