@@ -16,6 +16,8 @@
 #   experiments/collect_runs.sh OUT/runs docs/results/depth-long3/runs (every run's small files)
 #   RECORDED=docs/results/depth-long3/runs puts runs recorded there back into OUT/runs first (scored, so not trained
 #   again): a sitting on a fresh machine of the same kind goes on where the last recorded one stopped.
+#   SWEEPS=long,short runs only those sweeps, in that order (default short,lr,warmup,long): the 1,600-update one
+#   first where a sitting may not reach the end (docs/results/depth-long3-xeon: ~95 min wall on a 2-core Xeon).
 set -euo pipefail
 out=${1:-runs/depth-long3}
 data=${DATA:-../shared/data/pydocs}
@@ -23,14 +25,25 @@ skiplab=${SKIPLAB:-skiplab}
 common=(--model "gpt-mini(context=128)" --corpus pydocs --data-dir "$data" --tokenizer bytes --batch-size 16
         --min-lr 1e-4 --clip-norm 0 --eval-every 100 --valid-tokens 50000 --device "${DEVICE:-cpu}"
         --seeds "${SEEDS:-3}" --jobs "${JOBS:-2}")
+sweep() {
+    case $1 in
+    short) "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --connections PreLN,PostLN --depths 4,16 --lrs 1e-3 \
+               --max-steps 400 --warmup 40 --out "$out/short" ;;
+    lr) "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --connections PreLN --depths 16 --lrs 3e-4,1e-3,3e-3 \
+            --max-steps 400 --warmup 40 --out "$out/lr" ;;
+    warmup) "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --connections PreLN --depths 16 --lrs 1e-3 \
+                --max-steps 400 --warmup 160 --out "$out/warmup" ;;
+    long) "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --connections PreLN,PostLN --depths 4,16 --lrs 1e-3 \
+              --max-steps 1600 --warmup 40 --out "$out/long" ;;
+    esac
+}
+IFS=, read -ra sweeps <<< "${SWEEPS:-short,lr,warmup,long}"
+for s in "${sweeps[@]}"; do  # every name checked before anything runs
+    case $s in short|lr|warmup|long) ;; *) echo "depth_undertraining.sh: unknown sweep '$s' in SWEEPS (short, lr, warmup, long)" >&2; exit 2 ;; esac
+done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 "$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out/runs"
-"$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --connections PreLN,PostLN --depths 4,16 --lrs 1e-3 \
-    --max-steps 400 --warmup 40 --out "$out/short"
-"$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --connections PreLN --depths 16 --lrs 3e-4,1e-3,3e-3 \
-    --max-steps 400 --warmup 40 --out "$out/lr"
-"$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --connections PreLN --depths 16 --lrs 1e-3 \
-    --max-steps 400 --warmup 160 --out "$out/warmup"
-"$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --connections PreLN,PostLN --depths 4,16 --lrs 1e-3 \
-    --max-steps 1600 --warmup 40 --out "$out/long"
+for s in "${sweeps[@]}"; do
+    sweep "$s"
+done
