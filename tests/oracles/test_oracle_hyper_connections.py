@@ -36,6 +36,7 @@ import skiplab
 from skiplab import Place
 from skiplab.connections import hyper
 from skiplab.connections.hyper import sinkhorn
+from tests.noise import assert_within_noise, noise
 
 HYPER_CONNECTIONS_VERSION = "0.4.11"  # the version these mappings were checked against
 D, N = 64, 4
@@ -211,27 +212,40 @@ def mhc_pair(iters: int):
 
 
 def compare_mhc() -> None:
-    """skiplab's mHC against the package's where the two parameterisations meet: outputs and gradients."""
+    """skiplab's mHC against the package's where the two parameterisations meet: outputs and gradients.
+
+    The package computes the coefficients in float32 (its projections, scales and Sinkhorn–Knopp cast to float32)
+    whatever the module's dtype, so its results carry float32 rounding that skiplab's float64 run does not. The
+    tolerance is that rounding as measured where the test runs (tests/noise.py): skiplab's connection run again in
+    float32 on the same weights and inputs, its distance from the float64 run per tensor, times noise.FACTOR."""
     ours, ref = mhc_pair(iters=100)  # converged: both orders of normalisation reach the same doubly stochastic matrix
+    ours32 = copy.deepcopy(ours).float()
     f = branch_fn()
+    f32 = copy.deepcopy(f).float()
     ref_norm = copy.deepcopy(ours.norm)
     x = streams(equal_rms=True)
     x_ref = x.detach().clone().requires_grad_()
     y = ours(x, f)
+    y32 = ours32(x.detach().float().requires_grad_(), f32)
     y_ref = unfolded(through(ref, folded(x_ref), lambda h: f(ref_norm(h))))
-    torch.testing.assert_close(y, y_ref, rtol=1e-5, atol=1e-6)  # the package computes mHC in float32
+    assert_within_noise(y, y_ref, noise((y32, y)), "outputs")
     w = torch.randn(y.shape, generator=torch.Generator().manual_seed(9), dtype=y.dtype)
-    (y * w).sum().backward(), (y_ref * w).sum().backward()
-    pairs = [(ours.b_pre.grad, ref.static_alpha.grad[:, 0]), (ours.b_res.grad, ref.static_alpha.grad[:, 1:].t()),
-             (ours.b_post.grad, ref.static_beta.grad), (ours.alpha.grad[0], ref.pre_branch_scale.grad[0]),
-             (ours.alpha.grad[1], ref.h_post_scale.grad), (ours.alpha.grad[2], ref.residual_scale.grad[0]),
-             (ours.norm.weight.grad, ref_norm.weight.grad)]
-    for got, want in pairs:
-        assert want.abs().max() > 1e-6
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
-    gain = 1 + ref.norm.gamma.detach()  # the package's shared projection = the sum of skiplab's blocks, times the gain
-    pre_blocks = sum(ours.phi.grad[s * D:(s + 1) * D, s] for s in range(N))
-    torch.testing.assert_close(gain * pre_blocks, ref.dynamic_alpha_fn.grad[0][:, 0], rtol=1e-5, atol=1e-6)
+    (y * w).sum().backward(), (y_ref * w).sum().backward(), (y32 * w.float()).sum().backward()
+
+    def pre_blocks(module):  # the package's shared projection = the sum of skiplab's blocks, times the gain
+        return (1 + ref.norm.gamma.detach()) * sum(module.phi.grad[s * D:(s + 1) * D, s] for s in range(N))
+
+    pairs = [("b_pre", lambda m: m.b_pre.grad, ref.static_alpha.grad[:, 0]),
+             ("b_res", lambda m: m.b_res.grad, ref.static_alpha.grad[:, 1:].t()),
+             ("b_post", lambda m: m.b_post.grad, ref.static_beta.grad),
+             ("alpha_pre", lambda m: m.alpha.grad[0], ref.pre_branch_scale.grad[0]),
+             ("alpha_post", lambda m: m.alpha.grad[1], ref.h_post_scale.grad),
+             ("alpha_res", lambda m: m.alpha.grad[2], ref.residual_scale.grad[0]),
+             ("norm", lambda m: m.norm.weight.grad, ref_norm.weight.grad),
+             ("phi_pre", pre_blocks, ref.dynamic_alpha_fn.grad[0][:, 0])]
+    for name, grad, want in pairs:
+        assert want.abs().max() > 1e-6, name
+        assert_within_noise(grad(ours), want, noise((grad(ours32), grad(ours))), name)
 
 
 def test_mhc_gives_the_packages_outputs_where_the_two_parameterisations_meet():
