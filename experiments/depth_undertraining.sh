@@ -17,7 +17,7 @@
 #   RECORDED=docs/results/depth-long3/runs puts runs recorded there back into OUT/runs first (scored, so not trained
 #   again): a sitting on a fresh machine of the same kind goes on where the last recorded one stopped.
 #   SWEEPS=long,short runs only those sweeps, in that order (default short,lr,warmup,long): the 1,600-update one
-#   first where a sitting may not reach the end (docs/results/depth-long3-xeon: ~95 min wall on a 2-core Xeon).
+#   first where a sitting may not reach the end (docs/results/depth-long3-xeon: ~100 min wall on a 2-core Xeon).
 set -euo pipefail
 out=${1:-runs/depth-long3}
 data=${DATA:-../shared/data/pydocs}
