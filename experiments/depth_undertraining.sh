@@ -37,9 +37,13 @@ sweep() {
               --max-steps 1600 --warmup 40 --out "$out/long" ;;
     esac
 }
-IFS=, read -ra sweeps <<< "${SWEEPS:-short,lr,warmup,long}"
+known=(short lr warmup long)  # sweep()'s cases, the cheapest first: the default order
+IFS=, read -ra sweeps <<< "${SWEEPS:-$(IFS=,; echo "${known[*]}")}"
 for s in "${sweeps[@]}"; do  # every name checked before anything runs
-    case $s in short|lr|warmup|long) ;; *) echo "depth_undertraining.sh: unknown sweep '$s' in SWEEPS (short, lr, warmup, long)" >&2; exit 2 ;; esac
+    if [[ " ${known[*]} " != *" $s "* ]]; then
+        echo "depth_undertraining.sh: unknown sweep '$s' in SWEEPS ($(IFS=,; echo "${known[*]}" | sed 's/,/, /g'))" >&2
+        exit 2
+    fi
 done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
