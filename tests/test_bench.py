@@ -104,3 +104,40 @@ def test_sas_fused_against_plain_at_tiny_shapes(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         bench.main(["--small", "--out", str(out)])
     assert stop.value.code == 2 and "exists; give another --out" in capsys.readouterr().err
+
+
+def test_recipe_fields_are_the_model_choices_a_design_changes():
+    """nGPT's recipe changes the preset's MLP, biases and tying (gpt-small has rotary positions already; gpt2-small
+    learned ones); HybridNorm's qk_norm is its normalisation, not a model choice; PreLN's designs change nothing."""
+    from skiplab.bench.steps import recipe_fields, show_fields
+    fields = recipe_fields("gpt-small", "nGPT")
+    assert fields == {"mlp": "swiglu", "bias": False, "tie": False}
+    assert show_fields(fields) == "mlp=swiglu, bias=false, tie=false"
+    assert recipe_fields("gpt2-small", "nGPT")["positions"] == "rope"
+    assert recipe_fields("gpt-small", "HybridNorm") == {}
+    assert recipe_fields("gpt-small", "PreLN+MUDD") == {} == recipe_fields("gpt-small", "Keel")
+
+
+def test_depth_rows_price_ngpt_against_preln_of_its_model(monkeypatch):
+    """The depth group's nGPT row with its goal divides by PreLN built with nGPT's model choices; the whole model's
+    row by the preset's PreLN; a design without a recipe keeps one row against the preset's PreLN."""
+    import skiplab.bench.designs as designs
+    from skiplab.bench.shapes import QUICK
+    built = []
+    real = designs.build
+    monkeypatch.setattr(designs, "build", lambda spec, **kw: built.append((spec, kw)) or real(spec, **kw))
+    monkeypatch.setattr(designs, "interleaved", lambda steps, *a: {k: 1.0 + len(k) / 100 for k in steps})
+    rows = designs._design_steps(QUICK, "depth", {"nGPT": "1.15", "Keel": "1.05"}, QUICK.hyper_widths[-1:])
+    own = "PreLN(mlp=swiglu, bias=false, tie=false)"
+    for mode in ("eager", "compiled"):
+        by_name = {r.name: r for r in rows if r.name.endswith(mode)}
+        step = next(r for n, r in by_name.items() if n.endswith(f" nGPT step, {mode}"))
+        assert step.value == pytest.approx((1 + len("nGPT") / 100) / (1 + len(own) / 100))
+        assert "with nGPT's model (mlp=swiglu, bias=false, tie=false)" in step.note and "goal 1.15x" in step.note
+        whole = next(r for n, r in by_name.items() if n.endswith(f" nGPT whole model step, {mode}"))
+        assert whole.value == pytest.approx((1 + len("nGPT") / 100) / (1 + len("PreLN") / 100))
+        assert "goal" not in whole.note
+        keel = next(r for n, r in by_name.items() if n.endswith(f" Keel step, {mode}"))
+        assert keel.value == pytest.approx((1 + len("Keel") / 100) / (1 + len("PreLN") / 100))
+    matched = [kw for spec, kw in built if spec.endswith("(connection=PreLN)") and kw.get("mlp") == "swiglu"]
+    assert len(matched) == 2 and all(kw["bias"] is False and kw["tie"] is False for kw in matched)  # eager, compiled

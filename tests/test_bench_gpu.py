@@ -44,6 +44,27 @@ def test_design_rows_stop_at_the_time_budget():
     assert not any(r.name == f"{d} step" for r in rows for d in GPU_DESIGNS)
 
 
+def test_a_design_with_its_own_model_is_priced_against_preln_built_the_same_way(monkeypatch):
+    """nGPT's recipe builds SwiGLU, rotary positions, no biases and an untied output: its goal row divides by PreLN
+    built with those fields (the design's own cost); a second row prices the whole model against the preset's PreLN."""
+    import skiplab.bench.gpu as gpu_module
+    built = []
+    real = gpu_module.build
+    monkeypatch.setattr(gpu_module, "build", lambda spec, **kw: built.append((spec, kw)) or real(spec, **kw))
+    rows = gpu(None, {"gpu_sizes": SMOKE.__class__(**{**SMOKE.__dict__, "designs": ("nGPT", "PostLN"),
+                                                      "hf_reference": False})})
+    by_name = {r.name: r for r in rows}
+    own = by_name["nGPT step"]
+    assert "compiled PreLN with nGPT's model (mlp=swiglu, positions=rope, bias=false, tie=false), in turn" in own.note
+    assert "goal 1.15x" in own.note
+    whole = by_name["nGPT whole model step"]
+    assert "the preset's compiled PreLN" in whole.note and math.isfinite(whole.value) and whole.value > 0
+    assert "compiled PreLN, in turn; goal 1.10x" in by_name["PostLN step"].note
+    assert "PostLN whole model step" not in by_name
+    matched = [kw for spec, kw in built if spec.endswith("(connection=PreLN)") and "mlp" in kw]
+    assert matched and matched[0] == {**SMOKE.config(), "mlp": "swiglu", "positions": "rope", "bias": False, "tie": False}
+
+
 def test_rows_are_written_as_they_come(tmp_path):
     seen = []
     gpu(None, {"gpu_sizes": SMOKE.__class__(**{**SMOKE.__dict__, "designs": ("PostLN",), "hf_reference": False}),

@@ -18,7 +18,7 @@ from ..train.telemetry import Telemetry
 from .shapes import (CAPTION_DESIGNS, DEPTH_DESIGNS, HYPER_DESIGNS, IMAGE_DESIGNS, LM_DESIGNS, MT_DESIGNS, Sizes,
                      image_batch, image_model, mt_batch, mt_model)
 from .steps import (MTBatch, RecomputingDecoder, TorchDecoder, build, connection_output_elements, image_step, lm_step,
-                    loop_step, mt_step, step_flops)
+                    loop_step, mt_step, recipe_fields, show_fields, step_flops)
 from .timing import Row, interleaved
 
 
@@ -124,19 +124,23 @@ def _design_steps(sz: Sizes, group: str, designs: dict[str, str], widths: tuple[
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, sz.lm_vocab, (sz.hyper_rows, context + 1), generator=g)
     batch = tokens[:, :-1], tokens[:, 1:]
-    specs = ("PreLN", *designs)
     rows = []
     for width in widths:
         shape = dict(vocab_size=sz.lm_vocab, d_model=width, heads=max(1, width // 64), ffn_dim=4 * width,
                      layers=sz.hyper_layers, context=context)
         name = f"{sz.lm_model}(d_model={width}, layers={sz.hyper_layers}), {sz.hyper_rows}x{context} tokens"
+        # a design whose recipe builds another model (nGPT: SwiGLU, rotary positions, no biases, untied output) is
+        # also timed against PreLN built with those fields: the design's own cost, beside the whole model's
+        fields = {d: f for d in designs if (f := recipe_fields(sz.lm_model, d, **shape))}
+        own = {d: show_fields(f) for d, f in fields.items()}
+        specs = {"PreLN": {}, **{d: {} for d in designs}, **{f"PreLN({own[d]})": f for d, f in fields.items()}}
         for mode in ("eager", "compiled"):
             steps, secs = {}, {}
             if mode == "compiled":
                 torch._dynamo.reset()  # each model is an entry of GPT.forward's cache: keep them under its limit,
                 raise_recompile_limit(2 * len(specs) + 2)  # raised for as many models (past it dynamo runs eagerly)
-            for d in specs:
-                model = build(f"{sz.lm_model}(connection={d})", **shape)
+            for d, changes in specs.items():
+                model = build(f"{sz.lm_model}(connection={'PreLN' if changes else d})", **shape, **changes)
                 if mode == "compiled":
                     start = time.perf_counter()
                     steps[d] = lm_step(model, batch, torch.compile(model, backend=sz.compile_backend, dynamic=False))
@@ -148,8 +152,16 @@ def _design_steps(sz: Sizes, group: str, designs: dict[str, str], widths: tuple[
             how = f"{sz.compile_backend}, each compiled in {max(secs.values()):.0f} s or less" if secs else "eager"
             rows.append(Row(group, f"{name}, {mode}: PreLN step", t["PreLN"] * 1e3, "ms", how))
             for d, goal in designs.items():
-                rows.append(Row(group, f"d={width} {d} step, {mode}", t[d] / t["PreLN"], "x",
-                                f"PreLN {mode}, interleaved; goal {goal}x"))
+                if d not in own:
+                    rows.append(Row(group, f"d={width} {d} step, {mode}", t[d] / t["PreLN"], "x",
+                                    f"PreLN {mode}, interleaved; goal {goal}x"))
+                    continue
+                rows.append(Row(group, f"d={width} {d} step, {mode}", t[d] / t[f"PreLN({own[d]})"], "x",
+                                f"PreLN {mode} with {d}'s model ({own[d]}), interleaved: the design's own cost; "
+                                f"goal {goal}x"))
+                rows.append(Row(group, f"d={width} {d} whole model step, {mode}", t[d] / t["PreLN"], "x",
+                                f"the preset's PreLN {mode}, interleaved: {d} with its recipe's model "
+                                f"({own[d]}) priced whole"))
     return rows
 
 

@@ -19,7 +19,9 @@ Rows, in order, each written as soon as it is measured (a run cut short keeps wh
    compiled output layer and loss) on the same batch: skiplab's step over its step;
 4. each design's compiled step over compiled PreLN's, the two timed in turn in one loop; its peak memory, the
    largest batch that fits the card (estimated: the step's memory above the weights and optimizer state grows
-   linearly in the rows), its compile seconds, graph breaks and recompiles (dynamo's counters).
+   linearly in the rows), its compile seconds, graph breaks and recompiles (dynamo's counters). A design whose
+   recipe builds another model (nGPT: SwiGLU, rotary positions, no biases, untied output) is divided by PreLN built
+   with those fields (its own cost, the goal's row) and, in a second row, by the preset's PreLN (the whole model).
 
 The design rows start no new design once ``budget_s`` seconds of the group have passed; the designs not reached
 are listed in the last row. On a CPU every row runs at smoke size (a tiny model; compile on the ``eager``
@@ -41,7 +43,7 @@ from torch import Tensor, nn
 
 from ..compiled import CompileStats, compile_layers, raise_recompile_limit
 from ..device import peak_note, peak_tflops
-from .steps import build
+from .steps import build, recipe_fields, show_fields
 from .timing import Row, interleaved
 
 # the pool's designs, the ones the GPU evidence track trains first, first (each newer design as it lands)
@@ -117,8 +119,9 @@ class Trainer:
             torch.cuda.synchronize(x.device)
 
 
-def skiplab_trainer(sz: GpuSizes, design: str, batch: tuple[Tensor, Tensor], compiled: bool) -> Trainer:
-    model = build(f"{sz.model}(connection={design})", **sz.config()).to(batch[0].device)
+def skiplab_trainer(sz: GpuSizes, design: str, batch: tuple[Tensor, Tensor], compiled: bool,
+                    **fields: Any) -> Trainer:
+    model = build(f"{sz.model}(connection={design})", **sz.config(), **fields).to(batch[0].device)
     if compiled:
         compile_layers(model, backend=sz.backend)
     return Trainer(model, model.hidden, model.output_weight, batch, model.cfg.vocab_size,
@@ -285,15 +288,27 @@ def gpu(sz: Any, ctx: dict) -> list[Row]:
         except torch.OutOfMemoryError:
             add(Row("gpu", f"{design} step", float("nan"), "x", "out of memory at this batch"))
             continue
-        t = interleaved({"PreLN": pre, design: trainer}, g.repeats, g.warmup)
         memory = ""
         if got["peak"] is not None:
             fit = largest_rows(got["peak"], base, state_bytes(trainer.model), g.rows, device)
             memory = f"; peak {(got['peak'] - base) / 2**30:.1f} GiB, ~{fit} rows fit"
-        add(Row("gpu", f"{design} step", t[design] / t["PreLN"], "x",
-                f"compiled PreLN, in turn; goal {GOALS.get(design, 1.10):.2f}x; compiled in {got['compile_s']:.0f} s, "
+        # a design whose recipe builds another model (nGPT: SwiGLU, rotary positions, untied output, no biases)
+        # against PreLN built the same way too: the design's own cost beside the whole model's
+        fields = recipe_fields(g.model, design, **g.config())
+        timed = {"PreLN": pre, design: trainer}
+        if fields:
+            timed["own"] = skiplab_trainer(g, "PreLN", batch, compiled=True, **fields)
+            first_steps(timed["own"], device, g.warmup)
+        t = interleaved(timed, g.repeats, g.warmup)
+        how = (f"compiled PreLN with {design}'s model ({show_fields(fields)}), in turn: the design's own cost"
+               if fields else "compiled PreLN, in turn")
+        add(Row("gpu", f"{design} step", t[design] / t["own" if fields else "PreLN"], "x",
+                f"{how}; goal {GOALS.get(design, 1.10):.2f}x; compiled in {got['compile_s']:.0f} s, "
                 f"{got['graph_breaks']} graph breaks, {got['recompiles']} recompiles{memory}"))
-        del trainer
+        if fields:
+            add(Row("gpu", f"{design} whole model step", t[design] / t["PreLN"], "x",
+                    f"the preset's compiled PreLN, in turn: {design} with its recipe's model priced whole"))
+        del trainer, timed
     if skipped:
         add(Row("gpu", "designs not reached", len(skipped), "designs",
                 f"time budget {g.budget_s:.0f} s spent: {', '.join(skipped)}"))

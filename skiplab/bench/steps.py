@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..connections import iter_connections
+from ..connections import REGISTRY, iter_connections, parse_spec
 from ..models import GPTConfig, Seq2SeqConfig, build_model, model_config
 from ..models.flops import counted_flops
 from ..models.seq2seq import EncoderDecoder, Memory, sinusoid
@@ -253,6 +253,27 @@ def connection_output_elements(model: nn.Module, *inputs: Any) -> int:
         for h in hooks:
             h.remove()
     return total[0]
+
+
+# model fields a design's recipe may set that any design could have (not a normalisation, as HybridNorm's qk_norm is)
+MODEL_CHOICES = ("mlp", "positions", "bias", "dropout", "tie")
+
+
+def recipe_fields(model: str, design: str, **overrides: Any) -> dict[str, Any]:
+    """The model choices (:data:`MODEL_CHOICES`) that ``design``'s recipe (``Connection.recipe``) sets otherwise
+    than the preset ``model`` with ``overrides`` does: for nGPT, SwiGLU where the GPT's MLP is GELU, no biases, an
+    untied output layer. A design with such a recipe builds another model than PreLN's, so its step over the
+    preset's PreLN prices the whole model; over PreLN built with these fields, the design's own work."""
+    mine = model_config(f"{model}(connection={design})", **overrides)
+    base = model_config(f"{model}(connection=PreLN)", **overrides)
+    return {k: getattr(mine, k) for k in REGISTRY[parse_spec(design).name].recipe
+            if k in MODEL_CHOICES and hasattr(base, k) and getattr(mine, k) != getattr(base, k)}
+
+
+def show_fields(fields: dict[str, Any]) -> str:
+    """``mlp=swiglu, bias=false``: fields as a model spec writes its options."""
+    return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else f'{v:g}' if isinstance(v, float) else v}"
+                     for k, v in fields.items())
 
 
 def build(spec: str, **overrides: Any) -> nn.Module:
