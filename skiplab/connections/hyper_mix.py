@@ -48,9 +48,9 @@ class GradSlot:
 
 
 class _Read(torch.autograd.Function):
-    """[h₀; x̃] = W x per position: W (P, n + 1, n) = [a; A], x (P, n, D); h₀ (P, D), x̃ (P, n, D), views of one
-    product. Backward: ∂x = Aᵀ ∂x̃ + a ⊗ ∂h₀ (one batched product, one in-place update), ∂W = [∂h₀; ∂x̃] xᵀ (products
-    over D)."""
+    """[h₀; x̃] = W x per position: W (P, n + 1, n) = [a; A], x (P, n, D); h₀ (P, D) contiguous, x̃ (P, n, D) a
+    view of the product. Backward: ∂x = Aᵀ ∂x̃ + a ⊗ ∂h₀ (one batched product, one in-place update),
+    ∂W = [∂h₀; ∂x̃] xᵀ (products over D)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, w: Tensor, slot: GradSlot | None) -> tuple[Tensor, Tensor]:
@@ -58,7 +58,9 @@ class _Read(torch.autograd.Function):
             mix = torch.bmm(w, x)
         ctx.save_for_backward(x, w)
         ctx.slot = slot
-        return mix[:, 0], mix[:, 1:]
+        # h₀ written out once here: as a strided view of the product, the layer's norm copied it to a contiguous
+        # buffer in its forward and again in its backward (native_layer_norm and its backward need contiguous rows)
+        return mix[:, 0].contiguous(), mix[:, 1:]
 
     @staticmethod
     def backward(ctx, g_h0: Tensor, g_kept: Tensor) -> tuple[Tensor | None, Tensor | None, None]:

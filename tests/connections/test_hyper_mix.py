@@ -57,6 +57,20 @@ def test_read_and_write_are_the_broadcast_products(static):
     assert torch.autograd.gradcheck(lambda *a: hyper_mix.write(hyper_mix.read(*a[:2])[1], *a[2:]), (x, w, f, b))
 
 
+def test_the_layer_input_is_written_out_once():
+    """h₀ leaves the read contiguous: a strided view of the product was copied by the layer's norm in its forward and
+    again in its backward (one copy of the layer's input where there were two, counted by the profiler)."""
+    x, w = leaf(P, N, D), leaf(P, N + 1, N, seed=1)
+    h0, kept = hyper_mix.read(x, w)
+    assert h0.is_contiguous() and h0.shape == (P, D) and kept.shape == (P, N, D)
+    norm = torch.nn.LayerNorm(D).double()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        h0, _ = hyper_mix.read(x, w)
+        norm(h0).backward(torch.randn(P, D, generator=gen(2), dtype=torch.float64))
+    copies = [e for e in prof.events() if e.name == "aten::copy_" and e.input_shapes and list(e.input_shapes[0]) == [P, D]]
+    assert len(copies) == 1
+
+
 def test_the_last_layers_expanded_gradient_is_handled():
     """The streams' sum hands the last layer an expanded (stride-0) gradient."""
     x, w, f, b = leaf(P, N, D), leaf(P, N + 1, N, seed=1), leaf(P, D, seed=2), leaf(P, N, seed=3)
