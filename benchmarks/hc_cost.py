@@ -10,8 +10,14 @@ time with that file's classes in place of the current ones, on the same paramete
 parameters and state dict), so the rows before and after the change come from one interleaved run. The figures in
 docs/performance.md ("hyper-connections at their cost") take FILE from ``git show 3e8aee3~1:skiplab/connections/hyper.py``.
 
-Usage: python benchmarks/hc_cost.py [--before FILE] [--widths 256,768] [--rows 8] [--layers 4] [--repeats 5]
-                                    [--modes eager,compiled] [--threads 1]
+With ``--before-mix FILE`` (an older ``skiplab/connections/hyper_mix.py``) the same models run a second time with
+that file's read, write and projection in place of the current ones (the rows ``HC mix before``, ``mHC mix before``),
+interleaved likewise: ``git show efb6f33~1:skiplab/connections/hyper_mix.py > /tmp/hyper_mix_before.py`` gives the
+read whose h₀ was a strided view of the product. Eager only (``--modes eager``): compiled, both files trace to the
+same plain expressions and the second model reuses the first one's graph.
+
+Usage: python benchmarks/hc_cost.py [--before FILE] [--before-mix FILE] [--widths 256,768] [--rows 8] [--layers 4]
+                                    [--repeats 5] [--modes eager,compiled] [--threads 1]
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch._dynamo
 from skiplab.bench.steps import build, lm_step
 from skiplab.bench.suite import machine_name
 from skiplab.bench.timing import interleaved
-from skiplab.connections import base, iter_connections
+from skiplab.connections import base, hyper, iter_connections
 
 DESIGNS = ("PreLN", "HC", "mHC")
 
@@ -48,6 +54,28 @@ def load_before(path: str):
         base.REGISTRY.clear()
         base.REGISTRY.update(saved)
     return module
+
+
+def load_before_mix(path: str):
+    """The module in ``path`` (an older hyper_mix.py) loaded beside skiplab.connections.hyper_mix."""
+    spec = importlib.util.spec_from_file_location("skiplab.connections._hyper_mix_before", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def with_mix(step, module):
+    """``step`` run with ``module`` as the hyper-connections' stream functions (hyper.py calls them through its
+    module attribute ``hyper_mix``); the current ones are back after each call."""
+    def run() -> None:
+        current = hyper.hyper_mix
+        hyper.hyper_mix = module
+        try:
+            step()
+        finally:
+            hyper.hyper_mix = current
+    return run
 
 
 def swapped(model: torch.nn.Module, module) -> torch.nn.Module:
@@ -75,6 +103,7 @@ def load() -> str:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", default="", help="an older skiplab/connections/hyper.py to time beside this one")
+    p.add_argument("--before-mix", default="", help="an older skiplab/connections/hyper_mix.py to time beside this one")
     p.add_argument("--widths", default="256,768")
     p.add_argument("--rows", type=int, default=8, help="sequences a step (of --context tokens)")
     p.add_argument("--context", type=int, default=256)
@@ -87,6 +116,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
     before = load_before(args.before) if args.before else None
+    before_mix = load_before_mix(args.before_mix) if args.before_mix else None
     print(f"# {machine_name()}")
     print(f"# gpt-small shape, {args.layers} layers, {args.rows}x{args.context} tokens, heads of 64; "
           f"{args.repeats} interleaved rounds; {load()} at the start", flush=True)
@@ -99,6 +129,8 @@ def main() -> None:
         models = {d: build(f"gpt-small(connection={d})", **shape) for d in DESIGNS}
         if before is not None:
             models.update({f"{d} before": swapped(models[d], before) for d in DESIGNS[1:]})
+        mixed = {f"{d} mix before" for d in DESIGNS[1:]} if before_mix is not None else set()
+        models.update({name: models[name.split()[0]] for name in mixed})  # copied per mode below
         for mode in args.modes.split(","):
             steps, compile_s = {}, {}
             if mode == "compiled":
@@ -114,7 +146,7 @@ def main() -> None:
                     compile_s[name] = time.perf_counter() - start
                 else:
                     step = lm_step(model, batch)
-                steps[name] = step
+                steps[name] = with_mix(step, before_mix) if name in mixed else step
             cpu: dict[str, list[float]] = {name: [] for name in steps}
             t = interleaved({name: cpu_timed(step, cpu[name]) for name, step in steps.items()}, args.repeats, 1)
             c = {name: statistics.median(times[1:]) for name, times in cpu.items()}  # the first: the untimed round
