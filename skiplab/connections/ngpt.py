@@ -35,9 +35,41 @@ from .spec import Spec
 ALPHA_INIT = 0.05  # α_init of both sub-layers (NVIDIA/ngpt: attn_alpha_init_value, mlp_alpha_init_value)
 
 
+FLOOR = 1e-12  # the norm's floor against a zero vector
+
+
+class _Unit(torch.autograd.Function):
+    """y = x · r, r = 1 / max(‖x‖₂, floor) along ``dim``. Backward, from y itself:
+
+        ∂x = r · (∂y − y ⟨∂y, y⟩)      (the projection off y; where the floor holds, r · ∂y)
+
+    two passes over the rows and one reduction, where autograd through the division and the norm makes a
+    quotient, its square, the norm's own backward and a sum of two gradients."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, dim: int) -> Tensor:
+        norm = torch.linalg.vector_norm(x, dim=dim, keepdim=True)
+        r = norm.clamp_min(FLOOR).reciprocal_()
+        y = x * r
+        ctx.save_for_backward(y, r, norm < FLOOR)
+        ctx.dim = dim
+        return y
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy: Tensor) -> tuple[Tensor, None]:
+        y, r, floored = ctx.saved_tensors
+        dot = torch.linalg.vecdot(dy, y, dim=ctx.dim).unsqueeze(ctx.dim).masked_fill_(floored, 0.0)
+        return torch.addcmul(dy, y, dot, value=-1.0).mul_(r), None
+
+
 def unit(x: Tensor, dim: int = -1) -> Tensor:
-    """Norm(x) = x / ‖x‖₂ along ``dim`` (the norm floored at 1e-12 against a zero vector)."""
-    return x / torch.linalg.vector_norm(x, dim=dim, keepdim=True).clamp_min(1e-12)
+    """Norm(x) = x / ‖x‖₂ along ``dim`` (the norm floored at 1e-12 against a zero vector); its backward fused
+    (:class:`_Unit`) where gradients are wanted eagerly, the plain quotient under ``torch.compile`` (which fuses
+    that itself) and where none is wanted."""
+    if torch.compiler.is_compiling() or not (torch.is_grad_enabled() and x.requires_grad):
+        return x / torch.linalg.vector_norm(x, dim=dim, keepdim=True).clamp_min(FLOOR)
+    return _Unit.apply(x, dim)
 
 
 class ScaleVector(nn.Module):
@@ -86,8 +118,9 @@ class NGPT(Connection):
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         axis = feature_axis(self.layout)
         s = x if skip is None else skip(x)
-        # written out rather than torch.lerp, which refuses a bf16 branch (autocast) beside an fp32 stream
-        return unit(s + self.rate() * (unit(branch(x), axis) - s), axis)
+        # lerp(s, u, α) = s + α (u − s) in one kernel; the branch's output in the stream's dtype first (under autocast
+        # a bf16 branch beside an fp32 stream, which lerp refuses and the written-out sum promoted)
+        return unit(torch.lerp(s, unit(branch(x), axis).to(s.dtype), self.rate().to(s.dtype)), axis)
 
     def stats(self) -> dict[str, Any]:
         alpha = self.alpha().detach().abs()

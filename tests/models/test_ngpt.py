@@ -56,6 +56,51 @@ def test_the_update_on_the_sphere_by_hand(layout):
     assert torch.allclose(conn(x, branch).norm(dim=axis), torch.ones(()))
 
 
+def test_the_updates_gradients_by_hand(layout):
+    """The fused unit norm and lerp give the gradients of the written-out update, for the stream, α and the branch."""
+    conn = randomised(skiplab.connection("nGPT", 6, layout)).double()
+    branch = make_branch(layout).double()
+    axis = -1 if layout == "seq" else 1
+    x = unit(make_input(layout).detach().double(), axis).requires_grad_()
+    g = torch.randn(x.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    params = [x, conn.alpha.p, *branch.parameters()]
+    alpha = (conn.alpha.p * 0.05 * math.sqrt(6)).abs()
+    alpha = alpha if axis == -1 else alpha.view(-1, 1, 1)
+    expected = torch.autograd.grad(unit(x + alpha * (unit(branch(x), axis) - x), axis), params, g)
+    got = torch.autograd.grad(conn(x, branch), params, g)
+    for a, e in zip(got, expected):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("dim", [-1, 1, 0])
+def test_the_fused_unit_norm_is_the_quotient(dim, monkeypatch):
+    """``connections.ngpt.unit``: x / max(‖x‖, 1e-12), its backward written out (r (∂y − y⟨∂y, y⟩)); a vector shorter
+    than the floor keeps the floor's gradient ∂y / 1e-12; without gradients and under torch.compile it is the plain
+    quotient."""
+    from skiplab.connections.ngpt import unit as fused
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, 7, generator=gen, dtype=torch.float64)
+    index: list = [0, 0, 0]
+    index[dim] = slice(None)
+    x[tuple(index)] *= 1e-14  # a vector along dim shorter than the floor, which holds there
+    x.requires_grad_()
+    g = torch.randn(x.shape, generator=gen, dtype=torch.float64)
+    plain = x / torch.linalg.vector_norm(x, dim=dim, keepdim=True).clamp_min(1e-12)
+    y = fused(x, dim)
+    torch.testing.assert_close(y, plain, rtol=0, atol=1e-15)
+    got, want = torch.autograd.grad(y, x, g)[0], torch.autograd.grad(plain, x, g)[0]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
+    assert got.abs().max() > 1e10  # the short vector's gradient is the floor's
+    fresh = torch.randn(3, 5, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: fused(t, dim), (fresh,))
+    with torch.no_grad():
+        torch.testing.assert_close(fused(x, dim), plain.detach(), rtol=0, atol=1e-15)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    traced = fused(x, dim)
+    assert traced.grad_fn is not None and "Unit" not in type(traced.grad_fn).__name__
+    torch.testing.assert_close(torch.autograd.grad(traced, x, g)[0], want, rtol=1e-12, atol=0)
+
+
 def test_alpha_starts_at_alpha_init_and_is_reported():
     conn = skiplab.connection("nGPT", 64)
     stats = conn.stats()
