@@ -81,6 +81,11 @@ def baseline_lengths(variants: list[Variant], base: Any, factors: tuple[float, .
     if bad or len(set(factors)) != len(factors):
         raise ValueError(f"--baseline-updates takes distinct factors > 1, got {', '.join(f'{f:g}' for f in factors)}")
     first = variants[0]
-    scaled = [Variant(effective.scaled_label(first.label, f), {**first.changes, "max_steps": round(base.max_steps * f)},
-                      first.columns) for f in sorted(factors)]
+    scaled = []
+    for f in sorted(factors):
+        label = effective.scaled_label(first.label, f)
+        # the table's describing column names the length too: three rows reading "PreLN" would be told apart by
+        # their order alone
+        columns = {**first.columns, "connection": label} if "connection" in first.columns else first.columns
+        scaled.append(Variant(label, {**first.changes, "max_steps": round(base.max_steps * f)}, columns))
     return [first, *scaled, *variants[1:]]

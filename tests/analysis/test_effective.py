@@ -69,6 +69,9 @@ def test_the_command_trains_the_baseline_longer_and_writes_the_reading(tmp_path)
     reading = json.loads((out / "compare.json").read_text())["effective"]
     assert [r["design"] for r in reading["rows"]] == ["PostLN"] and reading["factors"] == [1.0, 1.5, 2.0]
     assert "Effective compute" in (out / "effective.md").read_text()
+    table = (out / "table.md").read_text()
+    for label in ("PreLN@1.5x", "PreLN@2x"):  # each length's row names it in the table's first column
+        assert f"\n| {label} " in table
 
 
 @pytest.mark.parametrize("value, problem", [("0.5", "distinct factors > 1"), ("x", "comma-separated numbers"),
