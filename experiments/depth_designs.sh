@@ -9,8 +9,9 @@
 #      (compare --baseline-updates; effective.md)                                   -> OUT/compute
 # Usage: experiments/depth_designs.sh [OUT] [SEEDS]   (default runs/depth-designs, 5; resumable, block by block)
 #   afterwards: experiments/collect_runs.sh OUT/designs docs/results/lm/depth-designs-<kind>, likewise OUT/compute
-#   On the AVX2 EPYC, block 1 of the first table is recorded (docs/results/lm/depth-designs-cpu-avx2; its PreLN, PeriLN
-#   and HC are the pool's runs, same recipe and kind): go on with
+#   Recorded: both tables, 5 blocks, on a 2-core Intel Xeon with AVX-512 kernels (docs/results/lm/depth-designs-xeon,
+#   its README has the commands). On the AVX2 EPYC, block 1 of the first table (docs/results/lm/depth-designs-cpu-avx2;
+#   its PreLN, PeriLN and HC are the pool's runs, same recipe and kind) can be carried on, on that kind only, with
 #     RECORDED=docs/results/lm/depth-designs-cpu-avx2:docs/results/lm/pool-cpu-avx2 experiments/depth_designs.sh
 set -euo pipefail
 out=${1:-runs/depth-designs}
