@@ -28,7 +28,7 @@ def _rows(gate: Tensor, like: Tensor) -> int:
     if gate.dim() != like.dim():
         raise ValueError(f"a gate of shape {tuple(gate.shape)} does not match a tensor of shape {tuple(like.shape)}")
     lead = gate.dim()
-    while lead and gate.shape[lead - 1] == 1 and like.shape[lead - 1] != 1:
+    while lead and gate.shape[lead - 1] == 1:  # trailing axes of 1 (where ``like`` is 1 as well: one row either way)
         lead -= 1
     if tuple(gate.shape[:lead]) != tuple(like.shape[:lead]) or any(n != 1 for n in gate.shape[lead:]):
         raise ValueError(f"a gate of shape {tuple(gate.shape)} must equal the leading axes of {tuple(like.shape)} "

@@ -139,3 +139,24 @@ def test_activation_checkpointing_is_refused_where_a_layer_must_not_run_twice(pr
 def test_a_stack_names_its_sublayers():
     stack = Stack(3, 16, ("attn", "cross", "ffn"), "decoder")
     assert stack.sublayers == 9 and [stack.role(k) for k in (0, 4, 8)] == ["attn", "cross", "ffn"]
+
+
+@pytest.mark.parametrize("shape", [(2, 5, 16), (2, 1, 16)])  # (2, 1, 16): one new position, as decoding passes
+@pytest.mark.parametrize("per_position", [False, True])
+def test_depth_sum_is_the_weighted_sum_over_depth(shape, per_position):
+    """``across.base.depth_sum``: Σ_j a_j X_j with scalar or per-position weights, values and every gradient as the
+    written-out sum's; the weights take the outputs' dtype."""
+    from skiplab.connections.across.base import depth_sum
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(4)]
+    wshape = (*shape[:-1], 1) if per_position else ()
+    ws = [torch.randn(wshape, generator=gen, dtype=torch.float32).double().requires_grad_() for _ in range(4)]
+    got = depth_sum(ws, xs)
+    want = sum(w * x for w, x in zip(ws, xs))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    g = torch.randn(shape, generator=gen, dtype=torch.float64)
+    for a, e in zip(torch.autograd.grad(got, ws + xs, g), torch.autograd.grad(want, ws + xs, g)):
+        torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda *t: depth_sum(list(t[:4]), list(t[4:])), (*ws, *xs))
+    half = depth_sum([w.detach().float() for w in ws], [x.detach().bfloat16() for x in xs])
+    assert half.dtype == torch.bfloat16

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from ..base import Branch, Connection
 from ..norms import make_norm
 from ..spec import Option, Spec, choice
-from .base import AcrossDesign, Stack, register_across
+from .base import AcrossDesign, Stack, depth_sum, register_across
 
 LORA_RANK = 64  # x-transformers' DEFAULT_ATTN_RESIDUAL_LORA_RANK
 
@@ -135,11 +135,7 @@ class AttnRes(AcrossDesign):
                               * torch.rsqrt(ms + eps) for s, ms in zip(sources, squares)], dim=-1)
         alpha = logits.softmax(-1)  # (B, T, n)
         self.record_mix(m, alpha)  # kept only inside depth_weights() or recording_mixes()
-        alpha = alpha.to(sources[0].dtype)
-        h = alpha[..., 0:1] * sources[0]
-        for i in range(1, len(sources)):
-            h = h + alpha[..., i : i + 1] * sources[i]
-        return h
+        return depth_sum([alpha[..., i : i + 1] for i in range(len(sources))], sources)
 
     def sublayer(self, k: int, x: Tensor, conn: Connection, branch: Branch, state: dict[str, Any]) -> Tensor:
         st = state["attnres"]

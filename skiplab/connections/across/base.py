@@ -50,6 +50,7 @@ from typing import Any, Callable, ClassVar
 from torch import Tensor, nn
 
 from ..base import ACROSS, REGISTRY, Branch, Connection, parse_spec
+from ..fused import gated_sum
 from ..spec import Option, Spec
 
 FAMILIES = ("lm", "encoder", "decoder")
@@ -74,6 +75,18 @@ class Stack:
     def role(self, k: int) -> str:
         """The role of sub-layer k (0-based over the stack)."""
         return self.roles[k % len(self.roles)]
+
+
+def depth_sum(weights: list[Tensor], outputs: list[Tensor]) -> Tensor:
+    """Σ_j a_j X_j, the weighted sum over depth the mixing designs share (DenseFormer's static α_ij, MUDD's and
+    Attention Residuals' per-position weights): each a_j a scalar, or per position (..., 1) against X_j (..., d);
+    the weights in the outputs' dtype. One output buffer, each weight's gradient one dot product per value
+    (:func:`~skiplab.connections.fused.gated_sum`), where a sum of products made a temporary for every product and
+    every partial sum and, backward, every ∂y ⊙ X_j before reducing it."""
+    like = outputs[0]
+    pairs = [(a.to(like.dtype).reshape((1,) * like.dim()) if a.dim() == 0 else a.to(like.dtype), x)
+             for a, x in zip(weights, outputs, strict=True)]
+    return gated_sum(*pairs)
 
 
 def register_across(cls: type[AcrossDesign]) -> type[AcrossDesign]:

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from ..spec import Option, Spec, positive_int
-from .base import AcrossDesign, Stack, register_across
+from .base import AcrossDesign, Stack, depth_sum, register_across
 
 
 @register_across
@@ -84,11 +84,9 @@ class DenseFormer(AcrossDesign):
         """Y_i from X_i = ``x`` and the earlier X_j (the input of layer i, 0-based; i = L: the output)."""
         if i % self.period:
             return x
-        alpha, xs = self.alpha[i // self.period - 1].to(x.dtype), state["dense"]
-        y = None
-        for a, j in zip(alpha, self.sources(i)):  # a sum of α_ij X_j keeps no stacked copy of the X_j
-            y = a * xs[j] if y is None else y + a * xs[j]
-        return y
+        alpha, xs = self.alpha[i // self.period - 1], state["dense"]
+        # a sum of α_ij X_j that keeps no stacked copy of the X_j (depth_sum)
+        return depth_sum(list(alpha.unbind()), [xs[j] for j in self.sources(i)])
 
     def reads(self) -> Tensor:
         """The matrix M (L + 1, L + 1) of "layer i reads j": row i the weights of X_0, ..., X_L in layer i's

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from ..base import Branch, Connection
 from ..spec import Spec
-from .base import AcrossDesign, Stack, register_across
+from .base import AcrossDesign, Stack, depth_sum, register_across
 
 STREAMS = ("Q", "K", "V", "R")
 EPS = 1e-6  # the weights' MLP's RMSNorm (the code's norm_eps, RMSnormNoscale's epsilon)
@@ -120,11 +120,8 @@ class MUDD(AcrossDesign):
 
     @staticmethod
     def _mix(a: Tensor, hidden: list[Tensor]) -> Tensor:
-        """Σ_j a_j X_j (the code's ``layer_mix``: no stacked copy of the X_j)."""
-        y = a[..., 0, None] * hidden[0]
-        for j in range(1, len(hidden)):
-            y = y + a[..., j, None] * hidden[j]
-        return y
+        """Σ_j a_j X_j (the code's ``layer_mix``: no stacked copy of the X_j; :func:`depth_sum`)."""
+        return depth_sum([a[..., j, None] for j in range(len(hidden))], hidden)
 
     def sublayer(self, k: int, x: Tensor, conn: Connection, branch: Branch, state: dict[str, Any]) -> Tensor:
         i = k // len(self.stack.roles)
