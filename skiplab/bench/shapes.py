@@ -18,8 +18,8 @@ HYPER_DESIGNS = {"HC(n=4)": "1.10", "mHC(n=4)": "1.15"}  # HC in its default, dy
 # the designs that mix or scale across depth, each with its goal / PreLN (issue: Block forms and scalars 1.05x,
 # dynamic or full mixes 1.15x)
 DEPTH_DESIGNS: dict[str, str] = {"PreLN+DenseFormer": "1.05", "PreLN+AttnRes(block=2)": "1.05", "PreLN+Scalars": "1.05",
-                                 "LAuReL(form=lr)": "1.05", "LAuReL(form=pa)": "1.05", "Keel": "1.05", "PreLN+MUDD": "1.15", "PreLN+AttnRes": "1.15",
-                                 "nGPT": "1.15"}
+                                 "PreLN+Backout": "1.05", "LAuReL(form=lr)": "1.05", "LAuReL(form=pa)": "1.05",
+                                 "Keel": "1.05", "PreLN+MUDD": "1.15", "PreLN+AttnRes": "1.15", "nGPT": "1.15"}
 
 
 CAPTION_DESIGNS = ("PostLN", "SAS", "2rSkip+LN")
