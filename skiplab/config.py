@@ -27,6 +27,11 @@ class BadValue(argparse.ArgumentTypeError, ValueError):
     (a model spec's options) it is a ValueError."""
 
 
+def show_value(value: Any) -> str:
+    """A field's value as a spec writes it: ``true``/``false``, ``1e-05``, ``swiglu`` (the inverse of its parser)."""
+    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
+
+
 def boolean(text: str) -> bool:
     """``true``, ``yes``, ``1`` or ``false``, ``no``, ``0`` (any case); anything else is a :class:`BadValue`."""
     try:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import show_value
 from ..connections import REGISTRY, iter_connections, parse_spec
 from ..models import GPTConfig, Seq2SeqConfig, build_model, model_config
 from ..models.flops import counted_flops
@@ -272,8 +273,7 @@ def recipe_fields(model: str, design: str, **overrides: Any) -> dict[str, Any]:
 
 def show_fields(fields: dict[str, Any]) -> str:
     """``mlp=swiglu, bias=false``: fields as a model spec writes its options."""
-    return ", ".join(f"{k}={str(v).lower() if isinstance(v, bool) else f'{v:g}' if isinstance(v, float) else v}"
-                     for k, v in fields.items())
+    return ", ".join(f"{k}={show_value(v)}" for k, v in fields.items())
 
 
 def build(spec: str, **overrides: Any) -> nn.Module:

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..config import show_value
 from ..connections import REGISTRY, parse_spec
 from ..connections.ngpt import NGPT, ScaleVector, unit
 from .linear import stacked_linear, xavier_linear
@@ -50,9 +51,6 @@ def is_ngpt(connection: str) -> bool:
     return REGISTRY[parse_spec(connection).name] is NGPT
 
 
-def _show(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
-
 
 def check(cfg: Any) -> None:
     """Refuse, in one line, a GPT config with the ``nGPT`` connection that cannot be the normalised model."""
@@ -65,9 +63,9 @@ def check(cfg: Any) -> None:
     if spec.stack:
         raise ValueError(f"nGPT keeps every hidden state on the unit sphere; +{spec.stack[0].name} across the layers "
                          "is no part of it")
-    wrong = [f"{k}={_show(getattr(cfg, k))}" for k in REQUIRED if getattr(cfg, k) != NGPT.recipe[k]]
+    wrong = [f"{k}={show_value(getattr(cfg, k))}" for k in REQUIRED if getattr(cfg, k) != NGPT.recipe[k]]
     if wrong:
-        need = ", ".join(f"{k}={_show(NGPT.recipe[k])}" for k in REQUIRED)
+        need = ", ".join(f"{k}={show_value(NGPT.recipe[k])}" for k in REQUIRED)
         raise ValueError(f"nGPT needs {need} (its paper's model), got {', '.join(wrong)}")
 
 

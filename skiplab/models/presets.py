@@ -15,7 +15,7 @@ from typing import Any
 from torch import nn
 
 from .. import run_dir
-from ..config import parse_list, parser_for
+from ..config import parse_list, parser_for, show_value
 from ..connections import REGISTRY, parse_spec
 from .dwlstm import DepthWiseLSTMConfig, DepthWiseLSTMTransformer
 from .gpt import GPT, GPTConfig
@@ -121,11 +121,8 @@ def format_model_spec(name: str, options: dict[str, Any]) -> str:
     """The inverse of :func:`parse_model_spec`."""
     if not options:
         return name
-    return f"{name}(" + ",".join(f"{k}={_show(v)}" for k, v in options.items()) + ")"
+    return f"{name}(" + ",".join(f"{k}={show_value(v)}" for k, v in options.items()) + ")"
 
-
-def _show(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def family_of(spec: str) -> type:
@@ -171,9 +168,9 @@ def with_options(spec: str, **options: Any) -> str:
     name, present = parse_model_spec(spec)
     for key, value in options.items():
         key = key.replace("-", "_")
-        if key in present and present[key] != _show(value):
-            raise ValueError(f"{key} is set twice: {key}={present[key]} in {spec!r} and {key}={_show(value)}")
-        present[key] = _show(value)
+        if key in present and present[key] != show_value(value):
+            raise ValueError(f"{key} is set twice: {key}={present[key]} in {spec!r} and {key}={show_value(value)}")
+        present[key] = show_value(value)
     model_config(format_model_spec(name, present))  # an option the family lacks fails here, naming it
     return format_model_spec(name, present)
 
