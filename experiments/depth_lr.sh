@@ -5,11 +5,13 @@
 #   1. the grid, one seed: PreLN standard and PreLN CompleteP (--depth-base 4) at 4, 8, 16 and 32 layers;
 #      DeepNorm, LNS and PeriLN (standard) at 4 and 16 layers              -> OUT/grid-{standard,completep,others}
 #   2. seeds 1-3 at each design x depth's best lr of step 1 and at its two neighbours on the grid (an optimum on the
-#      grid's edge is reported as such: widen LRS and run again)         -> OUT/seeds-<name>-L<depth>
+#      grid's edge is reported as such: widen LRS and run again)         -> OUT/seeds-<name>-<design>-L<depth>
+#   3. skiplab analyze lr-depth over every sweep: lr* per design x depth, its interval, its slope -> OUT/table
 # Every run lives in OUT/runs (finished runs kept, runs cut short resumed, a sweep's runs of one machine kind), so it
 # can be run a group of depths at a time over several sittings: DEPTHS=4,8 experiments/depth_lr.sh, then the default.
 # Usage: experiments/depth_lr.sh [OUT]   (default runs/depth-lr); LRS, DEPTHS, OTHER_DEPTHS, STAGE=1 (grid only).
-# Afterwards: experiments/collect_runs.sh OUT/<sweep> docs/results/depth-lr/<sweep> for each sweep.
+# Afterwards: experiments/collect_runs.sh OUT docs/results/depth-lr (every run's small files; RECORDED=that folder
+# puts them back in a later sitting) and the sweeps' and the table's files beside them.
 set -euo pipefail
 out=${1:-runs/depth-lr}
 data=${DATA:-../shared/data/pydocs}
@@ -50,3 +52,6 @@ PY
             --depths "$depth" --lrs "$around" --seeds 3 --out "$out/seeds-$name-$design-L$depth" < /dev/null
     done
 done
+# 3. the table: best lr per depth per design, its interval, its slope across depth (every sweep's runs, once each)
+shopt -s nullglob
+"$skiplab" analyze lr-depth "$out"/grid-* "$out"/seeds-* --out "$out/table" --overwrite

@@ -24,6 +24,7 @@
     skiplab curves RUN [RUN ...]         learning curves of runs in one figure (--layers RUN: per-layer heatmaps)
     skiplab analyze NAME RUN [...]       gradients, gates, ratios, activations of trained runs
     skiplab analyze coord-check CASE ... activation and update sizes across width and depth, per parametrisation
+    skiplab analyze lr-depth SWEEP ...  the best lr per depth per design (interval, slope across depth)
     skiplab bench [--quick]              what the designs and the engine cost here, as side-by-side ratios
     skiplab reproduce TABLE --scale S    a table of the papers at smoke, cpu or paper scale, paper numbers beside ours
     skiplab sweep lm --connections ... --depths ...   designs x depths x lrs x seeds, a table and figures by depth
@@ -56,6 +57,7 @@ from .analysis.curves import plot_runs
 from .analysis.layer_heatmap import plot_layers
 from .connections import available_connections, connection, parse_spec
 from .models import family_of, options_of
+from .reproduce import lr_depth
 from .reproduce.sweep import sweep
 from .tasks import hf_run
 from .tasks import arguments, budget, coord_check
@@ -362,6 +364,9 @@ def build_parser() -> argparse.ArgumentParser:
     coord_check.add_arguments(ana.add_parser(
         "coord-check", help="the coordinate check: activation and update sizes after a few steps, across width and "
                             "depth, for designs under their parametrisation", description=coord_check.__doc__))
+    lr_depth.add_arguments(ana.add_parser(
+        "lr-depth", help="the best learning rate per depth per design from sweeps, its interval and its slope "
+                         "across depth", description=lr_depth.__doc__.split("\n\n")[0]))
 
     cmp = sub.add_parser("compare", help="compare connections over seeds").add_subparsers(dest="task", required=True, metavar="TASK")
     for task in tasks.TASKS.values():
