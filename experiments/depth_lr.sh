@@ -4,12 +4,14 @@
 # warm-up of 160, on a 5-point factor-2 lr grid (2.5e-4 ... 4e-3), two runs side by side, one thread each:
 #   1. the grid, one seed: PreLN standard and PreLN CompleteP (--depth-base 4) at 4, 8, 16 and 32 layers;
 #      DeepNorm, LNS and PeriLN (standard) at 4 and 16 layers              -> OUT/grid-{standard,completep,others}
-#   2. seeds 1-3 at each design x depth's best lr of step 1 and at its two neighbours on the grid (an optimum on the
-#      grid's edge is reported as such: widen LRS and run again)         -> OUT/seeds-<name>-<design>-L<depth>
+#      and where a cell's best lr is the grid's lowest or highest, that cell's grid widened by a factor 2 past
+#      it, up to WIDEN times (default 3)                                    -> OUT/grid-<name>-<design>-L<depth>
+#   2. seeds 1-3 at each design x depth's best lr of step 1 and at its two neighbours swept (an optimum still on
+#      the edge after widening is reported as such by the table)       -> OUT/seeds-<name>-<design>-L<depth>
 #   3. skiplab analyze lr-depth over every sweep: lr* per design x depth, its interval, its slope -> OUT/table
 # Every run lives in OUT/runs (finished runs kept, runs cut short resumed, a sweep's runs of one machine kind), so it
 # can be run a group of depths at a time over several sittings: DEPTHS=4,8 experiments/depth_lr.sh, then the default.
-# Usage: experiments/depth_lr.sh [OUT]   (default runs/depth-lr); LRS, DEPTHS, OTHER_DEPTHS, STAGE=1 (grid only).
+# Usage: experiments/depth_lr.sh [OUT]   (default runs/depth-lr); LRS, DEPTHS, OTHER_DEPTHS, WIDEN, STAGE=1 (grids only).
 # Afterwards: experiments/collect_runs.sh OUT docs/results/depth-lr (every run's small files; RECORDED=that folder
 # puts them back in a later sitting) and the sweeps' and the table's files beside them.
 set -euo pipefail
@@ -25,30 +27,37 @@ common=(--model "gpt-mini(context=128)" --corpus pydocs --data-dir "$data" --tok
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 "$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out"
-grid() {  # NAME SWEEP-OPTIONS...: one seed of the grid
-    local name=$1
-    shift
-    "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --lrs "$lrs" --seeds 1 "$@" --out "$out/grid-$name"
+cells="python3 $(dirname "$0")/depth_lr_cells.py"
+extra_of() {  # NAME: the options of the grid's parametrisation
+    [ "$1" = completep ] && echo "--parametrization completep --depth-base 4" || true
 }
-grid standard --connections PreLN --depths "$depths"
-grid completep --connections PreLN --depths "$depths" --parametrization completep --depth-base 4
-grid others --connections DeepNorm,LNS,PeriLN --depths "$other_depths"
+grid() {  # NAME CONNECTIONS DEPTHS: one seed of the grid, then each cell whose best lr is on its edge widened by
+    # a factor 2 past it, up to WIDEN times (default 3), into OUT/grid-NAME-<design>-L<depth>
+    local name=$1 connections=$2 grid_depths=$3 round design depth wide
+    # shellcheck disable=SC2046
+    "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" --lrs "$lrs" --seeds 1 $(extra_of "$name") \
+        --connections "$connections" --depths "$grid_depths" --out "$out/grid-$name"
+    for round in $(seq 1 "${WIDEN:-3}"); do
+        edges=$($cells edges "$out" "$name")
+        [ -z "$edges" ] && break
+        while read -r design depth wide; do  # a run each: two cells side by side
+            while [ "$(jobs -rp | wc -l)" -ge 2 ]; do wait -n || exit 1; done
+            # shellcheck disable=SC2046
+            "$skiplab" sweep lm "${common[@]}" --jobs 1 --runs "$out/runs" --lrs "$wide" --seeds 1 $(extra_of "$name") \
+                --connections "$design" --depths "$depth" --out "$out/grid-$name-$design-L$depth" < /dev/null &
+        done <<< "$edges"
+        while [ -n "$(jobs -rp)" ]; do wait -n || exit 1; done
+    done
+}
+grid standard PreLN "$depths"
+grid completep PreLN "$depths"
+grid others DeepNorm,LNS,PeriLN "$other_depths"
 [ "${STAGE:-2}" = 1 ] && exit 0
 for name in standard completep others; do
-    extra=()
-    [ "$name" = completep ] && extra=(--parametrization completep --depth-base 4)
-    # design depth lrs: the best lr of the grid and its neighbours
-    python3 - "$out/grid-$name/sweep.json" "$lrs" <<'PY' | while read -r design depth around; do
-import json, sys
-grid = [float(v) for v in sys.argv[2].split(",")]
-for s in json.load(open(sys.argv[1]))["stability"]:
-    if s["best_lr"] is None:
-        continue
-    i = min(range(len(grid)), key=lambda k: abs(grid[k] - s["best_lr"]))
-    around = grid[max(i - 1, 0) : i + 2]
-    print(s["connection"], s["depth"], ",".join(f"{v:g}" for v in around))
-PY
-        "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" "${extra[@]}" --connections "$design" \
+    # design depth lrs: the best lr swept and its neighbours
+    $cells seeds "$out" "$name" | while read -r design depth around; do
+        # shellcheck disable=SC2046
+        "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" $(extra_of "$name") --connections "$design" \
             --depths "$depth" --lrs "$around" --seeds 3 --out "$out/seeds-$name-$design-L$depth" < /dev/null
     done
 done

@@ -10,22 +10,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments" / "depth_lr.sh"
 
-# the stand-in: records its arguments; a grid sweep writes the stability the script reads (best lr 1e-3 at depth 4,
-# the grid's highest at depth 8, its lowest at 16, none at 32)
+# the stand-in: records its arguments; a sweep of one seed writes the stability and rows the script reads, its best lr
+# the swept one nearest a target per depth (4: 1.6e-2, bracketed after two widenings; 8: 1e-1, still on the edge
+# after three; 16: 1e-3, inside the grid; 32: 1e-4, below it) and none for LNS (nothing stable)
 STUB = r'''#!PYTHON
-import json, sys
+import json, math, sys
 from pathlib import Path
 args = sys.argv[1:]
 with open(LOG, "a") as f:
     f.write(json.dumps(args) + "\n")
 value = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
 if args[0] == "sweep":
-    Path(value["--out"]).mkdir(parents=True)
-if args[0] == "sweep" and Path(value["--out"]).name.startswith("grid-"):
-    best = {4: 1e-3, 8: 4e-3, 16: 2.5e-4, 32: None}
-    stability = [{"connection": c, "depth": int(d), "best_lr": best[int(d)]}
-                 for c in value["--connections"].split(",") for d in value["--depths"].split(",")]
-    Path(value["--out"], "sweep.json").write_text(json.dumps({"stability": stability}))
+    Path(value["--out"]).mkdir(parents=True, exist_ok=True)
+if args[0] == "sweep" and value["--seeds"] == "1":
+    target = {4: 1.6e-2, 8: 1e-1, 16: 1e-3, 32: 1e-4}
+    lrs = [float(v) for v in value["--lrs"].split(",")]
+    cells = [(c, int(d)) for c in value["--connections"].split(",") for d in value["--depths"].split(",")]
+    best = lambda c, d: None if c == "LNS" else min(lrs, key=lambda lr: abs(math.log(lr / target[d])))
+    Path(value["--out"], "sweep.json").write_text(json.dumps({
+        "stability": [{"connection": c, "depth": d, "best_lr": best(c, d)} for c, d in cells],
+        "rows": [{"connection": c, "depth": d, "lr": lr} for c, d in cells for lr in lrs]}))
 '''
 
 
@@ -44,28 +48,49 @@ def _opts(call: list[str]) -> dict[str, str]:
     return {a: call[i + 1] for i, a in enumerate(call[:-1]) if a.startswith("--")}
 
 
-def test_the_grids_then_seeds_around_each_optimum_then_the_table(tmp_path):
+def _names(calls, prefix):
+    return [(Path(_opts(c)["--out"]).name, _opts(c)["--lrs"]) for c in calls
+            if c[0] == "sweep" and Path(_opts(c)["--out"]).name.startswith(prefix)]
+
+
+def test_the_grids_widened_at_their_edges_then_seeds_around_each_optimum_then_the_table(tmp_path):
     done, calls = run(tmp_path, DEPTHS="4,8,16,32", OTHER_DEPTHS="4")
     assert done.returncode == 0, done.stderr
-    grids = [c for c in calls if Path(_opts(c)["--out"]).name.startswith("grid-")]
-    assert [Path(_opts(c)["--out"]).name for c in grids] == ["grid-standard", "grid-completep", "grid-others"]
-    assert all(_opts(c)["--lrs"] == "2.5e-4,5e-4,1e-3,2e-3,4e-3" and _opts(c)["--seeds"] == "1" for c in grids)
-    assert _opts(grids[1])["--parametrization"] == "completep" and _opts(grids[1])["--depth-base"] == "4"
-    seeds = [(Path(_opts(c)["--out"]).name, _opts(c)["--lrs"], _opts(c)["--seeds"], _opts(c).get("--parametrization"))
-             for c in calls if Path(_opts(c)["--out"]).name.startswith("seeds-")]
-    around = {4: "0.0005,0.001,0.002", 8: "0.002,0.004", 16: "0.00025,0.0005"}  # no optimum at 32: no seeds
-    expected = [(f"seeds-standard-PreLN-L{d}", lrs, "3", None) for d, lrs in around.items()]
-    expected += [(f"seeds-completep-PreLN-L{d}", lrs, "3", "completep") for d, lrs in around.items()]
-    expected += [(f"seeds-others-{c}-L4", around[4], "3", None) for c in ("DeepNorm", "LNS", "PeriLN")]
-    assert seeds == expected
+    grid = "2.5e-4,5e-4,1e-3,2e-3,4e-3"
+    widened = {4: ["0.00025,0.0005,0.001,0.002,0.004,0.008", "0.00025,0.0005,0.001,0.002,0.004,0.008,0.016",
+                   "0.00025,0.0005,0.001,0.002,0.004,0.008,0.016,0.032"],
+               8: ["0.00025,0.0005,0.001,0.002,0.004,0.008", "0.00025,0.0005,0.001,0.002,0.004,0.008,0.016",
+                   "0.00025,0.0005,0.001,0.002,0.004,0.008,0.016,0.032"],
+               32: ["0.000125,0.00025,0.0005,0.001,0.002,0.004", "6.25e-05,0.000125,0.00025,0.0005,0.001,0.002,0.004"]}
+    expected = []
+    for name, designs, depths in (("standard", ["PreLN"], [4, 8, 16, 32]), ("completep", ["PreLN"], [4, 8, 16, 32]),
+                                  ("others", ["DeepNorm", "LNS", "PeriLN"], [4])):
+        expected.append((f"grid-{name}", grid))
+        for r in range(3):  # round by round, the cells still on an edge
+            expected += [(f"grid-{name}-{c}-L{d}", widened[d][r]) for c in designs for d in depths
+                         if c != "LNS" and d in widened and r < len(widened[d])]
+    got = _names(calls, "grid-")
+    assert sorted(got) == sorted(expected)  # two cells of a round side by side: in either order
+    assert [n for n, _ in got if n.count("-") == 1] == ["grid-standard", "grid-completep", "grid-others"]
+    for cell in {n for n, _ in got}:  # a cell's grid only ever widens, round after round
+        assert [w for n, w in got if n == cell] == [w for n, w in expected if n == cell]
+    assert all(_opts(c)["--seeds"] == "1" for c in calls if c[0] == "sweep" and "/grid-" in _opts(c)["--out"])
+    cp = [c for c in calls if c[0] == "sweep" and "grid-completep" in _opts(c)["--out"]]
+    assert all(_opts(c)["--parametrization"] == "completep" and _opts(c)["--depth-base"] == "4" for c in cp)
+    assert not any("--parametrization" in c for c in calls if "completep" not in _opts(c).get("--out", "completep"))
+    around = {4: "0.008,0.016,0.032", 8: "0.016,0.032", 16: "0.0005,0.001,0.002", 32: "6.25e-05,0.000125,0.00025"}
+    seeds = [(f"seeds-{n}-PreLN-L{d}", lrs) for n in ("standard", "completep") for d, lrs in around.items()]
+    seeds += [(f"seeds-others-{c}-L4", around[4]) for c in ("DeepNorm", "PeriLN")]  # LNS: nothing stable
+    assert _names(calls, "seeds-") == seeds
+    assert all(_opts(c)["--seeds"] == "3" for c in calls if c[0] == "sweep" and "/seeds-" in _opts(c)["--out"])
     table = calls[-1]
     assert table[:2] == ["analyze", "lr-depth"] and _opts(table)["--out"].endswith("out/table")
     named = sorted(Path(p).name for p in table[2:] if not p.startswith("--") and not p.endswith("table"))
-    assert named == sorted(["grid-standard", "grid-completep", "grid-others", *(e[0] for e in expected)])
+    assert named == sorted({n for n, _ in expected} | {n for n, _ in seeds})
 
 
 def test_stage_1_runs_the_grids_alone(tmp_path):
-    done, calls = run(tmp_path, STAGE="1", DEPTHS="4")
+    done, calls = run(tmp_path, STAGE="1", DEPTHS="16", OTHER_DEPTHS="16", WIDEN="0")
     assert done.returncode == 0, done.stderr
     assert [Path(_opts(c)["--out"]).name for c in calls] == ["grid-standard", "grid-completep", "grid-others"]
-    assert json.loads((tmp_path / "out" / "grid-standard" / "sweep.json").read_text())["stability"][0]["depth"] == 4
+    assert json.loads((tmp_path / "out" / "grid-standard" / "sweep.json").read_text())["stability"][0]["depth"] == 16

@@ -110,3 +110,16 @@ def test_a_diverged_neighbour_and_an_edge_are_named_under_the_table(tmp_path):
     text = lr_depth.tables(lr_depth.analyse(lr_depth.read([a]), samples=100))
     assert "PreLN at depth 4: lr 0.0005 beside the best (0.001) has not every run finished" in text
     assert "<= 0.00025 (edge)" in text and "PreLN at depth 32: the best lr is the grid's lowest" in text
+
+
+def test_a_grid_widened_at_one_depth_brackets_its_optimum_there_alone(tmp_path):
+    far = lambda d, L, lr, k: 0.05 * (math.log2(lr) - (math.log2(1.6e-2) if L == 4 else -10.0)) ** 2 + 2.4  # noqa: E731
+    grid = _sweep(tmp_path / "grid", "standard", [4, 8], GRID, [1], value=far)
+    wide = _sweep(tmp_path / "wide", "standard", [4], GRID + [8e-3, 1.6e-2, 3.2e-2], [1], value=far)
+    result = lr_depth.analyse(lr_depth.read([grid]), samples=100)
+    assert [o["status"] for o in result["designs"][0]["optima"]] == ["edge", "bracketed"]
+    result = lr_depth.analyse(lr_depth.read([grid, wide]), samples=100)
+    four, eight = result["designs"][0]["optima"]
+    assert four["status"] == "bracketed" and four["lr_star"] == pytest.approx(1.6e-2)
+    assert [c["lr"] for c in four["cells"]] == GRID + [8e-3, 1.6e-2, 3.2e-2]
+    assert [c["lr"] for c in eight["cells"]] == GRID and eight["x_star"] == pytest.approx(-10.0)

@@ -37,7 +37,6 @@ def read(sweeps: list[Path]) -> dict[str, Any]:
     """The runs of the sweeps, each once, labelled by design; the task's metric and direction."""
     metric = higher = None
     runs: dict[tuple[str, int, float, int], dict[str, Any]] = {}
-    lrs: dict[str, set[float]] = {}
     for folder in sweeps:
         path = folder / "sweep.json" if folder.is_dir() else folder
         if not path.is_file():
@@ -51,7 +50,6 @@ def read(sweeps: list[Path]) -> dict[str, Any]:
         kind = conf.get("parametrization", "standard")
         for r in s["runs"]:
             label = design_label(r["connection"], kind)
-            lrs.setdefault(label, set()).update(s["axes"]["lrs"])
             key = (label, r["depth"], r["lr"], r["seed"])
             entry = {"design": label, "depth": r["depth"], "lr": r["lr"], "seed": r["seed"], "status": r["status"],
                      "value": r.get(metric), "kinds": r.get("kinds", []), "code": r.get("code", []),
@@ -66,19 +64,20 @@ def read(sweeps: list[Path]) -> dict[str, Any]:
     if metric is None:
         raise ValueError("give at least one sweep")
     kind = one_kind([r for r in runs.values() if r["kinds"]])
-    return {"metric": metric, "higher_is_better": higher, "runs": list(runs.values()),
-            "lrs": {k: sorted(v) for k, v in lrs.items()}, "kind": kind}
+    return {"metric": metric, "higher_is_better": higher, "runs": list(runs.values()), "kind": kind}
 
 
 def analyse(data: dict[str, Any], samples: int = lr_optimum.SAMPLES) -> dict[str, Any]:
-    """Per design and depth the optimum (its bootstrap seeded by the depth), per design the slope."""
+    """Per design and depth the optimum over the lrs swept at that depth (its bootstrap seeded by the depth), per
+    design the slope."""
     designs: dict[str, dict[int, list[dict[str, Any]]]] = {}
     for r in data["runs"]:
         designs.setdefault(r["design"], {}).setdefault(r["depth"], []).append(r)
     out = []
     for label, by_depth in designs.items():
-        optima = [(depth, lr_optimum.optimum(rs, data["lrs"][label], data["higher_is_better"], samples, depth))
-                  for depth, rs in sorted(by_depth.items())]
+        optima = [(depth, lr_optimum.optimum(rs, sorted({r["lr"] for r in rs}), data["higher_is_better"], samples,
+                                             depth))
+                  for depth, rs in sorted(by_depth.items())]  # the lrs swept at that depth (a widened grid's too)
         out.append({"design": label, "optima": [{"depth": d, **o} for d, o in optima],
                     "slope": lr_optimum.slope(optima)})
     codes = sorted({" + ".join(r["code"]) for r in data["runs"] if r["code"]})

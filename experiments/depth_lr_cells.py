@@ -1,0 +1,56 @@
+"""What experiments/depth_lr.sh runs next, read from its sweeps: per design and depth of the grid NAME, the lrs swept
+so far (the grid's, and those of the widened sweep OUT/grid-NAME-<design>-L<depth> where there is one) and the best.
+
+    python3 experiments/depth_lr_cells.py edges OUT NAME   design depth lrs: the cells whose best lr is the lowest or
+                                                          highest swept, with the lrs widened by a factor 2 past it
+    python3 experiments/depth_lr_cells.py seeds OUT NAME   design depth lrs: the best lr and its neighbours swept
+
+A cell with no stable lr is in neither list (nothing to bracket or to seed).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def cells(out: Path, name: str) -> list[tuple[str, int, float | None, list[float]]]:
+    """(design, depth, best lr, lrs swept) per cell of OUT/grid-NAME, a widened sweep's figures replacing the grid's."""
+    grid = json.loads((out / f"grid-{name}" / "sweep.json").read_text())
+    rows = []
+    for s in grid["stability"]:
+        design, depth = s["connection"], s["depth"]
+        wide = out / f"grid-{name}-{design}-L{depth}" / "sweep.json"
+        src = json.loads(wide.read_text()) if wide.is_file() else grid
+        cell = next(c for c in src["stability"] if (c["connection"], c["depth"]) == (design, depth))
+        lrs = sorted({r["lr"] for r in src["rows"] if (r["connection"], r["depth"]) == (design, depth)})
+        rows.append((design, depth, cell["best_lr"], lrs))
+    return rows
+
+
+def _fmt(values: list[float]) -> str:
+    return ",".join(f"{v:g}" for v in values)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] not in ("edges", "seeds"):
+        print(__doc__, file=sys.stderr)
+        return 2
+    what, out, name = argv[0], Path(argv[1]), argv[2]
+    for design, depth, best, lrs in cells(out, name):
+        if best is None:
+            continue
+        i = lrs.index(best)
+        if what == "edges":
+            if i == len(lrs) - 1:
+                print(design, depth, _fmt(lrs + [best * 2]))
+            elif i == 0:
+                print(design, depth, _fmt([best / 2] + lrs))
+        else:
+            print(design, depth, _fmt(lrs[max(i - 1, 0): i + 2]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
