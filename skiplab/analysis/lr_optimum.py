@@ -10,7 +10,9 @@ missing); the lrs *seeded* are the stable ones with the most seeds (n). With x =
                         a = (Δ₂ − Δ₁)/(x₂ − x₀), b = Δ₁ − a(x₀ + x₁):  x* = −b / (2a)
                         (equally spaced, x* = x₁ + h (ȳ₀ − ȳ₂) / (2 (ȳ₀ − 2ȳ₁ + ȳ₂))); η* = 2^{x*}
 
-The vertex is clipped to [x₀, x₂] (the bracket); where a replicate's parabola has no minimum (a ≤ 0), its x* is the
+Since ȳ(η_g) is the lowest of the three, the vertex lies within half a grid step of x_g (a factor √2 in lr on a
+factor-2 grid) however steep one side is: a cliff on one side (an lr at which training degrades) pulls it by at
+most that much towards the other. A replicate's vertex is clipped to [x₀, x₂] (the bracket); where its parabola has no minimum (a ≤ 0), its x* is the
 bracket point with the lowest mean. Its 95% interval is the percentile interval of x* over B bootstrap replicates
 that draw n seeds with replacement, the same seeds at the three lrs (seed k shares its initialisation and data
 order across lrs, so the lrs are paired); with one seed there is no interval. Where η_g lies on the grid's edge the

@@ -35,7 +35,7 @@ def design_label(connection: str, parametrization: str) -> str:
 
 def read(sweeps: list[Path]) -> dict[str, Any]:
     """The runs of the sweeps, each once, labelled by design; the task's metric and direction."""
-    metric = higher = None
+    metric = higher = label_text = None
     runs: dict[tuple[str, int, float, int], dict[str, Any]] = {}
     for folder in sweeps:
         path = folder / "sweep.json" if folder.is_dir() else folder
@@ -44,6 +44,7 @@ def read(sweeps: list[Path]) -> dict[str, Any]:
         s = run_dir.read_json(path)
         if metric is None:
             metric, higher = s["metric"], bool(s["higher_is_better"])
+            label_text = s.get("metric_label", metric)
         elif (s["metric"], bool(s["higher_is_better"])) != (metric, higher):
             raise ValueError(f"{path}: its metric is {s['metric']}, the first sweep's {metric}: one metric a table")
         conf = s.get("config", {})
@@ -64,7 +65,8 @@ def read(sweeps: list[Path]) -> dict[str, Any]:
     if metric is None:
         raise ValueError("give at least one sweep")
     kind = one_kind([r for r in runs.values() if r["kinds"]])
-    return {"metric": metric, "higher_is_better": higher, "runs": list(runs.values()), "kind": kind}
+    return {"metric": metric, "metric_label": label_text, "higher_is_better": higher, "runs": list(runs.values()),
+            "kind": kind}
 
 
 def analyse(data: dict[str, Any], samples: int = lr_optimum.SAMPLES) -> dict[str, Any]:
@@ -81,7 +83,8 @@ def analyse(data: dict[str, Any], samples: int = lr_optimum.SAMPLES) -> dict[str
         out.append({"design": label, "optima": [{"depth": d, **o} for d, o in optima],
                     "slope": lr_optimum.slope(optima)})
     codes = sorted({" + ".join(r["code"]) for r in data["runs"] if r["code"]})
-    return {"metric": data["metric"], "higher_is_better": data["higher_is_better"], "kind": data["kind"],
+    return {"metric": data["metric"], "metric_label": data.get("metric_label") or data["metric"],
+            "higher_is_better": data["higher_is_better"], "kind": data["kind"],
             "codes": codes, "samples": samples, "designs": out, "runs": data["runs"]}
 
 
@@ -107,7 +110,8 @@ def tables(result: dict[str, Any]) -> str:
             rows.append([d["design"], o["depth"], _lr(o["best_grid_lr"]), star, ci, at_best, o["seeds"],
                          sum(c["runs"] for c in o["cells"]), diverged])
     first = markdown(["design", "depth", "best grid lr", "lr* (parabola)", "95% interval",
-                      f"{result['metric']} at the best grid lr", "seeds", "runs", "not finished"], rows)
+                      f"{result['metric_label']} at the best grid lr (mean ± std)", "seeds", "runs", "not finished"],
+                     rows)
     rows = []
     for d in result["designs"]:
         s = d["slope"]
@@ -141,7 +145,7 @@ def figure(result: dict[str, Any]):
         ax.set_xscale("log", base=2)
         ax.set_title(d["design"], fontsize=9)
         ax.set_xlabel("learning rate")
-        ax.set_ylabel(result["metric"])
+        ax.set_ylabel(result["metric_label"])
         ax.legend(fontsize=7)
     ax = axes[0][-1]
     for d in designs:

@@ -155,3 +155,12 @@ def test_the_slope_leaves_out_what_is_not_bracketed_and_needs_two_depths():
     assert s["slope"] is None and s["left_out"] == [8] and "fewer than two" in s["verdict"]
     one = slope([(4, _optimum_at(-10.0, seeds=(1,))), (8, _optimum_at(-10.2, seeds=(1,)))])
     assert one["slope"] == pytest.approx(-0.2) and one["ci"] is None and "one seed" in one["verdict"]
+
+
+def test_a_cliff_on_one_side_moves_the_vertex_at_most_half_a_step():
+    rng = random.Random(7)
+    for _ in range(200):
+        y1 = rng.uniform(2, 3)
+        y0, y2 = y1 + rng.expovariate(1.0), y1 + rng.expovariate(0.01)  # one side up to a cliff
+        assert 0.5 - 1e-12 <= vertex([0.0, 1.0, 2.0], [y0, y1, y2]) <= 1.5 + 1e-12
+    assert vertex([0.0, 1.0, 2.0], [2.9, 2.7, 1e6]) == pytest.approx(0.5, abs=1e-5)
