@@ -11,7 +11,10 @@
 #   3. skiplab analyze lr-depth over every sweep: lr* per design x depth, its interval, its slope -> OUT/table
 # Every run lives in OUT/runs (finished runs kept, runs cut short resumed, a sweep's runs of one machine kind), so it
 # can be run a group of depths at a time over several sittings: DEPTHS=4,8 experiments/depth_lr.sh, then the default.
-# Usage: experiments/depth_lr.sh [OUT]   (default runs/depth-lr); LRS, DEPTHS, OTHER_DEPTHS, WIDEN, STAGE=1 (grids only).
+# Usage: experiments/depth_lr.sh [OUT]   (default runs/depth-lr); LRS, DEPTHS, OTHER_DEPTHS, WIDEN, STAGE=1 (grids only),
+# NAMES (the families trained in this sitting, of "standard completep others", in that order by default: e.g.
+# NAMES="standard completep" seeds the PreLN cells before the other designs' grids are trained; the table reads
+# every sweep in OUT whichever families ran).
 # Afterwards: experiments/collect_runs.sh OUT docs/results/depth-lr (every run's small files; RECORDED=that folder
 # puts them back in a later sitting) and the sweeps' and the table's files beside them.
 set -euo pipefail
@@ -24,6 +27,12 @@ other_depths=${OTHER_DEPTHS:-4,16}
 common=(--model "gpt-mini(context=128)" --corpus pydocs --data-dir "$data" --tokenizer bytes --batch-size 16
         --max-steps 400 --warmup 160 --min-lr 1e-4 --clip-norm 0 --eval-every 100 --valid-tokens 50000
         --device cpu --jobs 2)
+names=${NAMES:-standard completep others}
+for name in $names; do
+    case $name in standard|completep|others) ;;
+        *) echo "depth_lr.sh: NAMES: unknown family '$name' (standard, completep, others)" >&2; exit 2 ;;
+    esac
+done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 "$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out"
@@ -49,11 +58,11 @@ grid() {  # NAME CONNECTIONS DEPTHS: one seed of the grid, then each cell whose 
         while [ -n "$(jobs -rp)" ]; do wait -n || exit 1; done
     done
 }
-grid standard PreLN "$depths"
-grid completep PreLN "$depths"
-grid others DeepNorm,LNS,PeriLN "$other_depths"
+for name in $names; do
+    if [ "$name" = others ]; then grid others DeepNorm,LNS,PeriLN "$other_depths"; else grid "$name" PreLN "$depths"; fi
+done
 [ "${STAGE:-2}" = 1 ] && exit 0
-for name in standard completep others; do
+for name in $names; do
     # design depth lrs: the best lr swept and its neighbours
     $cells seeds "$out" "$name" | while read -r design depth around; do
         # shellcheck disable=SC2046

@@ -94,3 +94,18 @@ def test_stage_1_runs_the_grids_alone(tmp_path):
     assert done.returncode == 0, done.stderr
     assert [Path(_opts(c)["--out"]).name for c in calls] == ["grid-standard", "grid-completep", "grid-others"]
     assert json.loads((tmp_path / "out" / "grid-standard" / "sweep.json").read_text())["stability"][0]["depth"] == 16
+
+
+def test_names_trains_and_seeds_only_the_families_named_in_that_order_and_the_table_reads_every_sweep(tmp_path):
+    (tmp_path / "out" / "grid-others").mkdir(parents=True)  # a family trained in an earlier sitting
+    done, calls = run(tmp_path, NAMES="completep standard", DEPTHS="16", WIDEN="0")
+    assert done.returncode == 0, done.stderr
+    names = [Path(_opts(c)["--out"]).name for c in calls if c[0] == "sweep"]
+    assert names == ["grid-completep", "grid-standard", "seeds-completep-PreLN-L16", "seeds-standard-PreLN-L16"]
+    assert "grid-others" in [Path(p).name for p in calls[-1][2:]]
+
+
+def test_an_unknown_name_is_refused_in_one_line_before_anything_runs(tmp_path):
+    done, calls = run(tmp_path, NAMES="standard preln")
+    assert done.returncode == 2 and calls == []
+    assert done.stderr.strip().splitlines() == ["depth_lr.sh: NAMES: unknown family 'preln' (standard, completep, others)"]
