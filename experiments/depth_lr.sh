@@ -6,8 +6,10 @@
 #      DeepNorm, LNS and PeriLN (standard) at 4 and 16 layers              -> OUT/grid-{standard,completep,others}
 #      and where a cell's best lr is the grid's lowest or highest, that cell's grid widened by a factor 2 past
 #      it, up to WIDEN times (default 3)                                    -> OUT/grid-<name>-<design>-L<depth>
-#   2. seeds 1-3 at each design x depth's best lr of step 1 and at its two neighbours swept (an optimum still on
-#      the edge after widening is reported as such by the table)       -> OUT/seeds-<name>-<design>-L<depth>
+#   2. seeds 1-3 at each design x depth's best lr of step 1 and at its two neighbours swept, and where the seeds
+#      move the best lr (the lowest mean over seeds) to one whose neighbour is unseeded, that neighbour too, round
+#      after round (an optimum still on the edge after widening is reported as such by the table)
+#                                                                          -> OUT/seeds-<name>-<design>-L<depth>
 #   3. skiplab analyze lr-depth over every sweep: lr* per design x depth, its interval, its slope -> OUT/table
 # Every run lives in OUT/runs (finished runs kept, runs cut short resumed, a sweep's runs of one machine kind), so it
 # can be run a group of depths at a time over several sittings: DEPTHS=4,8 experiments/depth_lr.sh, then the default.
@@ -63,11 +65,16 @@ for name in $names; do
 done
 [ "${STAGE:-2}" = 1 ] && exit 0
 for name in $names; do
-    # design depth lrs: the best lr swept and its neighbours
-    $cells seeds "$out" "$name" | while read -r design depth around; do
-        # shellcheck disable=SC2046
-        "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" $(extra_of "$name") --connections "$design" \
-            --depths "$depth" --lrs "$around" --seeds 3 --out "$out/seeds-$name-$design-L$depth" < /dev/null
+    # design depth lrs: the best lr swept and its neighbours, in rounds while the seeds move a cell's best lr to
+    # one whose neighbour is not seeded yet (up to WIDEN rounds after the first)
+    for round in $(seq 0 "${WIDEN:-3}"); do
+        todo=$($cells seeds "$out" "$name")
+        [ -z "$todo" ] && break
+        while read -r design depth around; do
+            # shellcheck disable=SC2046
+            "$skiplab" sweep lm "${common[@]}" --runs "$out/runs" $(extra_of "$name") --connections "$design" \
+                --depths "$depth" --lrs "$around" --seeds 3 --out "$out/seeds-$name-$design-L$depth" < /dev/null
+        done <<< "$todo"
     done
 done
 # 3. the table: best lr per depth per design, its interval, its slope across depth (every sweep's runs, once each)

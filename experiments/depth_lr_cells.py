@@ -3,8 +3,13 @@ so far (the grid's, and those of the widened sweep OUT/grid-NAME-<design>-L<dept
 
     python3 experiments/depth_lr_cells.py edges OUT NAME   design depth lrs: the cells whose best lr is the lowest or
                                                           highest swept, with the lrs widened by a factor 2 past it
-    python3 experiments/depth_lr_cells.py seeds OUT NAME   design depth lrs: the best lr and its neighbours swept
+    python3 experiments/depth_lr_cells.py seeds OUT NAME   design depth lrs: the cells whose best lr and neighbours
+                                                          swept are not all seeded yet, with the lrs to seed
 
+The best lr of a cell is its grid's (one seed) until the cell has a seeded sweep, OUT/seeds-NAME-<design>-L<depth>;
+then it is that sweep's, the lowest mean over the seeds among the lrs every seed of which finished. Where the seeds
+move it (a neighbour seeded beats the grid's best), the cell is listed again with the new best's neighbours added to
+the lrs seeded, so that the table's optimum is bracketed by seeded lrs; a cell whose lrs are all seeded is not listed.
 A cell with no stable lr is in neither list (nothing to bracket or to seed).
 """
 
@@ -48,7 +53,18 @@ def main(argv: list[str]) -> int:
             elif i == 0:
                 print(design, depth, _fmt([best / 2] + lrs))
         else:
-            print(design, depth, _fmt(lrs[max(i - 1, 0): i + 2]))
+            seeded_sweep = out / f"seeds-{name}-{design}-L{depth}" / "sweep.json"
+            seeded: set[float] = set()
+            if seeded_sweep.is_file():
+                src = json.loads(seeded_sweep.read_text())
+                seeded = {r["lr"] for r in src["rows"] if (r["connection"], r["depth"]) == (design, depth)}
+                cell = next(c for c in src["stability"] if (c["connection"], c["depth"]) == (design, depth))
+                if cell["best_lr"] is None:
+                    continue
+                i = lrs.index(cell["best_lr"])
+            wanted = set(lrs[max(i - 1, 0): i + 2])
+            if not wanted <= seeded:
+                print(design, depth, _fmt(sorted(wanted | seeded)))
     return 0
 
 

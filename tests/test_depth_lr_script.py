@@ -12,7 +12,8 @@ SCRIPT = ROOT / "experiments" / "depth_lr.sh"
 
 # the stand-in: records its arguments; a sweep of one seed writes the stability and rows the script reads, its best lr
 # the swept one nearest a target per depth (4: 1.6e-2, bracketed after two widenings; 8: 1e-1, still on the edge
-# after three; 16: 1e-3, inside the grid; 32: 1e-4, below it) and none for LNS (nothing stable)
+# after three; 16: 1e-3, inside the grid; 32: 1e-4, below it) and none for LNS (nothing stable); a sweep of three
+# seeds makes its lowest lr the best at 16 layers (the seeds move the optimum down), its middle one elsewhere
 STUB = r'''#!PYTHON
 import json, math, sys
 from pathlib import Path
@@ -30,6 +31,12 @@ if args[0] == "sweep" and value["--seeds"] == "1":
     Path(value["--out"], "sweep.json").write_text(json.dumps({
         "stability": [{"connection": c, "depth": d, "best_lr": best(c, d)} for c, d in cells],
         "rows": [{"connection": c, "depth": d, "lr": lr} for c, d in cells for lr in lrs]}))
+if args[0] == "sweep" and value["--seeds"] == "3":  # the seeds' best: the lowest lr seeded at 16 layers, else the middle
+    lrs = sorted(float(v) for v in value["--lrs"].split(","))
+    c, d = value["--connections"], int(value["--depths"])
+    Path(value["--out"], "sweep.json").write_text(json.dumps({
+        "stability": [{"connection": c, "depth": d, "best_lr": lrs[0] if d == 16 else lrs[len(lrs) // 2]}],
+        "rows": [{"connection": c, "depth": d, "lr": lr} for lr in lrs]}))
 '''
 
 
@@ -79,7 +86,12 @@ def test_the_grids_widened_at_their_edges_then_seeds_around_each_optimum_then_th
     assert all(_opts(c)["--parametrization"] == "completep" and _opts(c)["--depth-base"] == "4" for c in cp)
     assert not any("--parametrization" in c for c in calls if "completep" not in _opts(c).get("--out", "completep"))
     around = {4: "0.008,0.016,0.032", 8: "0.016,0.032", 16: "0.0005,0.001,0.002", 32: "6.25e-05,0.000125,0.00025"}
+    # at 16 layers the seeds put the best at 5e-4, whose lower neighbour 2.5e-4 (the grid's edge) is seeded in a
+    # second round; then 2.5e-4 is best and every neighbour is seeded
     seeds = [(f"seeds-{n}-PreLN-L{d}", lrs) for n in ("standard", "completep") for d, lrs in around.items()]
+    for n in ("standard", "completep"):  # after the first round's cells of the family
+        seeds.insert(seeds.index((f"seeds-{n}-PreLN-L32", around[32])) + 1,
+                     (f"seeds-{n}-PreLN-L16", "0.00025,0.0005,0.001,0.002"))
     seeds += [(f"seeds-others-{c}-L4", around[4]) for c in ("DeepNorm", "PeriLN")]  # LNS: nothing stable
     assert _names(calls, "seeds-") == seeds
     assert all(_opts(c)["--seeds"] == "3" for c in calls if c[0] == "sweep" and "/seeds-" in _opts(c)["--out"])
