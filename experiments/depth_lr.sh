@@ -7,7 +7,8 @@
 #      and where a cell's best lr is the grid's lowest or highest, that cell's grid widened by a factor 2 past
 #      it, up to WIDEN times (default 3)                                    -> OUT/grid-<name>-<design>-L<depth>
 #   2. seeds 1-3 at each design x depth's best lr of step 1 and at its two neighbours swept, and where the seeds
-#      move the best lr (the lowest mean over seeds) to one whose neighbour is unseeded, that neighbour too, round
+#      move the best lr (the lowest mean over seeds) to one whose neighbour is unseeded, that neighbour too (past
+#      the lrs swept by a factor 2 where it is their edge, up to WIDEN widenings of the cell in all), round
 #      after round (an optimum still on the edge after widening is reported as such by the table)
 #                                                                          -> OUT/seeds-<name>-<design>-L<depth>
 #   3. skiplab analyze lr-depth over every sweep: lr* per design x depth, its interval, its slope -> OUT/table
@@ -68,7 +69,7 @@ for name in $names; do
     # design depth lrs: the best lr swept and its neighbours, in rounds while the seeds move a cell's best lr to
     # one whose neighbour is not seeded yet (up to WIDEN rounds after the first)
     for round in $(seq 0 "${WIDEN:-3}"); do
-        todo=$($cells seeds "$out" "$name")
+        todo=$($cells seeds "$out" "$name" "${WIDEN:-3}")
         [ -z "$todo" ] && break
         while read -r design depth around; do
             # shellcheck disable=SC2046

@@ -3,13 +3,15 @@ so far (the grid's, and those of the widened sweep OUT/grid-NAME-<design>-L<dept
 
     python3 experiments/depth_lr_cells.py edges OUT NAME   design depth lrs: the cells whose best lr is the lowest or
                                                           highest swept, with the lrs widened by a factor 2 past it
-    python3 experiments/depth_lr_cells.py seeds OUT NAME   design depth lrs: the cells whose best lr and neighbours
-                                                          swept are not all seeded yet, with the lrs to seed
+    python3 experiments/depth_lr_cells.py seeds OUT NAME [WIDEN]   design depth lrs: the cells whose best lr and
+                                                          neighbours swept are not all seeded yet, with the lrs to seed
 
 The best lr of a cell is its grid's (one seed) until the cell has a seeded sweep, OUT/seeds-NAME-<design>-L<depth>;
 then it is that sweep's, the lowest mean over the seeds among the lrs every seed of which finished. Where the seeds
 move it (a neighbour seeded beats the grid's best), the cell is listed again with the new best's neighbours added to
-the lrs seeded, so that the table's optimum is bracketed by seeded lrs; a cell whose lrs are all seeded is not listed.
+the lrs seeded, so that the table's optimum is bracketed by seeded lrs; where the seeds put it on the edge of the
+lrs swept, the lr a factor 2 past it is added (while the cell has been widened fewer than WIDEN times, default 3,
+counting the grid's widenings). A cell whose lrs are all seeded is not listed.
 A cell with no stable lr is in neither list (nothing to bracket or to seed).
 """
 
@@ -20,8 +22,9 @@ import sys
 from pathlib import Path
 
 
-def cells(out: Path, name: str) -> list[tuple[str, int, float | None, list[float]]]:
-    """(design, depth, best lr, lrs swept) per cell of OUT/grid-NAME, a widened sweep's figures replacing the grid's."""
+def cells(out: Path, name: str) -> list[tuple[str, int, float | None, list[float], int]]:
+    """(design, depth, best lr, lrs swept, how many of them the grid had) per cell of OUT/grid-NAME, a widened
+    sweep's figures replacing the grid's."""
     grid = json.loads((out / f"grid-{name}" / "sweep.json").read_text())
     rows = []
     for s in grid["stability"]:
@@ -30,7 +33,8 @@ def cells(out: Path, name: str) -> list[tuple[str, int, float | None, list[float
         src = json.loads(wide.read_text()) if wide.is_file() else grid
         cell = next(c for c in src["stability"] if (c["connection"], c["depth"]) == (design, depth))
         lrs = sorted({r["lr"] for r in src["rows"] if (r["connection"], r["depth"]) == (design, depth)})
-        rows.append((design, depth, cell["best_lr"], lrs))
+        base = len({r["lr"] for r in grid["rows"] if (r["connection"], r["depth"]) == (design, depth)})
+        rows.append((design, depth, cell["best_lr"], lrs, base))
     return rows
 
 
@@ -39,11 +43,12 @@ def _fmt(values: list[float]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 3 or argv[0] not in ("edges", "seeds"):
+    if len(argv) not in (3, 4) or argv[0] not in ("edges", "seeds"):
         print(__doc__, file=sys.stderr)
         return 2
     what, out, name = argv[0], Path(argv[1]), argv[2]
-    for design, depth, best, lrs in cells(out, name):
+    widen = int(argv[3]) if len(argv) == 4 else 3
+    for design, depth, best, lrs, base in cells(out, name):
         if best is None:
             continue
         i = lrs.index(best)
@@ -61,8 +66,14 @@ def main(argv: list[str]) -> int:
                 cell = next(c for c in src["stability"] if (c["connection"], c["depth"]) == (design, depth))
                 if cell["best_lr"] is None:
                     continue
-                i = lrs.index(cell["best_lr"])
+                best, lrs = cell["best_lr"], sorted(set(lrs) | seeded)
+                i = lrs.index(best)
             wanted = set(lrs[max(i - 1, 0): i + 2])
+            if seeded and len(lrs) - base < widen:  # the seeds put the best on the edge: past it, as the grid widens
+                if i == len(lrs) - 1:
+                    wanted.add(best * 2)
+                elif i == 0:
+                    wanted.add(best / 2)
             if not wanted <= seeded:
                 print(design, depth, _fmt(sorted(wanted | seeded)))
     return 0

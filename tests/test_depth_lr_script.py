@@ -87,11 +87,14 @@ def test_the_grids_widened_at_their_edges_then_seeds_around_each_optimum_then_th
     assert not any("--parametrization" in c for c in calls if "completep" not in _opts(c).get("--out", "completep"))
     around = {4: "0.008,0.016,0.032", 8: "0.016,0.032", 16: "0.0005,0.001,0.002", 32: "6.25e-05,0.000125,0.00025"}
     # at 16 layers the seeds put the best at 5e-4, whose lower neighbour 2.5e-4 (the grid's edge) is seeded in a
-    # second round; then 2.5e-4 is best and every neighbour is seeded
+    # second round; then 2.5e-4 is best, on the edge, and the lrs are widened past it round after round (three
+    # rounds after the first); at 8 layers the seeds' best is the top, 0.032, but the cell was widened three times
+    rounds = ["0.00025,0.0005,0.001,0.002", "0.000125,0.00025,0.0005,0.001,0.002",
+              "6.25e-05,0.000125,0.00025,0.0005,0.001,0.002"]
     seeds = [(f"seeds-{n}-PreLN-L{d}", lrs) for n in ("standard", "completep") for d, lrs in around.items()]
     for n in ("standard", "completep"):  # after the first round's cells of the family
-        seeds.insert(seeds.index((f"seeds-{n}-PreLN-L32", around[32])) + 1,
-                     (f"seeds-{n}-PreLN-L16", "0.00025,0.0005,0.001,0.002"))
+        at = seeds.index((f"seeds-{n}-PreLN-L32", around[32])) + 1
+        seeds[at:at] = [(f"seeds-{n}-PreLN-L16", lrs) for lrs in rounds]
     seeds += [(f"seeds-others-{c}-L4", around[4]) for c in ("DeepNorm", "PeriLN")]  # LNS: nothing stable
     assert _names(calls, "seeds-") == seeds
     assert all(_opts(c)["--seeds"] == "3" for c in calls if c[0] == "sweep" and "/seeds-" in _opts(c)["--out"])
