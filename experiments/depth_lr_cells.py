@@ -22,6 +22,17 @@ import sys
 from pathlib import Path
 
 
+def _cell(sweep: dict, design: str, depth: int) -> tuple[float | None, set[float]]:
+    """(best lr, lrs swept) of one design and depth in a sweep.json."""
+    cell = next(c for c in sweep["stability"] if (c["connection"], c["depth"]) == (design, depth))
+    return cell["best_lr"], {r["lr"] for r in sweep["rows"] if (r["connection"], r["depth"]) == (design, depth)}
+
+
+def _past_edge(lrs: list[float], best: float) -> float | None:
+    """The lr a factor 2 past ``best`` where it is the highest or lowest of ``lrs`` (sorted), else None."""
+    return best * 2 if best == lrs[-1] else best / 2 if best == lrs[0] else None
+
+
 def cells(out: Path, name: str) -> list[tuple[str, int, float | None, list[float], int]]:
     """(design, depth, best lr, lrs swept, how many of them the grid had) per cell of OUT/grid-NAME, a widened
     sweep's figures replacing the grid's."""
@@ -30,11 +41,8 @@ def cells(out: Path, name: str) -> list[tuple[str, int, float | None, list[float
     for s in grid["stability"]:
         design, depth = s["connection"], s["depth"]
         wide = out / f"grid-{name}-{design}-L{depth}" / "sweep.json"
-        src = json.loads(wide.read_text()) if wide.is_file() else grid
-        cell = next(c for c in src["stability"] if (c["connection"], c["depth"]) == (design, depth))
-        lrs = sorted({r["lr"] for r in src["rows"] if (r["connection"], r["depth"]) == (design, depth)})
-        base = len({r["lr"] for r in grid["rows"] if (r["connection"], r["depth"]) == (design, depth)})
-        rows.append((design, depth, cell["best_lr"], lrs, base))
+        best, lrs = _cell(json.loads(wide.read_text()) if wide.is_file() else grid, design, depth)
+        rows.append((design, depth, best, sorted(lrs), len(_cell(grid, design, depth)[1])))
     return rows
 
 
@@ -51,29 +59,23 @@ def main(argv: list[str]) -> int:
     for design, depth, best, lrs, base in cells(out, name):
         if best is None:
             continue
-        i = lrs.index(best)
         if what == "edges":
-            if i == len(lrs) - 1:
-                print(design, depth, _fmt(lrs + [best * 2]))
-            elif i == 0:
-                print(design, depth, _fmt([best / 2] + lrs))
+            past = _past_edge(lrs, best)
+            if past is not None:
+                print(design, depth, _fmt(sorted(lrs + [past])))
         else:
             seeded_sweep = out / f"seeds-{name}-{design}-L{depth}" / "sweep.json"
             seeded: set[float] = set()
             if seeded_sweep.is_file():
-                src = json.loads(seeded_sweep.read_text())
-                seeded = {r["lr"] for r in src["rows"] if (r["connection"], r["depth"]) == (design, depth)}
-                cell = next(c for c in src["stability"] if (c["connection"], c["depth"]) == (design, depth))
-                if cell["best_lr"] is None:
+                best, seeded = _cell(json.loads(seeded_sweep.read_text()), design, depth)
+                if best is None:
                     continue
-                best, lrs = cell["best_lr"], sorted(set(lrs) | seeded)
-                i = lrs.index(best)
+                lrs = sorted(set(lrs) | seeded)
+            i = lrs.index(best)
             wanted = set(lrs[max(i - 1, 0): i + 2])
-            if seeded and len(lrs) - base < widen:  # the seeds put the best on the edge: past it, as the grid widens
-                if i == len(lrs) - 1:
-                    wanted.add(best * 2)
-                elif i == 0:
-                    wanted.add(best / 2)
+            past = _past_edge(lrs, best)
+            if seeded and past is not None and len(lrs) - base < widen:  # past the edge, as the grid widens
+                wanted.add(past)
             if not wanted <= seeded:
                 print(design, depth, _fmt(sorted(wanted | seeded)))
     return 0
