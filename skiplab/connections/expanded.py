@@ -14,6 +14,7 @@ from torch import Tensor
 
 from .base import Branch, Connection, register
 from .fused import scaled_add
+from .kernels import fused_chain
 from .norms import ALL_NORMS, make_norm
 from .place import Place
 from .spec import Option, Spec, positive_float
@@ -27,6 +28,8 @@ class ExpandedSkip(Connection):
     post-norm Transformer block LN(x + F(x)). ``f`` expands the residual branch instead of the skip:
     ``1xSkip(f=2)`` gives x + 2F(x), the contracted skips of Table 3. No normalisation: the gradient
     reaching x through the skip is scaled by λ per block, so a stack of L blocks scales it by λ^L.
+    In the conv layout with LN (GroupNorm(1)) on the CPU, G(λx + f·F) runs as one kernel
+    (:mod:`~skiplab.connections.kernels.add_group_norm`; ``kernel = None`` turns it off).
     """
 
     name = "xSkip"
@@ -49,6 +52,7 @@ class ExpandedSkip(Connection):
         self.lam = float(spec.number)
         self.f = float(spec.options["f"])
         self.norm = make_norm(spec.norm, dim, layout) if spec.norm else None
+        self.kernel = "add_group_norm" if layout == "conv" and spec.norm == "LN" else None
 
     @staticmethod
     def check_number(number: float) -> float:
@@ -59,6 +63,9 @@ class ExpandedSkip(Connection):
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
         fx = branch(x)
+        fused = fused_chain([self.norm], s, fx, self.lam, self.f) if self.kernel and self.recording is None else None
+        if fused is not None:
+            return fused[0]
         h = scaled_add(s, self.lam, fx, self.f)
         if self.norm is None:
             return h

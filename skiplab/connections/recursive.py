@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .base import Branch, Connection, register
+from .kernels import fused_chain
 from .norms import NORMS, feature_mean, make_norm, normalize, norm_gain
 from .place import Place
 from .spec import Spec
@@ -30,6 +31,8 @@ class RecursiveSkip(Connection):
 
     The paper's general form sums to λ (= k); unrolling y_3 shows the sum stops at k-1. ``stats()``
     reports this ratio per feature, averaged over the positions (and examples) of the last forward pass.
+    In the conv layout with LN (GroupNorm(1)) on the CPU, the whole chain runs as one kernel
+    (:mod:`~skiplab.connections.kernels.add_group_norm`; ``kernel = None`` turns it off).
     The σ_j are the ones the norms compute anyway (:func:`~skiplab.connections.norms.normalize`); a forward
     pass keeps references to them (one number per position) and ``stats()`` does the arithmetic, so
     training pays nothing for the statistics.
@@ -51,6 +54,7 @@ class RecursiveSkip(Connection):
         self.k = int(spec.number)
         self.norms = nn.ModuleList(make_norm(spec.norm, dim, layout) for _ in range(self.k))
         self._inv_sigmas: list[Tensor] = []  # 1/σ_i of the last forward pass, i = 1..k-1 (σ_k never enters)
+        self.kernel = "add_group_norm" if layout == "conv" and spec.norm == "LN" else None
 
     @staticmethod
     def check_number(number: float) -> float:
@@ -61,6 +65,11 @@ class RecursiveSkip(Connection):
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         s = x if skip is None else skip(x)
         y = branch(x)
+        fused = fused_chain(self.norms, s, y) if self.kernel and self.recording is None else None
+        if fused is not None:
+            y, inv_sigmas = fused
+            self._inv_sigmas = inv_sigmas[:-1]
+            return y
         inv_sigmas, first = [], None
         for norm in self.norms:
             h = s + y

@@ -1,0 +1,133 @@
+"""The add + GroupNorm(1) chain of the conv-layout connections as one CPU kernel (``add_group_norm.c``).
+
+    h_1 = a·s + c·F,   y_i = GN_i(h_i),   h_{i+1} = s + y_i   (i = 1..k),   y = y_k
+
+with GN_i(h) = (h − μ)/√(σ² + ε) · w_i + b_i, μ and σ² over one example's C·H·W values (``nn.GroupNorm(1, C)``,
+the conv layout's LN). k = 1 is ``λxSkip+LN(f=φ)`` (a = λ, c = φ, Eq. 3 of the rSkip+LN paper), a = c = 1 and
+k ≥ 1 is ``krSkip+LN`` (Eq. 4). Backward, with x̂ = (h − μ)/σ and g the gradient at y_i:
+
+    ∂w_i = Σ_{H,W,N} g ⊙ x̂,   ∂b_i = Σ_{H,W,N} g,   ∂h_i = (g·w_i − mean(g·w_i) − x̂·mean(g·w_i ⊙ x̂)) / σ
+
+the means over the example; ∂h_i flows to s and (i > 1) to y_{i−1}, and ∂s sums them (a·∂h_1 from the first).
+
+Why a kernel: written as operators, each sum and each norm crosses main memory (two passes forward and two
+backward per norm), which on a CPU with short matmul kernels is a tenth of a PreAct-ResNet's step. One example's
+tensors fit in a core's cache, so the kernel reads s and F once and writes y once forward, reads s, F and ∂y once
+and writes ∂s and ∂F once backward, recomputing h_i from s, F and the saved μ, σ. The statistics are the same
+two-pass ones PyTorch computes (mean, then the centred sum of squares, in double).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
+
+from .build import load
+
+_P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+_FORWARD = [_P, _P, _P, _P, _D, _D, _D, _I, _I, _I, _I, _P, _P, _P, ctypes.c_int]
+_BACKWARD = [_P, _P, _P, _P, _D, _D, _P, _P, _P, _I, _I, _I, _I, _P, _P, _P, _P, ctypes.c_int]
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+MAX_K = 8  # the longest chain one call takes (MAX_K in add_group_norm.c)
+
+
+def _kernel():
+    lib = load("add_group_norm")
+    if lib is not None and not getattr(lib, "_typed", False):
+        for suffix in _SUFFIX.values():
+            getattr(lib, f"forward_{suffix}").argtypes = _FORWARD
+            getattr(lib, f"backward_{suffix}").argtypes = _BACKWARD
+        lib._typed = True
+    return lib
+
+
+def group_norm_params(norms) -> tuple[Tensor, Tensor, float] | None:
+    """``(w, b, ε)`` stacking the gains and biases of ``norms`` when every one is an affine ``nn.GroupNorm(1, C)``
+    with one ε, else None (another norm swapped in: the connection's eager formula handles it)."""
+    if not all(type(n) is nn.GroupNorm and n.num_groups == 1 and n.affine for n in norms):
+        return None
+    if len({n.eps for n in norms}) != 1:
+        return None
+    return torch.stack([n.weight for n in norms]), torch.stack([n.bias for n in norms]), norms[0].eps
+
+
+def usable(s: Tensor, f: Tensor, weight: Tensor, bias: Tensor) -> bool:
+    """Whether the kernel can run these tensors here: on the CPU, float32 or float64 alike, s and F of one shape
+    (N, C, ...), w and b of shape (k, C); not while compiling (the compiler fuses the eager formula itself) nor
+    under CPU autocast (the eager norms run in float32 there); at most ``MAX_K`` norms; and the kernel built on
+    this machine."""
+    dtype = s.dtype
+    return (dtype in _SUFFIX and s.device.type == "cpu" and s.dim() >= 3 and f.shape == s.shape
+            and all(t.dtype == dtype and t.device.type == "cpu" for t in (f, weight, bias))
+            and weight.dim() == 2 and weight.shape == bias.shape and weight.shape[1] == s.shape[1]
+            and 1 <= weight.shape[0] <= MAX_K
+            and s.numel() > 0 and not torch.compiler.is_compiling()
+            and not torch.is_autocast_enabled("cpu") and _kernel() is not None)
+
+
+class _AddGroupNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, s: Tensor, f: Tensor, weight: Tensor, bias: Tensor, a: float, c: float, eps: float):
+        s, f, weight, bias = (t.contiguous() for t in (s, f, weight, bias))
+        n, ch, k = s.shape[0], s.shape[1], weight.shape[0]
+        hw = s[0, 0].numel()
+        y = torch.empty_like(s)
+        mean, rstd = s.new_empty(k, n), s.new_empty(k, n)
+        fn = getattr(_kernel(), f"forward_{_SUFFIX[s.dtype]}")
+        if fn(s.data_ptr(), f.data_ptr(), weight.data_ptr(), bias.data_ptr(), a, c, eps, n, ch, hw, k,
+              y.data_ptr(), mean.data_ptr(), rstd.data_ptr(), torch.get_num_threads()):
+            raise MemoryError("the add_group_norm kernel could not allocate its buffers")
+        ctx.save_for_backward(s, f, weight, bias, mean, rstd)
+        ctx.a, ctx.c = a, c
+        ctx.mark_non_differentiable(rstd)
+        return y, rstd
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: Tensor, _drstd: Tensor | None):
+        s, f, weight, bias, mean, rstd = ctx.saved_tensors
+        dy = dy.contiguous()
+        (n, ch), k = s.shape[:2], weight.shape[0]
+        ds, df = torch.empty_like(s), torch.empty_like(s)
+        dw = torch.zeros(k, ch, dtype=torch.float64)
+        db = torch.zeros_like(dw)
+        fn = getattr(_kernel(), f"backward_{_SUFFIX[s.dtype]}")
+        if fn(s.data_ptr(), f.data_ptr(), weight.data_ptr(), bias.data_ptr(), ctx.a, ctx.c, dy.data_ptr(),
+              mean.data_ptr(), rstd.data_ptr(), n, ch, s[0, 0].numel(), k, ds.data_ptr(), df.data_ptr(),
+              dw.data_ptr(), db.data_ptr(), torch.get_num_threads()):
+            raise MemoryError("the add_group_norm kernel could not allocate its buffers")
+        return ds, df, dw.to(weight.dtype), db.to(bias.dtype), None, None, None
+
+
+def add_group_norm(s: Tensor, f: Tensor, weight: Tensor, bias: Tensor, a: float = 1.0, c: float = 1.0,
+                   eps: float = 1e-5) -> tuple[Tensor, Tensor]:
+    """``(y, 1/σ)`` of the chain in the module docstring: y shaped like s, 1/σ of shape (k, N) (detached), one
+    row per norm. ``weight`` and ``bias`` stack the k norms' gains and biases, shape (k, C). Call
+    :func:`usable` first: this runs the kernel and nothing else."""
+    return _AddGroupNorm.apply(s, f, weight, bias, float(a), float(c), float(eps))
+
+
+def reference(s: Tensor, f: Tensor, weight: Tensor, bias: Tensor, a: float = 1.0, c: float = 1.0,
+              eps: float = 1e-5) -> Tensor:
+    """The same chain as PyTorch operators (``F.group_norm`` per norm): what the kernel is tested against."""
+    h = a * s + c * f
+    for i in range(weight.shape[0]):
+        y = torch.nn.functional.group_norm(h, 1, weight[i], bias[i], eps)
+        h = s + y
+    return y
+
+
+def fused_chain(norms, s: Tensor, f: Tensor, a: float = 1.0, c: float = 1.0) -> tuple[Tensor, list[Tensor]] | None:
+    """What a connection calls: ``(y, [1/σ_i broadcastable to s])`` from the kernel over ``norms`` (GN_1 .. GN_k),
+    or None where it cannot run (the caller then runs its eager formula)."""
+    if torch.compiler.is_compiling():  # before anything the compiler would have to trace
+        return None
+    params = group_norm_params(norms)
+    if params is None or not usable(s, f, params[0], params[1]):
+        return None
+    y, rstd = add_group_norm(s, f, *params[:2], a, c, params[2])
+    shape = (s.shape[0], *([1] * (s.dim() - 1)))
+    return y, [r.view(shape) for r in rstd]

@@ -1,0 +1,107 @@
+"""Build and load the C kernels of this folder with the system's C compiler, once per source and machine.
+
+A kernel is one C file here, compiled twice (``REAL`` = float and double, its functions suffixed ``_f32`` and
+``_f64``) into one shared library and called through ``ctypes`` (which releases the GIL). The library is
+compiled for the processor it runs on (``-march=native``), so the cache key holds the source, the compiler and
+its version, the flags and the processor's feature flags: a cache shared by two kinds of machine keeps one
+library per kind. It lives in ``$SKIPLAB_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/skiplab/kernels``, else
+``~/.cache/skiplab/kernels``; a build is written to a temporary name and renamed, so concurrent processes never
+load a half-written file. ``SKIPLAB_KERNELS=0`` turns every kernel off (the connections then run their eager
+formulas); so does a machine without a C compiler, with one warning that says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+FLAGS = ("-O3", "-fopenmp-simd", "-fPIC", "-pthread", "-std=c11")
+NATIVE = "-march=native"
+TYPES = (("float", "f32"), ("double", "f64"))
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept (see the module docstring)."""
+    if os.environ.get("SKIPLAB_KERNEL_CACHE"):
+        return Path(os.environ["SKIPLAB_KERNEL_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(base).expanduser() / "skiplab" / "kernels"
+
+
+def enabled() -> bool:
+    """False when ``SKIPLAB_KERNELS`` is set to 0, false, no or off."""
+    return os.environ.get("SKIPLAB_KERNELS", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
+
+
+def _compile(cc: str, source: Path, out: Path, native: bool) -> None:
+    flags = [*FLAGS, *([NATIVE] if native else [])]
+    objects = []
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        for real, suffix in TYPES:
+            obj = Path(tmp) / f"{suffix}.o"
+            subprocess.run([cc, *flags, f"-DREAL={real}", f"-DNAME(x)=x##_{suffix}", "-c", str(source), "-o", str(obj)],
+                           check=True, capture_output=True, text=True)
+            objects.append(str(obj))
+        lib = Path(tmp) / out.name
+        subprocess.run([cc, "-shared", "-pthread", *objects, "-o", str(lib), "-lm"], check=True, capture_output=True,
+                       text=True)
+        os.replace(lib, out)
+
+
+def _build(name: str) -> Path:
+    source = HERE / f"{name}.c"
+    cc = _compiler()
+    if cc is None:
+        raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join([source.read_text(), cc, version, " ".join(FLAGS), NATIVE, platform.machine(),
+                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    out = cache_dir() / f"{name}-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        _compile(cc, source, out, native=True)
+    except subprocess.CalledProcessError:  # a compiler without -march=native: the generic build
+        _compile(cc, source, out, native=False)
+    return out
+
+
+def load(name: str) -> ctypes.CDLL | None:
+    """The kernel ``name`` (``<name>.c`` in this folder), built if need be; None where kernels are turned off or
+    cannot be built here (one warning names the reason, once per kernel and process)."""
+    return _load(name) if enabled() else None
+
+
+@functools.cache
+def _load(name: str) -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(str(_build(name)))
+    except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
+        detail = getattr(err, "stderr", None) or str(err)
+        warnings.warn(f"skiplab: the {name} kernel could not be built ({detail.strip().splitlines()[-1]}); "
+                      "the eager formula runs instead", RuntimeWarning, stacklevel=2)
+        return None
