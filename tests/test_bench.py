@@ -90,6 +90,34 @@ def test_the_step_profiles_at_tiny_shapes(tmp_path, capsys):
         assert message in err[-1]
 
 
+def test_the_kernel_benchmark_at_tiny_shapes(tmp_path, capsys):
+    """benchmarks/kernel_r56.py: every chain and every step row, the kernel on where it says and off where turned
+    off (the eager rows do not run it), the files written; bad options and an existing folder one line."""
+    from skiplab.connections.kernels import load
+    if load("add_group_norm") is None:
+        pytest.skip("no C compiler on this machine")
+    bench = _benchmark("kernel_r56")
+    out = tmp_path / "kernel"
+    result = bench.main(["--small", "--rounds", "2", "--reps", "2", "--threads", "1", "--out", str(out)])
+    assert json.loads((out / "kernel.json").read_text())["step"] == result["step"]
+    assert (out / "kernel.md").read_text().startswith("# The add + GroupNorm kernel on PreAct-ResNet-56: ")
+    assert [(c["design"], len(c["shape"])) for c in result["chain"]] == [("2rSkip+LN", 4)] * 2 + [("2xSkip+LN", 4)] * 2
+    assert all(c["eager_ms"] > 0 and c["kernel_ms"] > 0 for c in result["chain"])
+    steps = {s["design"]: s for s in result["step"]}
+    assert list(steps) == bench.DESIGNS and steps["1xSkip"]["ratio"] == 1.0
+    assert [d for d, s in steps.items() if s["kernel"]] == ["2xSkip+LN", "2rSkip+LN"]
+    assert all(s["ms"] > 0 and s["page_faults"] >= 0 for s in steps.values())
+    for key in ("machine", "torch", "threads", "commit", "load_start", "load_end"):
+        assert result[key] not in (None, "")
+    capsys.readouterr()
+    for argv, message in ((["--rounds", "0"], "--threads, --rounds and --reps must be at least 1"),
+                          (["--small", "--out", str(out)], "kernel.json exists; choose another --out")):
+        with pytest.raises(SystemExit) as stop:
+            bench.main(argv)
+        assert stop.value.code == 2
+        assert message in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_sas_fused_against_plain_at_tiny_shapes(tmp_path, capsys):
     """benchmarks/sas_fused.py times both forms, puts the real one back, writes its table, refuses to overwrite."""
     from skiplab.connections import fused, sas

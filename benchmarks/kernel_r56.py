@@ -1,0 +1,160 @@
+"""What the add + GroupNorm kernel (skiplab.connections.kernels.add_group_norm) does to PreAct-ResNet-56's step.
+
+Two measurements, on the CPU:
+  chain  the connection's chain alone, forward and backward, at the network's three stage shapes (a batch of 128):
+         the kernel against the same chain as PyTorch operators (F.group_norm), for 2rSkip+LN (k = 2) and
+         2xSkip+LN (k = 1, λ = 2); the fastest of --reps calls each, so that the figures are the operators' cost
+         rather than the machine's moments
+  step   the SGD training step of 1xSkip, 2xSkip+LN and 2rSkip+LN with the kernel and with it turned off
+         (``kernel = None``: the eager chain), and SAS, interleaved round by round; the median of the rounds after
+         the first two, the ratio to 1xSkip's, and the page faults a step (the kernel allocates less)
+
+``--out DIR`` writes ``kernel.md`` and ``kernel.json`` (machine, threads, torch, code version, load at the start and
+at the end). Usage: python benchmarks/kernel_r56.py [--threads 2] [--rounds 10] [--reps 15] [--out DIR] [--small]
+(--small: a PreAct-ResNet-8 on 8 images of 16×16 and small chains, seconds; for the tests).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from skiplab.bench.suite import machine_name
+from skiplab.connections.base import iter_connections
+from skiplab.connections.kernels import add_group_norm as agn
+from skiplab.models import build_model, model_config
+
+DESIGNS = ["1xSkip", "2xSkip+LN", "2xSkip+LN eager", "2rSkip+LN", "2rSkip+LN eager", "SAS"]
+CHAINS = {"2rSkip+LN": (2, 1.0), "2xSkip+LN": (1, 2.0)}  # k norms, λ
+
+
+def fastest(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def chain_rows(small: bool, reps: int) -> list[dict]:
+    shapes = [(8, 4, 16, 16), (8, 8, 8, 8)] if small else [(128, 16, 32, 32), (128, 32, 16, 16), (128, 64, 8, 8)]
+    rows = []
+    for design, (k, lam) in CHAINS.items():
+        for shape in shapes:
+            g = torch.Generator().manual_seed(0)
+            s, f, dy = (torch.randn(shape, generator=g) for _ in range(3))
+            s.requires_grad_(), f.requires_grad_()
+            w = (1 + 0.1 * torch.randn(k, shape[1], generator=g)).requires_grad_()
+            b = (0.1 * torch.randn(k, shape[1], generator=g)).requires_grad_()
+            eager = lambda: torch.autograd.grad(agn.reference(s, f, w, b, lam), (s, f, w, b), dy)  # noqa: E731
+            kernel = lambda: torch.autograd.grad(agn.add_group_norm(s, f, w, b, lam)[0], (s, f, w, b), dy)  # noqa: E731
+            t_eager, t_kernel = fastest(eager, reps), fastest(kernel, reps)
+            rows.append({"design": design, "shape": list(shape), "eager_ms": t_eager * 1e3,
+                         "kernel_ms": t_kernel * 1e3, "ratio": t_kernel / t_eager})
+    return rows
+
+
+def step_rows(small: bool, rounds: int) -> list[dict]:
+    preset = "preact-resnet20(depth=8)" if small else "preact-resnet56"
+    batch, side = (8, 16) if small else (128, 32)
+    models, opts = {}, {}
+    for design in DESIGNS:
+        torch.manual_seed(0)
+        model = build_model(model_config(preset, connection=design.split()[0])).train()
+        if design.endswith("eager"):
+            for _, conn in iter_connections(model):
+                conn.kernel = None
+        models[design] = model
+        opts[design] = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(batch, 3, side, side, generator=g), torch.randint(0, 10, (batch,), generator=g)
+    times = {d: [] for d in DESIGNS}
+    faults = {d: [] for d in DESIGNS}
+    for i in range(rounds):
+        for d, model in models.items():
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t = time.perf_counter()
+            loss = F.cross_entropy(model(x), y)
+            opts[d].zero_grad()
+            loss.backward()
+            opts[d].step()
+            elapsed = time.perf_counter() - t
+            if i >= min(2, rounds - 1):
+                times[d].append(elapsed)
+                faults[d].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    base = statistics.median(times["1xSkip"])
+    return [{"design": d, "ms": statistics.median(times[d]) * 1e3, "ratio": statistics.median(times[d]) / base,
+             "spread_ms": (max(times[d]) - min(times[d])) * 1e3, "page_faults": int(statistics.median(faults[d])),
+             "kernel": any(getattr(c, "kernel", None) for _, c in iter_connections(models[d]))} for d in DESIGNS]
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f} ({os.cpu_count()} CPUs)"
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def markdown(r: dict) -> str:
+    lines = [f"# The add + GroupNorm kernel on PreAct-ResNet-56: {r['machine']}", "",
+             f"torch {r['torch']}, {r['threads']} thread(s), code {r['commit']}; {r['load_start']} at the start, "
+             f"{r['load_end']} at the end.", "",
+             f"## The chain alone, forward and backward (fastest of {r['reps']})", "",
+             "| design | shape | eager (ms) | kernel (ms) | kernel / eager |", "|---|---|---|---|---|"]
+    lines += [f"| {c['design']} | {'×'.join(map(str, c['shape']))} | {c['eager_ms']:.2f} | {c['kernel_ms']:.2f} | "
+              f"{c['ratio']:.3f} |" for c in r["chain"]]
+    lines += ["", f"## Training steps, interleaved ({r['rounds']} rounds, the median after the first two)", "",
+              "| design | step (ms) | × 1xSkip | spread (ms) | page faults a step |", "|---|---|---|---|---|"]
+    lines += [f"| {s['design']} | {s['ms']:.0f} | {s['ratio']:.3f} | {s['spread_ms']:.0f} | {s['page_faults']} |"
+              for s in r["step"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--reps", type=int, default=15)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--small", action="store_true")
+    args = p.parse_args(argv)
+    if args.threads < 1 or args.rounds < 1 or args.reps < 1:
+        p.error("--threads, --rounds and --reps must be at least 1")
+    if agn._kernel() is None:
+        p.error("the add_group_norm kernel cannot run here (no C compiler, or SKIPLAB_KERNELS=0): nothing to compare")
+    if args.out is not None and (args.out / "kernel.json").exists():
+        p.error(f"{args.out / 'kernel.json'} exists; choose another --out")
+    torch.set_num_threads(args.threads)
+    result = {"machine": machine_name(), "torch": torch.__version__, "threads": args.threads, "commit": commit(),
+              "rounds": args.rounds, "reps": args.reps, "small": args.small, "load_start": load()}
+    result["chain"] = chain_rows(args.small, args.reps)
+    result["step"] = step_rows(args.small, args.rounds)
+    result["load_end"] = load()
+    text = markdown(result)
+    print(text, end="")
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "kernel.json").write_text(json.dumps(result, indent=1) + "\n")
+        (args.out / "kernel.md").write_text(text)
+    return result
+
+
+if __name__ == "__main__":
+    main()
