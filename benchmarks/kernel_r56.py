@@ -5,9 +5,9 @@ Two measurements, on the CPU:
          the kernel against the same chain as PyTorch operators (F.group_norm), for 2rSkip+LN (k = 2) and
          2xSkip+LN (k = 1, λ = 2); the fastest of --reps calls each, so that the figures are the operators' cost
          rather than the machine's moments
-  step   the SGD training step of 1xSkip, 2xSkip+LN and 2rSkip+LN with the kernel and with it turned off
-         (``kernel = None``: the eager chain), and SAS, interleaved round by round; the median of the rounds after
-         the first two, the ratio to 1xSkip's, and the page faults a step (the kernel allocates less)
+  step   the SGD training step of 1xSkip, 2xSkip+LN and 2rSkip+LN as they are built (2rSkip+LN runs the kernel,
+         2xSkip+LN PyTorch's group norm) and with that choice flipped (``kernel``), and SAS, interleaved round by
+         round; the median of the rounds after the first two, the ratio to 1xSkip's, and the page faults a step
 
 ``--out DIR`` writes ``kernel.md`` and ``kernel.json`` (machine, threads, torch, code version, load at the start and
 at the end). Usage: python benchmarks/kernel_r56.py [--threads 2] [--rounds 10] [--reps 15] [--out DIR] [--small]
@@ -33,7 +33,8 @@ from skiplab.connections.base import iter_connections
 from skiplab.connections.kernels import add_group_norm as agn
 from skiplab.models import build_model, model_config
 
-DESIGNS = ["1xSkip", "2xSkip+LN", "2xSkip+LN eager", "2rSkip+LN", "2rSkip+LN eager", "SAS"]
+# each design as it is built (2rSkip+LN chooses the kernel, 2xSkip+LN does not), and with that choice flipped
+DESIGNS = ["1xSkip", "2xSkip+LN", "2xSkip+LN kernel", "2rSkip+LN", "2rSkip+LN eager", "SAS"]
 CHAINS = {"2rSkip+LN": (2, 1.0), "2xSkip+LN": (1, 2.0)}  # k norms, λ
 
 
@@ -72,9 +73,11 @@ def step_rows(small: bool, rounds: int) -> list[dict]:
     for design in DESIGNS:
         torch.manual_seed(0)
         model = build_model(model_config(preset, connection=design.split()[0])).train()
-        if design.endswith("eager"):
-            for _, conn in iter_connections(model):
+        for _, conn in iter_connections(model):
+            if design.endswith(" eager"):
                 conn.kernel = None
+            elif design.endswith(" kernel"):
+                conn.kernel = "add_group_norm"
         models[design] = model
         opts[design] = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     g = torch.Generator().manual_seed(0)

@@ -91,8 +91,9 @@ def test_the_step_profiles_at_tiny_shapes(tmp_path, capsys):
 
 
 def test_the_kernel_benchmark_at_tiny_shapes(tmp_path, capsys):
-    """benchmarks/kernel_r56.py: every chain and every step row, the kernel on where it says and off where turned
-    off (the eager rows do not run it), the files written; bad options and an existing folder one line."""
+    """benchmarks/kernel_r56.py: every chain and every step row, the kernel on in the rows that say so (2rSkip+LN
+    as built, 2xSkip+LN with it asked for) and off in the others, the files written; bad options and an existing
+    folder one line."""
     from skiplab.connections.kernels import load
     if load("add_group_norm") is None:
         pytest.skip("no C compiler on this machine")
@@ -105,7 +106,7 @@ def test_the_kernel_benchmark_at_tiny_shapes(tmp_path, capsys):
     assert all(c["eager_ms"] > 0 and c["kernel_ms"] > 0 for c in result["chain"])
     steps = {s["design"]: s for s in result["step"]}
     assert list(steps) == bench.DESIGNS and steps["1xSkip"]["ratio"] == 1.0
-    assert [d for d, s in steps.items() if s["kernel"]] == ["2xSkip+LN", "2rSkip+LN"]
+    assert [d for d, s in steps.items() if s["kernel"]] == ["2xSkip+LN kernel", "2rSkip+LN"]
     assert all(s["ms"] > 0 and s["page_faults"] >= 0 for s in steps.values())
     for key in ("machine", "torch", "threads", "commit", "load_start", "load_end"):
         assert result[key] not in (None, "")

@@ -28,8 +28,10 @@ class ExpandedSkip(Connection):
     post-norm Transformer block LN(x + F(x)). ``f`` expands the residual branch instead of the skip:
     ``1xSkip(f=2)`` gives x + 2F(x), the contracted skips of Table 3. No normalisation: the gradient
     reaching x through the skip is scaled by λ per block, so a stack of L blocks scales it by λ^L.
-    In the conv layout with LN (GroupNorm(1)) on the CPU, G(λx + f·F) runs as one kernel
-    (:mod:`~skiplab.connections.kernels.add_group_norm`; ``kernel = None`` turns it off).
+    In the conv layout with LN (GroupNorm(1)), ``kernel = "add_group_norm"`` runs G(λx + f·F) as one CPU kernel
+    (:mod:`~skiplab.connections.kernels.add_group_norm`). It is off by default: PreAct-ResNet-56's 2xSkip+LN step
+    was no faster with it than with PyTorch's group norm (docs/performance.md), which already makes the one norm's
+    two passes; the kernel pays where the chain has two norms or more (``krSkip+LN``, k ≥ 2).
     """
 
     name = "xSkip"
@@ -52,7 +54,7 @@ class ExpandedSkip(Connection):
         self.lam = float(spec.number)
         self.f = float(spec.options["f"])
         self.norm = make_norm(spec.norm, dim, layout) if spec.norm else None
-        self.kernel = "add_group_norm" if layout == "conv" and spec.norm == "LN" else None
+        self.kernel: str | None = None  # "add_group_norm" may be set in the conv layout with LN; see the docstring
 
     @staticmethod
     def check_number(number: float) -> float:

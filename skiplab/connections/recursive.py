@@ -31,8 +31,9 @@ class RecursiveSkip(Connection):
 
     The paper's general form sums to λ (= k); unrolling y_3 shows the sum stops at k-1. ``stats()``
     reports this ratio per feature, averaged over the positions (and examples) of the last forward pass.
-    In the conv layout with LN (GroupNorm(1)) on the CPU, the whole chain runs as one kernel
-    (:mod:`~skiplab.connections.kernels.add_group_norm`; ``kernel = None`` turns it off).
+    In the conv layout with LN (GroupNorm(1)) and k ≥ 2, on the CPU, the whole chain runs as one kernel
+    (:mod:`~skiplab.connections.kernels.add_group_norm`; ``kernel = None`` turns it off; for k = 1, post-norm,
+    PyTorch's group norm is as fast and the kernel is off unless ``kernel = "add_group_norm"`` is set).
     The σ_j are the ones the norms compute anyway (:func:`~skiplab.connections.norms.normalize`); a forward
     pass keeps references to them (one number per position) and ``stats()`` does the arithmetic, so
     training pays nothing for the statistics.
@@ -54,7 +55,7 @@ class RecursiveSkip(Connection):
         self.k = int(spec.number)
         self.norms = nn.ModuleList(make_norm(spec.norm, dim, layout) for _ in range(self.k))
         self._inv_sigmas: list[Tensor] = []  # 1/σ_i of the last forward pass, i = 1..k-1 (σ_k never enters)
-        self.kernel = "add_group_norm" if layout == "conv" and spec.norm == "LN" else None
+        self.kernel = "add_group_norm" if layout == "conv" and spec.norm == "LN" and self.k >= 2 else None
 
     @staticmethod
     def check_number(number: float) -> float:

@@ -149,10 +149,11 @@ def ran_kernel(y):
 
 
 @pytest.mark.parametrize("spec,kernel", [
-    ("2rSkip+LN", "add_group_norm"), ("3rSkip+LN", "add_group_norm"), ("2xSkip+LN", "add_group_norm"),
-    ("1xSkip+LN(f=0.5)", "add_group_norm"), ("2rSkip+BN", None), ("2rSkip+RMS", None), ("1xSkip", None),
+    ("2rSkip+LN", "add_group_norm"), ("3rSkip+LN", "add_group_norm"), ("1rSkip+LN", None), ("2xSkip+LN", None),
+    ("1xSkip+LN(f=0.5)", None), ("2rSkip+BN", None), ("2rSkip+RMS", None), ("1xSkip", None),
 ])
 def test_connections_choose_the_kernel_where_they_are_built(spec, kernel):
+    """Chosen for chains of two norms or more, where it measured faster; one norm's chain keeps PyTorch's."""
     assert conv_conn(spec).kernel == kernel
     assert skiplab.connection(spec, dim=4, layout="seq").kernel is None
 
@@ -162,6 +163,7 @@ def test_connections_choose_the_kernel_where_they_are_built(spec, kernel):
 def test_connections_with_the_kernel_equal_their_eager_formula(spec):
     torch.manual_seed(0)
     conn = conv_conn(spec)
+    conn.kernel = "add_group_norm"  # chosen by krSkip+LN, k >= 2; asked for here by the others
     branch = make_branch("conv", 4).double()
     x = make_input("conv", dim=4).double().requires_grad_()
     params = [x, *conn.parameters(), *branch.parameters()]

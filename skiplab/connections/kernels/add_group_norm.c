@@ -15,7 +15,9 @@
 
    Compiled twice, with REAL = float and double (NAME appends _f32 / _f64). Threads split the examples. */
 #include <math.h>
-#include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -239,37 +241,52 @@ static void *backward_job(void *arg) {
     return NULL;
 }
 
-/* Splits the examples over `threads` threads (this one included); a thread that cannot be started has its share
-   run here. The backward's per-thread sums are added in thread order, so a thread count gives one result. */
+/* Splits the examples over up to `threads` OpenMP threads. Built with -fopenmp, this library needs libgomp.so.1,
+   which the loader finds already loaded by PyTorch: the kernel shares the threads of PyTorch's own parallel
+   regions rather than starting threads beside them (which would compete with those threads while they spin
+   waiting for work). Built without OpenMP, it runs on one thread. The backward's per-thread sums are added in
+   thread order, so a thread count gives one result. */
 static int run(job_t *base, int threads, void *(*fn)(void *), int backward) {
     if (threads > base->n) threads = (int)base->n;
     if (threads < 1) threads = 1;
+#ifndef _OPENMP
+    threads = 1;
+#endif
     const int64_t kc = base->k * base->c;
     job_t *jobs = calloc(threads, sizeof(job_t));
-    pthread_t *ids = calloc(threads, sizeof(pthread_t));
-    char *started = calloc(threads, 1);
     double *sums = backward ? calloc((size_t)threads * 2 * kc, sizeof(double)) : NULL;
-    int failed = !jobs || !ids || !started || (backward && !sums);
-    for (int i = 0; i < threads && !failed; i++) {
-        jobs[i] = *base;
-        jobs[i].n0 = base->n * i / threads;
-        jobs[i].n1 = base->n * (i + 1) / threads;
+    if (!jobs || (backward && !sums)) {
+        free(jobs);
+        free(sums);
+        return 1;
+    }
+    int team = 1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads)
+#endif
+    {
+#ifdef _OPENMP
+        const int i = omp_get_thread_num(), size = omp_get_num_threads();
+#else
+        const int i = 0, size = 1;
+#endif
+        if (i == 0) team = size;
+        job_t *t = jobs + i;
+        *t = *base;
+        t->n0 = base->n * i / size;
+        t->n1 = base->n * (i + 1) / size;
         if (backward) {
-            jobs[i].dw = sums + 2 * kc * i;
-            jobs[i].db = jobs[i].dw + kc;
+            t->dw = sums + 2 * kc * i;
+            t->db = t->dw + kc;
         }
+        fn(t);
     }
-    for (int i = 1; i < threads && !failed; i++) started[i] = pthread_create(&ids[i], NULL, fn, &jobs[i]) == 0;
-    if (!failed) fn(&jobs[0]);
-    for (int i = 1; i < threads && !failed; i++) {
-        if (started[i]) pthread_join(ids[i], NULL);
-        else fn(&jobs[i]);
-    }
-    for (int i = 0; i < threads && !failed; i++) failed |= jobs[i].failed;
+    int failed = 0;
+    for (int i = 0; i < team; i++) failed |= jobs[i].failed;
     if (backward && !failed) {
         for (int64_t j = 0; j < kc; j++) {
             double dw = 0.0, db = 0.0;
-            for (int i = 0; i < threads; i++) {
+            for (int i = 0; i < team; i++) {
                 dw += sums[2 * kc * i + j];
                 db += sums[2 * kc * i + kc + j];
             }
@@ -278,8 +295,6 @@ static int run(job_t *base, int threads, void *(*fn)(void *), int backward) {
         }
     }
     free(jobs);
-    free(ids);
-    free(started);
     free(sums);
     return failed;
 }

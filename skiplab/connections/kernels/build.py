@@ -5,8 +5,10 @@ A kernel is one C file here, compiled twice (``REAL`` = float and double, its fu
 compiled for the processor it runs on (``-march=native``), so the cache key holds the source, the compiler and
 its version, the flags and the processor's feature flags: a cache shared by two kinds of machine keeps one
 library per kind. It lives in ``$SKIPLAB_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/skiplab/kernels``, else
-``~/.cache/skiplab/kernels``; a build is written to a temporary name and renamed, so concurrent processes never
-load a half-written file. ``SKIPLAB_KERNELS=0`` turns every kernel off (the connections then run their eager
+``~/.cache/skiplab/kernels``. Built with ``-fopenmp`` where the compiler has it, a kernel takes its threads from
+the OpenMP runtime PyTorch has already loaded (its ``libgomp.so.1``, found by that name), so it never competes
+with PyTorch's own threads; elsewhere it runs on one thread. A build is written to a temporary name and renamed,
+so concurrent processes never load a half-written file. ``SKIPLAB_KERNELS=0`` turns every kernel off (the connections then run their eager
 formulas); so does a machine without a C compiler, with one warning that says why.
 """
 
@@ -24,8 +26,9 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FLAGS = ("-O3", "-fopenmp-simd", "-fPIC", "-pthread", "-std=c11")
+FLAGS = ("-O3", "-fopenmp-simd", "-fPIC", "-std=c11")
 NATIVE = "-march=native"
+OPENMP = "-fopenmp"  # threads from the OpenMP runtime PyTorch has loaded (libgomp.so.1); without it, one thread
 TYPES = (("float", "f32"), ("double", "f64"))
 
 
@@ -56,8 +59,8 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
 
 
-def _compile(cc: str, source: Path, out: Path, native: bool) -> None:
-    flags = [*FLAGS, *([NATIVE] if native else [])]
+def _compile(cc: str, source: Path, out: Path, native: bool, openmp: bool = True) -> None:
+    flags = [*FLAGS, *([NATIVE] if native else []), *([OPENMP] if openmp else [])]
     objects = []
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         for real, suffix in TYPES:
@@ -66,8 +69,8 @@ def _compile(cc: str, source: Path, out: Path, native: bool) -> None:
                            check=True, capture_output=True, text=True)
             objects.append(str(obj))
         lib = Path(tmp) / out.name
-        subprocess.run([cc, "-shared", "-pthread", *objects, "-o", str(lib), "-lm"], check=True, capture_output=True,
-                       text=True)
+        subprocess.run([cc, "-shared", *([OPENMP] if openmp else []), *objects, "-o", str(lib), "-lm"], check=True,
+                       capture_output=True, text=True)
         os.replace(lib, out)
 
 
@@ -77,17 +80,19 @@ def _build(name: str) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), cc, version, " ".join(FLAGS), NATIVE, platform.machine(),
-                                    _cpu_flags()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([source.read_text(), cc, version, " ".join(FLAGS), NATIVE, OPENMP,
+                                    platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        _compile(cc, source, out, native=True)
-    except subprocess.CalledProcessError:  # a compiler without -march=native: the generic build
-        _compile(cc, source, out, native=False)
-    return out
+    for native, openmp in ((True, True), (True, False), (False, False)):  # what this compiler can do
+        try:
+            _compile(cc, source, out, native=native, openmp=openmp)
+            return out
+        except subprocess.CalledProcessError as err:
+            failure = err
+    raise failure
 
 
 def load(name: str) -> ctypes.CDLL | None:
