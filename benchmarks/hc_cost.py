@@ -16,8 +16,12 @@ interleaved likewise: ``git show efb6f33~1:skiplab/connections/hyper_mix.py > /t
 read whose h₀ was a strided view of the product. Eager only (``--modes eager``): compiled, both files trace to the
 same plain expressions and the second model reuses the first one's graph.
 
-Usage: python benchmarks/hc_cost.py [--before FILE] [--before-mix FILE] [--widths 256,768] [--rows 8] [--layers 4]
-                                    [--repeats 5] [--modes eager,compiled] [--threads 1]
+With ``--kernel-off`` the HC and mHC models run a second time with their CPU kernels turned off (``kernel = None``:
+the read and write of ``hyper_mix``'s batched products; rows ``HC no kernel``, ``mHC no kernel``), interleaved
+likewise; the ``mix before`` rows run without the kernels too, as their file's read and write are what they time.
+
+Usage: python benchmarks/hc_cost.py [--before FILE] [--before-mix FILE] [--kernel-off] [--widths 256,768] [--rows 8]
+                                    [--layers 4] [--repeats 5] [--modes eager,compiled] [--threads 1]
 """
 
 from __future__ import annotations
@@ -86,6 +90,14 @@ def swapped(model: torch.nn.Module, module) -> torch.nn.Module:
     return model
 
 
+def kernel_off(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose connections run without their CPU kernels."""
+    model = copy.deepcopy(model)
+    for _, conn in iter_connections(model):
+        conn.kernel = None
+    return model
+
+
 def cpu_timed(step, into: list[float]):
     """``step``, appending the calling thread's CPU seconds of each call to ``into`` (one torch thread: all of it)."""
     def run() -> None:
@@ -104,6 +116,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--before", default="", help="an older skiplab/connections/hyper.py to time beside this one")
     p.add_argument("--before-mix", default="", help="an older skiplab/connections/hyper_mix.py to time beside this one")
+    p.add_argument("--kernel-off", action="store_true", help="HC and mHC a second time without their CPU kernels")
     p.add_argument("--widths", default="256,768")
     p.add_argument("--rows", type=int, default=8, help="sequences a step (of --context tokens)")
     p.add_argument("--context", type=int, default=256)
@@ -130,7 +143,9 @@ def main() -> None:
         if before is not None:
             models.update({f"{d} before": swapped(models[d], before) for d in DESIGNS[1:]})
         mixed = {f"{d} mix before" for d in DESIGNS[1:]} if before_mix is not None else set()
-        models.update({name: models[name.split()[0]] for name in mixed})  # copied per mode below
+        models.update({name: kernel_off(models[name.split()[0]]) for name in mixed})  # copied per mode below
+        if args.kernel_off:
+            models.update({f"{d} no kernel": kernel_off(models[d]) for d in DESIGNS[1:]})
         for mode in args.modes.split(","):
             steps, compile_s = {}, {}
             if mode == "compiled":

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import hyper_mix
+from .kernels import stream_mix
 from .base import Branch, Connection, register
 from .norms import make_norm
 from .place import Place
@@ -97,6 +98,7 @@ class HC(Connection):
         if layout != "seq":
             raise ValueError("HC holds n residual streams of (..., dim) features; it has no conv layout")
         n = self.n = spec.options["n"]
+        self.kernel = "stream_mix"  # the read and write as CPU kernels where they can run; None: hyper_mix's products
         self.norm = make_norm(spec.norm, dim)  # the sub-layer's own pre-norm
         self.a_m = nn.Parameter(F.one_hot(torch.tensor((self.place.index - 1) % n), n).float())
         self.a_r = nn.Parameter(torch.eye(n))
@@ -165,10 +167,24 @@ class HC(Connection):
         # ∂H in one buffer, the read's part and the weights' (eager only: a compiled step fuses the sum itself)
         slot = hyper_mix.GradSlot() if self.dynamic and not torch.compiler.is_compiling() else None
         w, b = self.mixing(streams, slot)
+        if self.kernel and streams.device.type == "cpu" and not torch.compiler.is_compiling():
+            w_p = w.expand(streams.shape[0], *w.shape[-2:]).contiguous()
+            b_p = b.expand(streams.shape[0], self.n).contiguous()
+            if stream_mix.usable(streams, w_p, b_p):
+                return self._kernel_forward(streams, w_p, b_p, slot, branch, lead).view(x.shape)
         # rows 0 and 1..n of W H: h₀ = A_mᵀ H and (A_rᵀ H)_j = Σ_i A_r[i, j] H_i, in one product
         h0, kept = hyper_mix.read(streams, w, slot)
         out = branch(self.norm(h0.view(*lead, self.dim)))
         return hyper_mix.write(kept, out.reshape(-1, self.dim), b).view(x.shape)  # + Bᵀ F
+
+    def _kernel_forward(self, streams: Tensor, w: Tensor, b: Tensor, slot, branch: Branch, lead) -> Tensor:
+        """The read and the write as CPU kernels (:mod:`~skiplab.connections.kernels.stream_mix`): h₀ = W[0] H, then
+        W[1:] H + b ⊗ F, the mixed streams never written out; ∂H in one buffer (the write's, the read's and, where
+        the streams' norm and projection made W, theirs)."""
+        kslot = slot if slot is not None else hyper_mix.GradSlot()
+        h0 = stream_mix.read(streams, w[:, 0], kslot, handoff=slot is not None)
+        f = branch(self.norm(h0.view(*lead, self.dim))).reshape(-1, self.dim)
+        return stream_mix.write(streams, w[:, 1:], f, b, kslot if stream_mix.reaches(f.grad_fn, h0.grad_fn) else None)
 
     def stats(self) -> dict[str, Any]:
         return {"A_m": self.a_m.detach().cpu().clone(), "A_r": self.a_r.detach().cpu().clone(),
@@ -284,6 +300,7 @@ class MHC(HC):
         if layout != "seq":
             raise ValueError("mHC holds n residual streams of (..., dim) features; it has no conv layout")
         n = self.n = spec.options["n"]
+        self.kernel = "stream_mix"  # as HC's
         self.iters = spec.options["iters"]
         self.dynamic = True
         self.norm = make_norm(spec.norm, dim)

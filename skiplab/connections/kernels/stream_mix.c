@@ -1,0 +1,132 @@
+/* Hyper-connections' read and write of the n streams, position by position (stream_mix.py says why).
+
+   x (P, n, D): n streams of D values per position; a (P, n), M (P, n, n), b (P, n): per-position coefficients.
+
+       read:   h0 = sum_i a_i x_i                       (P, D)
+       write:  out_j = sum_i M[j, i] x_i + b_j F        (P, n, D)
+
+   Backward, with g the gradient at out and g0 at h0:
+       write:  dx_i = sum_j M[j, i] g_j,  dM[j, i] = <g_j, x_i>,  dF = sum_j b_j g_j,  db_j = <g_j, F>
+       read:   dx_i += a_i g0 (in place, onto the write's),  da_i = <x_i, g0>
+
+   One position's rows (n + 1 or 2n + 1 rows of D) stay in the core's first-level cache while every product over
+   them runs, so each tensor crosses main memory once. Compiled twice, with REAL = float and double (NAME appends
+   _f32 / _f64); OpenMP threads (PyTorch's, as in add_group_norm.c) split the positions. */
+#include <stdint.h>
+
+static inline REAL dot(const REAL *restrict u, const REAL *restrict v, int64_t d) {
+    REAL acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t k = 0; k < d; k++) acc += u[k] * v[k];
+    return acc;
+}
+
+void NAME(read_forward)(const REAL *x, const REAL *a, REAL *h0, int64_t p, int64_t n, int64_t d, int threads) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t pos = 0; pos < p; pos++) {
+        const REAL *xp = x + pos * n * d, *ap = a + pos * n;
+        REAL *restrict out = h0 + pos * d;
+        for (int64_t i = 0; i < n; i++) {
+            const REAL *restrict xi = xp + i * d;
+            const REAL ai = ap[i];
+            if (i == 0) {
+#pragma omp simd
+                for (int64_t k = 0; k < d; k++) out[k] = ai * xi[k];
+            } else {
+#pragma omp simd
+                for (int64_t k = 0; k < d; k++) out[k] += ai * xi[k];
+            }
+        }
+    }
+    (void)threads;
+}
+
+void NAME(write_forward)(const REAL *x, const REAL *m, const REAL *f, const REAL *b, REAL *out, int64_t p,
+                         int64_t n, int64_t d, int threads) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t pos = 0; pos < p; pos++) {
+        const REAL *xp = x + pos * n * d, *mp = m + pos * n * n, *restrict fp = f + pos * d;
+        for (int64_t j = 0; j < n; j++) {
+            REAL *restrict oj = out + (pos * n + j) * d;
+            const REAL bj = b[pos * n + j];
+#pragma omp simd
+            for (int64_t k = 0; k < d; k++) oj[k] = bj * fp[k];
+            for (int64_t i = 0; i < n; i++) {
+                const REAL *restrict xi = xp + i * d;
+                const REAL mji = mp[j * n + i];
+#pragma omp simd
+                for (int64_t k = 0; k < d; k++) oj[k] += mji * xi[k];
+            }
+        }
+    }
+    (void)threads;
+}
+
+void NAME(write_backward)(const REAL *g, const REAL *x, const REAL *m, const REAL *f, const REAL *b, REAL *dx,
+                          REAL *dm, REAL *df, REAL *db, int64_t p, int64_t n, int64_t d, int threads) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t pos = 0; pos < p; pos++) {
+        const REAL *gp = g + pos * n * d, *xp = x + pos * n * d, *mp = m + pos * n * n, *fp = f + pos * d;
+        const REAL *bp = b + pos * n;
+        REAL *restrict dfp = df + pos * d;
+        for (int64_t j = 0; j < n; j++) {
+            const REAL *restrict gj = gp + j * d;
+            for (int64_t i = 0; i < n; i++) dm[(pos * n + j) * n + i] = dot(gj, xp + i * d, d);
+            db[pos * n + j] = dot(gj, fp, d);
+            const REAL bj = bp[j];
+            if (j == 0) {
+#pragma omp simd
+                for (int64_t k = 0; k < d; k++) dfp[k] = bj * gj[k];
+            } else {
+#pragma omp simd
+                for (int64_t k = 0; k < d; k++) dfp[k] += bj * gj[k];
+            }
+        }
+        for (int64_t i = 0; i < n; i++) {
+            REAL *restrict dxi = dx + (pos * n + i) * d;
+            for (int64_t j = 0; j < n; j++) {
+                const REAL *restrict gj = gp + j * d;
+                const REAL mji = mp[j * n + i];
+                if (j == 0) {
+#pragma omp simd
+                    for (int64_t k = 0; k < d; k++) dxi[k] = mji * gj[k];
+                } else {
+#pragma omp simd
+                    for (int64_t k = 0; k < d; k++) dxi[k] += mji * gj[k];
+                }
+            }
+        }
+    }
+    (void)threads;
+}
+
+/* dx += a_i g0 when accumulate, else dx = a_i g0; da_i = <x_i, g0>. */
+void NAME(read_backward)(const REAL *g0, const REAL *x, const REAL *a, REAL *dx, REAL *da, int64_t p, int64_t n,
+                         int64_t d, int accumulate, int threads) {
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int64_t pos = 0; pos < p; pos++) {
+        const REAL *restrict gp = g0 + pos * d;
+        for (int64_t i = 0; i < n; i++) {
+            const REAL *restrict xi = x + (pos * n + i) * d;
+            REAL *restrict dxi = dx + (pos * n + i) * d;
+            const REAL ai = a[pos * n + i];
+            da[pos * n + i] = dot(xi, gp, d);
+            if (accumulate) {
+#pragma omp simd
+                for (int64_t k = 0; k < d; k++) dxi[k] += ai * gp[k];
+            } else {
+#pragma omp simd
+                for (int64_t k = 0; k < d; k++) dxi[k] = ai * gp[k];
+            }
+        }
+    }
+    (void)threads;
+}
