@@ -34,7 +34,7 @@ def kernels(x, a, m, f, b, slot=None):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
-@pytest.mark.parametrize("p,n,d", [(7, 4, 64), (3, 1, 5), (5, 2, 1), (4, 3, 33)])
+@pytest.mark.parametrize("p,n,d", [(7, 4, 64), (3, 4, 37), (2, 4, 5), (3, 1, 5), (5, 2, 1), (4, 3, 33)])
 @pytest.mark.parametrize("handed", [False, True])
 def test_read_and_write_equal_their_formulas_outputs_and_gradients(dtype, tol, p, n, d, handed):
     x, a, m, f, b = tensors(p, n, d, dtype)
@@ -86,13 +86,14 @@ def test_reaches_finds_the_read_only_where_f_depends_on_it():
 @needs_kernel
 @pytest.mark.parametrize("mutation", [
     ("dm[(pos * n + j) * n + i] = dot(gj, xp + i * d, d);", "dm[(pos * n + j) * n + i] = dot(gj, xp + j * d, d);"),
+    ("adm[j * 4 + i] += g[j] * x[i];", "adm[j * 4 + i] += g[i] * x[j];"),  # n = 4's ∂M transposed
     ("for (int64_t k = 0; k < d; k++) dxi[k] += ai * gp[k];", "for (int64_t k = 0; k < d; k++) dxi[k] += gp[k];"),
     ("const REAL mji = mp[j * n + i];\n#pragma omp simd\n                for (int64_t k = 0; k < d; k++) oj[k] += mji",
      "const REAL mji = mp[i * n + j];\n#pragma omp simd\n                for (int64_t k = 0; k < d; k++) oj[k] += mji"),
 ])
 def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_path):
-    """The oracle can fail: each mutation of the C source (∂M from the wrong stream, ∂x without a_i, M transposed
-    in the write), built and run in its place, is caught."""
+    """The oracle can fail: each mutation of the C source (∂M from the wrong stream, in the general and the n = 4
+    backward; ∂x without a_i; M transposed in the write), built and run in its place, is caught."""
     source = (build.HERE / "stream_mix.c").read_text()
     assert mutation[0] in source
     (tmp_path / "m.c").write_text(source.replace(mutation[0], mutation[1]))
@@ -103,9 +104,10 @@ def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_pa
             getattr(lib, f"{name}_{suffix}").argtypes = args
     lib._typed = True
     monkeypatch.setattr(sm, "_kernel", lambda: lib)
-    x, a, m, f, b = tensors(5, 3, 7)
+    n = 4 if "g[j] * x[i]" in mutation[0] else 3
+    x, a, m, f, b = tensors(5, n, 19)
     got, want = kernels(x, a, m, f, b, hyper_mix.GradSlot()), by_hand(x, a, m, f, b)
-    dy = (torch.randn(5, 7, dtype=torch.float64), torch.randn(5, 3, 7, dtype=torch.float64))
+    dy = (torch.randn(5, 19, dtype=torch.float64), torch.randn(5, n, 19, dtype=torch.float64))
     pairs = list(zip(got, want)) + list(zip(torch.autograd.grad(got, (x, a, m, f, b), dy),
                                             torch.autograd.grad(want, (x, a, m, f, b), dy)))
     assert not all(torch.allclose(u, v) for u, v in pairs)

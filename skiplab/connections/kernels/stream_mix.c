@@ -13,6 +13,30 @@
    them runs, so each tensor crosses main memory once. Compiled twice, with REAL = float and double (NAME appends
    _f32 / _f64); OpenMP threads (PyTorch's, as in add_group_norm.c) split the positions. */
 #include <stdint.h>
+#include <string.h>
+
+/* A vector of REALs as wide as the machine's registers (GCC's and Clang's vector extensions). */
+#if defined(__AVX512F__)
+#define VBYTES 64
+#else
+#define VBYTES 32
+#endif
+typedef REAL vreal __attribute__((vector_size(VBYTES)));
+#define VL ((int64_t)(VBYTES / sizeof(REAL)))
+
+static inline vreal vload(const REAL *p) {
+    vreal v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void vstore(REAL *p, vreal v) { memcpy(p, &v, sizeof v); }
+
+static inline REAL vsum(vreal v) {
+    REAL s = 0;
+    for (int64_t l = 0; l < VL; l++) s += v[l];
+    return s;
+}
 
 /* <u, v> over d values, as four quarters summed side by side: four independent chains of vector additions, where
    one chain would wait on each addition's latency (the backward makes n^2 + n of these a position). */
@@ -75,6 +99,50 @@ void NAME(write_forward)(const REAL *x, const REAL *m, const REAL *f, const REAL
     (void)threads;
 }
 
+/* write_backward of one position with n = 4 (HC's and mHC's default): one pass over the D values, every product
+   of the position made from the same loads, the 16 + 4 sums in registers. */
+static void write_backward_4(const REAL *gp, const REAL *xp, const REAL *mp, const REAL *fp, const REAL *bp,
+                             REAL *dxp, REAL *dmp, REAL *dfp, REAL *dbp, int64_t d) {
+    vreal adm[16], adb[4];
+    for (int l = 0; l < 16; l++) adm[l] = (vreal){0};
+    for (int l = 0; l < 4; l++) adb[l] = (vreal){0};
+    int64_t k = 0;
+    for (; k + VL <= d; k += VL) {
+        vreal g[4], x[4];
+        for (int j = 0; j < 4; j++) {
+            g[j] = vload(gp + j * d + k);
+            x[j] = vload(xp + j * d + k);
+        }
+        const vreal f = vload(fp + k);
+        for (int i = 0; i < 4; i++)
+            vstore(dxp + i * d + k, mp[i] * g[0] + mp[4 + i] * g[1] + mp[8 + i] * g[2] + mp[12 + i] * g[3]);
+        vstore(dfp + k, bp[0] * g[0] + bp[1] * g[1] + bp[2] * g[2] + bp[3] * g[3]);
+        for (int j = 0; j < 4; j++) {
+            for (int i = 0; i < 4; i++) adm[j * 4 + i] += g[j] * x[i];
+            adb[j] += g[j] * f;
+        }
+    }
+    REAL dm[16], db[4];
+    for (int l = 0; l < 16; l++) dm[l] = vsum(adm[l]);
+    for (int l = 0; l < 4; l++) db[l] = vsum(adb[l]);
+    for (; k < d; k++) { /* the last D mod VL values */
+        REAL g[4], x[4];
+        for (int j = 0; j < 4; j++) {
+            g[j] = gp[j * d + k];
+            x[j] = xp[j * d + k];
+        }
+        for (int i = 0; i < 4; i++)
+            dxp[i * d + k] = mp[i] * g[0] + mp[4 + i] * g[1] + mp[8 + i] * g[2] + mp[12 + i] * g[3];
+        dfp[k] = bp[0] * g[0] + bp[1] * g[1] + bp[2] * g[2] + bp[3] * g[3];
+        for (int j = 0; j < 4; j++) {
+            for (int i = 0; i < 4; i++) dm[j * 4 + i] += g[j] * x[i];
+            db[j] += g[j] * fp[k];
+        }
+    }
+    memcpy(dmp, dm, sizeof dm);
+    memcpy(dbp, db, sizeof db);
+}
+
 void NAME(write_backward)(const REAL *g, const REAL *x, const REAL *m, const REAL *f, const REAL *b, REAL *dx,
                           REAL *dm, REAL *df, REAL *db, int64_t p, int64_t n, int64_t d, int threads) {
 #ifdef _OPENMP
@@ -84,6 +152,10 @@ void NAME(write_backward)(const REAL *g, const REAL *x, const REAL *m, const REA
         const REAL *gp = g + pos * n * d, *xp = x + pos * n * d, *mp = m + pos * n * n, *fp = f + pos * d;
         const REAL *bp = b + pos * n;
         REAL *restrict dfp = df + pos * d;
+        if (n == 4) {
+            write_backward_4(gp, xp, mp, fp, bp, dx + pos * n * d, dm + pos * n * n, dfp, db + pos * n, d);
+            continue;
+        }
         for (int64_t j = 0; j < n; j++) {
             const REAL *restrict gj = gp + j * d;
             for (int64_t i = 0; i < n; i++) dm[(pos * n + j) * n + i] = dot(gj, xp + i * d, d);
