@@ -87,9 +87,8 @@ def test_reaches_finds_the_read_only_where_f_depends_on_it():
 @pytest.mark.parametrize("mutation", [
     ("dm[(pos * n + j) * n + i] = dot(gj, xp + i * d, d);", "dm[(pos * n + j) * n + i] = dot(gj, xp + j * d, d);"),
     ("adm[j * 4 + i] += g[j] * x[i];", "adm[j * 4 + i] += g[i] * x[j];"),  # n = 4's ∂M transposed
-    ("for (int64_t k = 0; k < d; k++) dxi[k] += ai * gp[k];", "for (int64_t k = 0; k < d; k++) dxi[k] += gp[k];"),
-    ("const REAL mji = mp[j * n + i];\n#pragma omp simd\n                for (int64_t k = 0; k < d; k++) oj[k] += mji",
-     "const REAL mji = mp[i * n + j];\n#pragma omp simd\n                for (int64_t k = 0; k < d; k++) oj[k] += mji"),
+    ("axpy(dxi, a[pos * n + i], gp, d, !accumulate);", "axpy(dxi, 1, gp, d, !accumulate);"),
+    ("axpy(oj, mp[j * n + i], xp + i * d, d, 0);", "axpy(oj, mp[i * n + j], xp + i * d, d, 0);"),
 ])
 def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_path):
     """The oracle can fail: each mutation of the C source (∂M from the wrong stream, in the general and the n = 4

@@ -54,6 +54,17 @@ static inline REAL dot(const REAL *restrict u, const REAL *restrict v, int64_t d
     return (a0 + a1) + (a2 + a3);
 }
 
+/* out = c row (first) or out += c row, over d values. */
+static inline void axpy(REAL *restrict out, REAL c, const REAL *restrict row, int64_t d, int first) {
+    if (first) {
+#pragma omp simd
+        for (int64_t k = 0; k < d; k++) out[k] = c * row[k];
+    } else {
+#pragma omp simd
+        for (int64_t k = 0; k < d; k++) out[k] += c * row[k];
+    }
+}
+
 void NAME(read_forward)(const REAL *x, const REAL *a, REAL *h0, int64_t p, int64_t n, int64_t d, int threads) {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -61,17 +72,7 @@ void NAME(read_forward)(const REAL *x, const REAL *a, REAL *h0, int64_t p, int64
     for (int64_t pos = 0; pos < p; pos++) {
         const REAL *xp = x + pos * n * d, *ap = a + pos * n;
         REAL *restrict out = h0 + pos * d;
-        for (int64_t i = 0; i < n; i++) {
-            const REAL *restrict xi = xp + i * d;
-            const REAL ai = ap[i];
-            if (i == 0) {
-#pragma omp simd
-                for (int64_t k = 0; k < d; k++) out[k] = ai * xi[k];
-            } else {
-#pragma omp simd
-                for (int64_t k = 0; k < d; k++) out[k] += ai * xi[k];
-            }
-        }
+        for (int64_t i = 0; i < n; i++) axpy(out, ap[i], xp + i * d, d, i == 0);
     }
     (void)threads;
 }
@@ -84,16 +85,9 @@ void NAME(write_forward)(const REAL *x, const REAL *m, const REAL *f, const REAL
     for (int64_t pos = 0; pos < p; pos++) {
         const REAL *xp = x + pos * n * d, *mp = m + pos * n * n, *restrict fp = f + pos * d;
         for (int64_t j = 0; j < n; j++) {
-            REAL *restrict oj = out + (pos * n + j) * d;
-            const REAL bj = b[pos * n + j];
-#pragma omp simd
-            for (int64_t k = 0; k < d; k++) oj[k] = bj * fp[k];
-            for (int64_t i = 0; i < n; i++) {
-                const REAL *restrict xi = xp + i * d;
-                const REAL mji = mp[j * n + i];
-#pragma omp simd
-                for (int64_t k = 0; k < d; k++) oj[k] += mji * xi[k];
-            }
+            REAL *oj = out + (pos * n + j) * d;
+            axpy(oj, b[pos * n + j], fp, d, 1);
+            for (int64_t i = 0; i < n; i++) axpy(oj, mp[j * n + i], xp + i * d, d, 0);
         }
     }
     (void)threads;
@@ -160,29 +154,10 @@ void NAME(write_backward)(const REAL *g, const REAL *x, const REAL *m, const REA
             const REAL *restrict gj = gp + j * d;
             for (int64_t i = 0; i < n; i++) dm[(pos * n + j) * n + i] = dot(gj, xp + i * d, d);
             db[pos * n + j] = dot(gj, fp, d);
-            const REAL bj = bp[j];
-            if (j == 0) {
-#pragma omp simd
-                for (int64_t k = 0; k < d; k++) dfp[k] = bj * gj[k];
-            } else {
-#pragma omp simd
-                for (int64_t k = 0; k < d; k++) dfp[k] += bj * gj[k];
-            }
+            axpy(dfp, bp[j], gj, d, j == 0);
         }
-        for (int64_t i = 0; i < n; i++) {
-            REAL *restrict dxi = dx + (pos * n + i) * d;
-            for (int64_t j = 0; j < n; j++) {
-                const REAL *restrict gj = gp + j * d;
-                const REAL mji = mp[j * n + i];
-                if (j == 0) {
-#pragma omp simd
-                    for (int64_t k = 0; k < d; k++) dxi[k] = mji * gj[k];
-                } else {
-#pragma omp simd
-                    for (int64_t k = 0; k < d; k++) dxi[k] += mji * gj[k];
-                }
-            }
-        }
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < n; j++) axpy(dx + (pos * n + i) * d, mp[j * n + i], gp + j * d, d, j == 0);
     }
     (void)threads;
 }
@@ -198,15 +173,8 @@ void NAME(read_backward)(const REAL *g0, const REAL *x, const REAL *a, REAL *dx,
         for (int64_t i = 0; i < n; i++) {
             const REAL *restrict xi = x + (pos * n + i) * d;
             REAL *restrict dxi = dx + (pos * n + i) * d;
-            const REAL ai = a[pos * n + i];
             da[pos * n + i] = dot(xi, gp, d);
-            if (accumulate) {
-#pragma omp simd
-                for (int64_t k = 0; k < d; k++) dxi[k] += ai * gp[k];
-            } else {
-#pragma omp simd
-                for (int64_t k = 0; k < d; k++) dxi[k] = ai * gp[k];
-            }
+            axpy(dxi, a[pos * n + i], gp, d, !accumulate);
         }
     }
     (void)threads;
