@@ -19,6 +19,7 @@ projection follow (dynamic HC, mHC) their backward adds theirs into the same buf
 
 from __future__ import annotations
 
+import collections
 import ctypes
 
 import torch
@@ -119,21 +120,22 @@ class _WriteKernel(torch.autograd.Function):
         return dx, dm, df, db, None
 
 
-def reaches(node, target, limit: int = 100_000) -> bool:
-    """Whether autograd node ``target`` is among ``node``'s inputs, at any depth (a walk over ``next_functions``).
-    The write hands its ∂x to the read's backward only where the sub-layer's output depends on h₀, so that the read's
-    backward is sure to run after it; a walk longer than ``limit`` nodes answers False (the safe answer)."""
+def reaches(node, target, limit: int = 10_000) -> bool:
+    """Whether autograd node ``target`` is among ``node``'s inputs, at any depth (breadth first over
+    ``next_functions``, so the sub-layer's own graph is searched before earlier layers'). The write hands its ∂x to
+    the read's backward only where the sub-layer's output depends on h₀, so that the read's backward is sure to run
+    after it; a search past ``limit`` nodes answers False (the safe answer: the write returns its ∂x itself)."""
     if node is None or target is None:
         return False
-    seen, stack = {node}, [node]
-    while stack and len(seen) < limit:
-        current = stack.pop()
+    seen, queue = {node}, collections.deque([node])
+    while queue and len(seen) < limit:
+        current = queue.popleft()
         if current is target:
             return True
         for nxt, _ in current.next_functions:
             if nxt is not None and nxt not in seen:
                 seen.add(nxt)
-                stack.append(nxt)
+                queue.append(nxt)
     return False
 
 
