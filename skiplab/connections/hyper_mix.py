@@ -38,7 +38,9 @@ class GradSlot:
     """The streams' gradient handed from one sub-layer's :class:`_Read` backward to its :class:`_NormProject`
     backward, which runs after it (the projection gives the coefficients the read uses) and adds its own part in
     place: one buffer and no separate sum of the two parts. ``ok`` is cleared where either function worked on a copy of
-    the streams (another dtype), whose gradients are not the same tensor's."""
+    the streams (another dtype), whose gradients are not the same tensor's. The CPU kernels' write and read
+    (:mod:`~skiplab.connections.kernels.stream_mix`) use it too: the write's backward fills it, the read's adds
+    to it."""
 
     __slots__ = ("grad", "ok")
 

@@ -32,8 +32,9 @@ class RecursiveSkip(Connection):
     The paper's general form sums to λ (= k); unrolling y_3 shows the sum stops at k-1. ``stats()``
     reports this ratio per feature, averaged over the positions (and examples) of the last forward pass.
     In the conv layout with LN (GroupNorm(1)) and k ≥ 2, on the CPU, the whole chain runs as one kernel
-    (:mod:`~skiplab.connections.kernels.add_group_norm`; ``kernel = None`` turns it off; for k = 1, post-norm,
-    PyTorch's group norm is as fast and the kernel is off unless ``kernel = "add_group_norm"`` is set).
+    (:mod:`~skiplab.connections.kernels.add_group_norm`; ``kernel = None`` turns it off). For k = 1, one norm's
+    chain, it is off unless ``kernel = "add_group_norm"`` is set: 2xSkip+LN's chain, the same shape, made no
+    faster step with it (docs/performance.md).
     The σ_j are the ones the norms compute anyway (:func:`~skiplab.connections.norms.normalize`); a forward
     pass keeps references to them (one number per position) and ``stats()`` does the arithmetic, so
     training pays nothing for the statistics.

@@ -1,9 +1,10 @@
 """CPU kernels behind the connections' interface: the same formulas in fewer passes over memory.
 
 A connection chooses a kernel where it is built (its ``kernel`` attribute, None for none; set it to None to
-run the eager formula) and runs it where :func:`~.add_group_norm.usable` says it can, outside an analysis's
-:func:`~skiplab.connections.base.recording` (which wants the intermediate tensors); everywhere else (a GPU, autocast, ``torch.compile``, a machine
-without a C compiler, ``SKIPLAB_KERNELS=0``) it runs its eager formula, which the tests compare the kernel with.
+run the eager formula) and runs it where the kernel module's ``usable`` says it can, outside an analysis's
+:func:`~skiplab.connections.base.recording` (which wants the intermediate tensors); everywhere else (a GPU,
+autocast, ``torch.compile``, a machine without a C compiler, ``SKIPLAB_KERNELS=0``) it runs its eager formula,
+which the tests compare the kernel with.
 
 - :mod:`.add_group_norm`: h_1 = a·s + c·F, y_i = GN_i(h_i), h_{i+1} = s + y_i, for ``krSkip+LN`` in the conv
   layout (GroupNorm(1) over C·H·W);

@@ -8,8 +8,8 @@ library per kind. It lives in ``$SKIPLAB_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/
 ``~/.cache/skiplab/kernels``. Built with ``-fopenmp`` where the compiler has it, a kernel takes its threads from
 the OpenMP runtime PyTorch has already loaded (its ``libgomp.so.1``, found by that name), so it never competes
 with PyTorch's own threads; elsewhere it runs on one thread. A build is written to a temporary name and renamed,
-so concurrent processes never load a half-written file. ``SKIPLAB_KERNELS=0`` turns every kernel off (the connections then run their eager
-formulas); so does a machine without a C compiler, with one warning that says why.
+so concurrent processes never load a half-written file. ``SKIPLAB_KERNELS=0`` turns every kernel off (the
+connections then run their eager formulas); so does a machine without a C compiler, with one warning that says why.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _load(name: str) -> ctypes.CDLL | None:
     try:
         return ctypes.CDLL(str(_build(name)))
     except (OSError, RuntimeError, subprocess.CalledProcessError) as err:
-        detail = getattr(err, "stderr", None) or str(err)
-        warnings.warn(f"skiplab: the {name} kernel could not be built ({detail.strip().splitlines()[-1]}); "
+        lines = (getattr(err, "stderr", None) or str(err) or type(err).__name__).strip().splitlines()
+        warnings.warn(f"skiplab: the {name} kernel could not be built ({lines[-1] if lines else type(err).__name__}); "
                       "the eager formula runs instead", RuntimeWarning, stacklevel=2)
         return None

@@ -85,7 +85,7 @@ class _ReadKernel(torch.autograd.Function):
         da = a.new_empty(p, n)
         _fn("read_backward", x.dtype)(g0.data_ptr(), x.data_ptr(), a.data_ptr(), dx.data_ptr(), da.data_ptr(), p, n,
                                       d, int(accumulate), torch.get_num_threads())
-        if slot is not None and ctx.handoff and slot.ok:  # the norm and projection's backward adds its part and returns it
+        if slot is not None and ctx.handoff and slot.ok:  # the projection's backward adds its part and returns it
             slot.grad = dx
             return None, da, None, None
         if slot is not None:
