@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import hyper_mix
+from .kernels import norm_project as norm_project_kernel
 from .kernels import stream_mix
 from .base import Branch, Connection, register
 from .norms import make_norm
@@ -98,7 +99,9 @@ class HC(Connection):
         if layout != "seq":
             raise ValueError("HC holds n residual streams of (..., dim) features; it has no conv layout")
         n = self.n = spec.options["n"]
-        self.kernel = "stream_mix"  # the read and write as CPU kernels where they can run; None: hyper_mix's products
+        # the streams' read and write (and, dynamic, their norm and projection) as CPU kernels where they can run
+        # (kernels.stream_mix, kernels.norm_project); None: hyper_mix's products
+        self.kernel = "stream_mix"
         self.norm = make_norm(spec.norm, dim)  # the sub-layer's own pre-norm
         self.a_m = nn.Parameter(F.one_hot(torch.tensor((self.place.index - 1) % n), n).float())
         self.a_r = nn.Parameter(torch.eye(n))
@@ -139,8 +142,8 @@ class HC(Connection):
         norm = self.stream_norm
         centre = isinstance(norm, nn.LayerNorm)
         eps = norm.eps if norm.eps is not None else torch.finfo(h.dtype).eps
-        t = hyper_mix.norm_project(h.reshape(-1, self.dim), w if norm.weight is None else w * norm.weight, centre, eps,
-                                   slot)
+        t = self._norm_project(h.reshape(-1, self.dim), w if norm.weight is None else w * norm.weight, centre, eps,
+                               slot)
         t = t.view(*h.shape[:-1], n + 2)  # (..., n, n + 2): stream i's row
         if getattr(norm, "bias", None) is not None:
             t = t + F.linear(norm.bias, w)
@@ -149,6 +152,13 @@ class HC(Connection):
         a_r = self.s_alpha * t[..., 1 : n + 1] + self.a_r
         b = self.s_beta * t[..., n + 1] + self.b
         return a_m, a_r, b
+
+    def _norm_project(self, x: Tensor, v: Tensor, centre: bool, eps: float, slot) -> Tensor:
+        """N(x) Vᵀ (:func:`~skiplab.connections.hyper_mix.norm_project`), as a CPU kernel where the connection
+        runs its kernels and it can run (:mod:`~skiplab.connections.kernels.norm_project`)."""
+        if self.kernel and norm_project_kernel.usable(x, v):
+            return norm_project_kernel.norm_project(x, v, centre, eps, slot)
+        return hyper_mix.norm_project(x, v, centre, eps, slot)
 
     def mixing(self, h: Tensor, slot: hyper_mix.GradSlot | None = None) -> tuple[Tensor, Tensor]:
         """(W, B): W (..., n + 1, n) stacks A_mᵀ over A_rᵀ, so that W H gives h₀ and A_rᵀ H in one product."""
@@ -316,7 +326,7 @@ class MHC(HC):
         n = self.n
         # x̃ φ = (x φ) / rms(x), x the flattened streams (..., nC): one product, the normalised x̃ never written out
         # (hyper_mix.norm_project; φ's columns as rows, (2n + n², nC))
-        proj = hyper_mix.norm_project(h.reshape(-1, n * self.dim), self.phi.t(), False, torch.finfo(h.dtype).eps, slot)
+        proj = self._norm_project(h.reshape(-1, n * self.dim), self.phi.t(), False, torch.finfo(h.dtype).eps, slot)
         proj = proj.view(*h.shape[:-2], -1)
         pre = torch.sigmoid(self.alpha[0] * proj[..., :n] + self.b_pre)
         post = POST_GAIN * torch.sigmoid(self.alpha[1] * proj[..., n : 2 * n] + self.b_post)

@@ -85,14 +85,18 @@ def test_reaches_finds_the_read_only_where_f_depends_on_it():
 
 @needs_kernel
 @pytest.mark.parametrize("mutation", [
-    ("dm[(pos * n + j) * n + i] = dot(gj, xp + i * d, d);", "dm[(pos * n + j) * n + i] = dot(gj, xp + j * d, d);"),
-    ("adm[j * 4 + i] += g[j] * x[i];", "adm[j * 4 + i] += g[i] * x[j];"),  # n = 4's ∂M transposed
-    ("axpy(dxi, a[pos * n + i], gp, d, !accumulate);", "axpy(dxi, 1, gp, d, !accumulate);"),
-    ("axpy(oj, mp[j * n + i], xp + i * d, d, 0);", "axpy(oj, mp[i * n + j], xp + i * d, d, 0);"),
+    ("dm[(pos * n + j) * n + i] = dot(gj, xp + i * d, d);", "dm[(pos * n + j) * n + i] = dot(gj, xp + j * d, d);", 3),
+    ("adm[j * 4 + i] += g[j] * x[i];", "adm[j * 4 + i] += g[i] * x[j];", 4),  # n = 4's ∂M transposed
+    ("axpy(dxi, a[pos * n + i], gp, d, !accumulate);", "axpy(dxi, 1, gp, d, !accumulate);", 3),
+    ("axpy(oj, mp[j * n + i], xp + i * d, d, 0);", "axpy(oj, mp[i * n + j], xp + i * d, d, 0);", 3),
+    ("vstore(op + j * d + k, bp[j] * f + mp[4 * j] * x0 + mp[4 * j + 1] * x1",
+     "vstore(op + j * d + k, bp[j] * f + mp[4 * j] * x0 + mp[4 + j] * x1", 4),  # n = 4's write: M[1, j] for M[j, 1]
+    ("acc[i] += vload(xp + i * d + k) * g;", "acc[i] += vload(xp + k) * g;", 4),  # n = 4's ∂a from the first stream
 ])
 def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_path):
     """The oracle can fail: each mutation of the C source (∂M from the wrong stream, in the general and the n = 4
-    backward; ∂x without a_i; M transposed in the write), built and run in its place, is caught."""
+    backward; ∂x without a_i; M transposed in the write, in the general and the n = 4 forward; the n = 4 read's ∂a
+    from one stream), built and run in its place, is caught."""
     source = (build.HERE / "stream_mix.c").read_text()
     assert mutation[0] in source
     (tmp_path / "m.c").write_text(source.replace(mutation[0], mutation[1]))
@@ -103,7 +107,7 @@ def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_pa
             getattr(lib, f"{name}_{suffix}").argtypes = args
     lib._typed = True
     monkeypatch.setattr(sm, "_kernel", lambda: lib)
-    n = 4 if "g[j] * x[i]" in mutation[0] else 3
+    n = mutation[2]
     x, a, m, f, b = tensors(5, n, 19)
     got, want = kernels(x, a, m, f, b, hyper_mix.GradSlot()), by_hand(x, a, m, f, b)
     dy = (torch.randn(5, 19, dtype=torch.float64), torch.randn(5, n, 19, dtype=torch.float64))

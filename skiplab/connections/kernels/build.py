@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-FLAGS = ("-O3", "-fopenmp-simd", "-fPIC", "-std=c11")
+FLAGS = ("-O3", "-fopenmp-simd", "-fPIC", "-std=c11", "-ffp-contract=fast")  # fast: a * b + c as one FMA
 NATIVE = "-march=native"
 OPENMP = "-fopenmp"  # threads from the OpenMP runtime PyTorch has loaded (libgomp.so.1); without it, one thread
 TYPES = (("float", "f32"), ("double", "f64"))

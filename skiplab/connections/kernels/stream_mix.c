@@ -65,6 +65,31 @@ static inline void axpy(REAL *restrict out, REAL c, const REAL *restrict row, in
     }
 }
 
+/* read_forward and write_forward of one position with n = 4 (HC's and mHC's default): one pass over the D values,
+   the position's four rows loaded once a vector and every output made from them in registers. */
+static void read_forward_4(const REAL *xp, const REAL *ap, REAL *out, int64_t d) {
+    int64_t k = 0;
+    for (; k + VL <= d; k += VL)
+        vstore(out + k, ap[0] * vload(xp + k) + ap[1] * vload(xp + d + k) + ap[2] * vload(xp + 2 * d + k) +
+                            ap[3] * vload(xp + 3 * d + k));
+    for (; k < d; k++) out[k] = ap[0] * xp[k] + ap[1] * xp[d + k] + ap[2] * xp[2 * d + k] + ap[3] * xp[3 * d + k];
+}
+
+static void write_forward_4(const REAL *xp, const REAL *mp, const REAL *fp, const REAL *bp, REAL *op, int64_t d) {
+    int64_t k = 0;
+    for (; k + VL <= d; k += VL) {
+        const vreal x0 = vload(xp + k), x1 = vload(xp + d + k), x2 = vload(xp + 2 * d + k), x3 = vload(xp + 3 * d + k);
+        const vreal f = vload(fp + k);
+        for (int j = 0; j < 4; j++)
+            vstore(op + j * d + k, bp[j] * f + mp[4 * j] * x0 + mp[4 * j + 1] * x1 + mp[4 * j + 2] * x2 +
+                                       mp[4 * j + 3] * x3);
+    }
+    for (; k < d; k++)
+        for (int j = 0; j < 4; j++)
+            op[j * d + k] = bp[j] * fp[k] + mp[4 * j] * xp[k] + mp[4 * j + 1] * xp[d + k] +
+                            mp[4 * j + 2] * xp[2 * d + k] + mp[4 * j + 3] * xp[3 * d + k];
+}
+
 void NAME(read_forward)(const REAL *x, const REAL *a, REAL *h0, int64_t p, int64_t n, int64_t d, int threads) {
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) schedule(static)
@@ -72,6 +97,10 @@ void NAME(read_forward)(const REAL *x, const REAL *a, REAL *h0, int64_t p, int64
     for (int64_t pos = 0; pos < p; pos++) {
         const REAL *xp = x + pos * n * d, *ap = a + pos * n;
         REAL *restrict out = h0 + pos * d;
+        if (n == 4) {
+            read_forward_4(xp, ap, out, d);
+            continue;
+        }
         for (int64_t i = 0; i < n; i++) axpy(out, ap[i], xp + i * d, d, i == 0);
     }
     (void)threads;
@@ -84,6 +113,10 @@ void NAME(write_forward)(const REAL *x, const REAL *m, const REAL *f, const REAL
 #endif
     for (int64_t pos = 0; pos < p; pos++) {
         const REAL *xp = x + pos * n * d, *mp = m + pos * n * n, *restrict fp = f + pos * d;
+        if (n == 4) {
+            write_forward_4(xp, mp, fp, b + pos * n, out + pos * n * d, d);
+            continue;
+        }
         for (int64_t j = 0; j < n; j++) {
             REAL *oj = out + (pos * n + j) * d;
             axpy(oj, b[pos * n + j], fp, d, 1);
@@ -162,6 +195,29 @@ void NAME(write_backward)(const REAL *g, const REAL *x, const REAL *m, const REA
     (void)threads;
 }
 
+/* read_backward of one position with n = 4: one pass, the four <x_i, g0> sums in registers. */
+static void read_backward_4(const REAL *gp, const REAL *xp, const REAL *ap, REAL *dxp, REAL *dap, int64_t d,
+                            int accumulate) {
+    vreal acc[4] = {(vreal){0}, (vreal){0}, (vreal){0}, (vreal){0}};
+    int64_t k = 0;
+    for (; k + VL <= d; k += VL) {
+        const vreal g = vload(gp + k);
+        for (int i = 0; i < 4; i++) {
+            acc[i] += vload(xp + i * d + k) * g;
+            REAL *o = dxp + i * d + k;
+            vstore(o, accumulate ? vload(o) + ap[i] * g : ap[i] * g);
+        }
+    }
+    REAL da[4];
+    for (int i = 0; i < 4; i++) da[i] = vsum(acc[i]);
+    for (; k < d; k++)
+        for (int i = 0; i < 4; i++) {
+            da[i] += xp[i * d + k] * gp[k];
+            dxp[i * d + k] = (accumulate ? dxp[i * d + k] : 0) + ap[i] * gp[k];
+        }
+    memcpy(dap, da, sizeof da);
+}
+
 /* dx += a_i g0 when accumulate, else dx = a_i g0; da_i = <x_i, g0>. */
 void NAME(read_backward)(const REAL *g0, const REAL *x, const REAL *a, REAL *dx, REAL *da, int64_t p, int64_t n,
                          int64_t d, int accumulate, int threads) {
@@ -170,6 +226,10 @@ void NAME(read_backward)(const REAL *g0, const REAL *x, const REAL *a, REAL *dx,
 #endif
     for (int64_t pos = 0; pos < p; pos++) {
         const REAL *restrict gp = g0 + pos * d;
+        if (n == 4) {
+            read_backward_4(gp, x + pos * n * d, a + pos * n, dx + pos * n * d, da + pos * n, d, accumulate);
+            continue;
+        }
         for (int64_t i = 0; i < n; i++) {
             const REAL *restrict xi = x + (pos * n + i) * d;
             REAL *restrict dxi = dx + (pos * n + i) * d;

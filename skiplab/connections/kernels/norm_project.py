@@ -1,0 +1,113 @@
+"""Dynamic hyper-connections' stream norm and projection as a CPU kernel (``norm_project.c``).
+
+For rows x ∈ R^F (HC: each stream of a position, F = D; mHC: a position's n streams flattened, F = nD) and the
+projection's rows V ∈ R^{K×F} (HC: W_m, W_r, W_β times the stream norm's gain, K = n + 2; mHC: φ's columns,
+K = 2n + n²), with μ the row's mean where the norm centres (LayerNorm) and 0 where it does not (RMSNorm), and
+r = (σ² + ε)^(-1/2) with σ² the row's variance or mean square:
+
+    t_j = r (⟨x, V_j⟩ − μ ΣV_j)
+    ∂x = Σ_j ∂u_j V_j + α x + β,   ∂V_j = Σ_rows ∂u_j (x − μ)
+
+with ∂u = r ∂t, α = −r² ⟨∂t, t⟩ / F and, where the norm centres, β = (−⟨∂u, V1⟩ − α μ F) / F (else β = 0): the
+formula of :class:`~skiplab.connections.hyper_mix._NormProject`, whose eager form makes a product for the
+projection and a pass for the rows' norms forward, and backward a product into ∂x, an in-place update of ∂x with
+α x and a product for ∂V, each a pass over the streams. Here the forward reads the rows once, and the backward
+reads x and ∂x once and writes ∂x once, making ∂V from the same loads (see ``norm_project.c``). ∂x is added onto
+the read's part of the same streams' gradient (:class:`~skiplab.connections.hyper_mix.GradSlot`) as the eager
+backward does.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from .build import load
+
+_P, _I, _C, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
+_ARGS = {"forward": [_P, _P, _P, _I, _I, _I, _C, _D, _P, _P, _P, _P, _C],
+         "backward": [_P] * 7 + [_I, _I, _I, _C, _C, _P, _P, _P, _C],
+         "forward_scratch": [_I], "backward_scratch": [_I]}
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+ROWS = 8  # rows a block, at least (RB in norm_project.c: 8, or 16 with AVX-512): a thread takes whole blocks
+
+
+def _kernel():
+    lib = load("norm_project")
+    if lib is not None and not getattr(lib, "_typed", False):
+        for name, args in _ARGS.items():
+            for suffix in _SUFFIX.values():
+                fn = getattr(lib, f"{name}_{suffix}")
+                fn.argtypes = args
+                fn.restype = ctypes.c_int64 if name.endswith("_scratch") else ctypes.c_int
+        lib._typed = True
+    return lib
+
+
+def _fn(name: str, dtype: torch.dtype):
+    return getattr(_kernel(), f"{name}_{_SUFFIX[dtype]}")
+
+
+def usable(x: Tensor, v: Tensor) -> bool:
+    """Whether the kernel can project rows ``x`` (R, F) on ``v`` (K, F) here: on the CPU, one dtype (float32 or
+    float64), at least one row and one column; not while compiling or under CPU autocast; and the kernel built on
+    this machine."""
+    dtype = x.dtype
+    return (dtype in _SUFFIX and x.device.type == "cpu" and v.device.type == "cpu" and v.dtype == dtype
+            and x.dim() == 2 and v.dim() == 2 and x.shape[1] == v.shape[1] and x.shape[0] > 0 and x.shape[1] > 0
+            and v.shape[0] > 0 and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
+            and _kernel() is not None)
+
+
+def _threads(rows: int) -> int:
+    return max(1, min(torch.get_num_threads(), -(-rows // ROWS)))
+
+
+class _NormProjectKernel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, v: Tensor, centre: bool, eps: float, slot) -> Tensor:
+        r, f = x.shape
+        k = v.shape[0]
+        vs = v.sum(-1)
+        t, rr, mu = x.new_empty(r, k), x.new_empty(r), x.new_empty(r)
+        threads = _threads(r)
+        scratch = torch.empty(threads * _fn("forward_scratch", x.dtype)(k), dtype=torch.uint8)
+        _fn("forward", x.dtype)(x.data_ptr(), v.data_ptr(), vs.data_ptr(), r, f, k, int(centre), eps, t.data_ptr(),
+                                rr.data_ptr(), mu.data_ptr(), scratch.data_ptr(), threads)
+        ctx.save_for_backward(x, v, vs, rr, t, mu)
+        ctx.centre, ctx.slot = centre, slot
+        return t
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, g: Tensor):
+        x, v, vs, rr, t, mu = ctx.saved_tensors
+        want_x, want_v = ctx.needs_input_grad[:2]
+        if not (want_x or want_v):
+            return None, None, None, None, None
+        g = g.to(x.dtype).contiguous()
+        r, f = x.shape
+        k = v.shape[0]
+        slot = ctx.slot
+        acc = None
+        if want_x and slot is not None and slot.ok and slot.grad is not None:
+            acc, slot.grad = slot.grad.view(x.shape), None  # the read's part of ∂x (see GradSlot)
+        dx = acc if acc is not None else torch.empty_like(x)  # written where there is no read's part
+        threads = _threads(r)
+        parts = torch.zeros(threads, k, f, dtype=x.dtype) if want_v else None
+        scratch = x.new_empty(threads * _fn("backward_scratch", x.dtype)(k))
+        _fn("backward", x.dtype)(g.data_ptr(), x.data_ptr(), v.data_ptr(), vs.data_ptr(), rr.data_ptr(), t.data_ptr(),
+                                 mu.data_ptr(), r, f, k, int(ctx.centre), int(acc is not None), dx.data_ptr(),
+                                 parts.data_ptr() if parts is not None else None, scratch.data_ptr(), threads)
+        dv = None if parts is None else parts[0] if threads == 1 else parts.sum(0)  # in thread order
+        return (dx if want_x else None), dv, None, None, None
+
+
+def norm_project(x: Tensor, v: Tensor, centre: bool, eps: float, slot=None) -> Tensor:
+    """N(x) Vᵀ for rows ``x`` (R, F) and ``v`` (K, F) as :func:`~skiplab.connections.hyper_mix.norm_project`
+    computes it (``centre``: LayerNorm's centring; ``slot``: the read's part of ∂x to add onto). Check
+    :func:`usable` first."""
+    return _NormProjectKernel.apply(x.contiguous(), v.contiguous(), bool(centre), float(eps), slot)

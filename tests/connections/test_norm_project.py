@@ -1,0 +1,191 @@
+"""The streams' norm-and-projection kernel equals its formula (by hand, and hyper_mix's eager form), forward and
+backward, with and without the read's part of ∂x to add onto; HC and mHC run it where their kernels run."""
+
+import ctypes
+import math
+
+import pytest
+import torch
+
+import skiplab
+from skiplab.connections import hyper_mix
+from skiplab.connections.kernels import build, load
+from skiplab.connections.kernels import norm_project as npk
+
+needs_kernel = pytest.mark.skipif(load("norm_project") is None, reason="no C compiler on this machine")
+
+
+def rows(r, f, k, dtype=torch.float64, seed=0, mean=0.0, spread=1.0):
+    g = torch.Generator().manual_seed(seed)
+    x = (mean + spread * torch.randn(r, f, generator=g, dtype=torch.float64)).to(dtype).requires_grad_()
+    v = torch.randn(k, f, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    return x, v
+
+
+def by_hand(x, v, centre, eps):
+    mu = x.mean(-1, keepdim=True) if centre else torch.zeros_like(x[:, :1])
+    var = (x - mu).square().mean(-1, keepdim=True)
+    return ((x - mu) / torch.sqrt(var + eps)) @ v.t()
+
+
+def run(fn, x, v, centre, eps, g, acc):
+    """t and (∂x, ∂V) of ``fn`` with ``acc`` (or None) as the read's part of ∂x in a GradSlot."""
+    slot = hyper_mix.GradSlot()
+    slot.grad = None if acc is None else acc.clone()
+    t = fn(x, v, centre, eps, slot)
+    return (t, *torch.autograd.grad(t, (x, v), g))
+
+
+@needs_kernel
+def test_a_row_by_hand():
+    x = torch.tensor([[1.0, 3.0]], dtype=torch.float64, requires_grad=True)
+    v = torch.eye(2, dtype=torch.float64, requires_grad=True)
+    eps = 1e-5
+    r = 1 / math.sqrt(1 + eps)  # LayerNorm: mean 2, variance 1
+    torch.testing.assert_close(npk.norm_project(x, v, True, eps), torch.tensor([[-r, r]], dtype=torch.float64))
+    r = 1 / math.sqrt(5 + eps)  # RMSNorm: mean square 5
+    torch.testing.assert_close(npk.norm_project(x, v, False, eps), torch.tensor([[r, 3 * r]], dtype=torch.float64))
+    # ∂: t = N(x) for V = I; with g = (1, 0) under RMSNorm, ∂x = r e₁ − r³ x₁ x / F
+    dx, dv = torch.autograd.grad(npk.norm_project(x, v, False, eps), (x, v), torch.tensor([[1.0, 0.0]],
+                                                                                          dtype=torch.float64))
+    torch.testing.assert_close(dx, torch.tensor([[r - r**3 * 1 / 2, -(r**3) * 3 / 2]], dtype=torch.float64))
+    torch.testing.assert_close(dv, torch.tensor([[r, 3 * r], [0.0, 0.0]], dtype=torch.float64))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-11), (torch.float32, 2e-5)])
+@pytest.mark.parametrize("r,f,k", [(13, 37, 6), (8, 64, 1), (3, 5, 24), (17, 700, 7), (1, 3, 2), (9, 1100, 3)])
+@pytest.mark.parametrize("centre", [True, False])
+@pytest.mark.parametrize("handed", [False, True])
+def test_the_kernel_equals_the_formula_outputs_and_gradients(dtype, tol, r, f, k, centre, handed):
+    x, v = rows(r, f, k, dtype, mean=0.5, spread=2.0)
+    g = torch.randn(r, k, dtype=dtype)
+    acc = torch.randn(r, f, dtype=dtype) if handed else None
+    got = run(npk.norm_project, x, v, centre, 1e-5, g, acc)
+    want = run(hyper_mix.norm_project, x, v, centre, 1e-5, g, acc)
+    t_hand = by_hand(x.double(), v.double(), centre, 1e-5)
+    for u, w in zip(got, want):
+        torch.testing.assert_close(u, w, rtol=tol, atol=tol)
+    torch.testing.assert_close(got[0].double(), t_hand, rtol=tol, atol=tol)
+
+
+@needs_kernel
+def test_the_kernel_passes_gradcheck():
+    for centre in (True, False):
+        x, v = rows(11, 19, 5)
+        assert torch.autograd.gradcheck(lambda a, b: npk.norm_project(a, b, centre, 1e-5), (x, v))
+
+
+@needs_kernel
+def test_float32_is_as_accurate_as_the_eager_form_where_the_mean_dwarfs_the_spread():
+    x, v = rows(16, 768, 6, mean=1e4, spread=1.0)
+    want = by_hand(x, v, True, 1e-5)
+    x32, v32 = x.detach().float(), v.detach().float()
+    err_kernel = (npk.norm_project(x32, v32, True, 1e-5).double() - want).abs().max()
+    err_eager = (hyper_mix.norm_project(x32, v32, True, 1e-5).double() - want).abs().max()
+    assert err_kernel <= max(err_eager, 1e-3 * want.abs().max())
+
+
+@needs_kernel
+def test_a_thread_count_gives_one_result_and_thread_counts_agree():
+    x, v = rows(203, 96, 6, torch.float32)
+    g = torch.randn(203, 6, generator=torch.Generator().manual_seed(1))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        a, b = run(npk.norm_project, x, v, True, 1e-5, g, None), run(npk.norm_project, x, v, True, 1e-5, g, None)
+        torch.set_num_threads(1)
+        c = run(npk.norm_project, x, v, True, 1e-5, g, None)
+    finally:
+        torch.set_num_threads(threads)
+    for u, w, z in zip(a, b, c):
+        assert torch.equal(u, w)
+        torch.testing.assert_close(u, z, rtol=1e-5, atol=1e-5)  # ∂V's sums in another order
+
+
+def test_usable_only_where_it_can_run():
+    x, v = torch.randn(4, 8), torch.randn(3, 8)
+    if load("norm_project") is None:
+        assert not npk.usable(x, v)
+        return
+    assert npk.usable(x, v) and npk.usable(x.double(), v.double())
+    assert not npk.usable(x.bfloat16(), v.bfloat16())
+    assert not npk.usable(x, v.double())
+    assert not npk.usable(x, torch.randn(3, 7))
+    assert not npk.usable(x[:0], v)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not npk.usable(x, v)
+
+
+@needs_kernel
+@pytest.mark.parametrize("mutation", [
+    ("beta[i] = centre ? (REAL)((-gv - a * (double)mu[row] * (double)f) / (double)f) : 0;", "beta[i] = 0;"),
+    ("o[i] = alpha[i] * vload(xr[i] + c) + beta[i];", "o[i] = beta[i] + 0 * vload(xr[i] + c);"),
+    ("xm[i] = vload(xr[i] + c) - m[i];", "xm[i] = vload(xr[i] + c);"),
+    ("for (int64_t c = cv > c0 ? cv : c0; c < c1; c++)", "for (int64_t c = c1; c < c1; c++)"),
+    ("b[i] += xi * w1;", "b[i] += xi * w0;"),
+    ("for (int64_t i = 0; i < RB; i++) out[i] = base + (i < rows ? i : 0) * f;",
+     "for (int64_t i = 0; i < RB; i++) out[i] = base + (i < rows ? 0 : 0) * f;"),
+])
+def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_path):
+    """The oracle can fail: each mutation of the C source (β dropped, α x dropped, ∂V without the centring, the
+    forward's last F mod VL columns skipped, the second of a pair of V's rows read as the first, every row of a block
+    read as its first), built and run in its place, is caught."""
+    source = (build.HERE / "norm_project.c").read_text()
+    assert mutation[0] in source
+    (tmp_path / "m.c").write_text(source.replace(mutation[0], mutation[1]))
+    build._compile(build._compiler(), tmp_path / "m.c", tmp_path / "m.so", native=True)
+    lib = ctypes.CDLL(str(tmp_path / "m.so"))
+    for name, args in npk._ARGS.items():
+        for suffix in npk._SUFFIX.values():
+            fn = getattr(lib, f"{name}_{suffix}")
+            fn.argtypes = args
+            fn.restype = ctypes.c_int64 if name.endswith("_scratch") else ctypes.c_int
+    lib._typed = True
+    monkeypatch.setattr(npk, "_kernel", lambda: lib)
+    x, v = rows(13, 37, 6, mean=0.5)
+    g = torch.randn(13, 6, dtype=torch.float64)
+    got = run(npk.norm_project, x, v, True, 1e-5, g, None)
+    want = run(hyper_mix.norm_project, x, v, True, 1e-5, g, None)
+    assert not all(torch.allclose(u, w) for u, w in zip(got, want))
+
+
+def ran(y, name):
+    seen, stack = set(), [y.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ == name:
+            return True
+        stack.extend(nxt for nxt, _ in node.next_functions)
+    return False
+
+
+@needs_kernel
+@pytest.mark.parametrize("spec", ["HC", "HC+RMS", "HC(tanh=no)", "mHC", "mHC(n=2)"])
+def test_dynamic_connections_run_it_and_equal_their_eager_form(spec):
+    torch.manual_seed(0)
+    conn = skiplab.connection(spec, dim=24).double()
+    with torch.no_grad():
+        for p in conn.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    layer = torch.nn.Linear(24, 24).double()
+    params = [*conn.parameters(), *layer.parameters()]
+    x = torch.randn(2, 5, conn.n, 24, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn_like(x)
+    y = conn(x, layer)
+    assert ran(y, "_NormProjectKernelBackward")
+    got = (y, *torch.autograd.grad(y, [x, *params], dy))
+    conn.kernel = None
+    y_ref = conn(x, layer)
+    assert not ran(y_ref, "_NormProjectKernelBackward")
+    want = (y_ref, *torch.autograd.grad(y_ref, [x, *params], dy))
+    for u, w in zip(got, want):
+        torch.testing.assert_close(u, w)
+    conn.kernel = "stream_mix"
+    conn.float(), layer.float()
+    assert ran(conn(x.float(), layer), "_NormProjectKernelBackward")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not ran(conn(x.float(), layer), "_NormProjectKernelBackward")
