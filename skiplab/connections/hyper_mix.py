@@ -40,13 +40,17 @@ class GradSlot:
     place: one buffer and no separate sum of the two parts. ``ok`` is cleared where either function worked on a copy of
     the streams (another dtype), whose gradients are not the same tensor's. The CPU kernels' write and read
     (:mod:`~skiplab.connections.kernels.stream_mix`) use it too: the write's backward fills it, the read's adds
-    to it."""
+    to it; where the projection is a kernel too (:mod:`~skiplab.connections.kernels.norm_project`, which sets
+    ``fuse``), the read's backward leaves its part, a_i ∂h₀, in ``read`` as (a, ∂h₀) and the projection's backward
+    adds it in its own pass over ∂x."""
 
-    __slots__ = ("grad", "ok")
+    __slots__ = ("grad", "ok", "read", "fuse")
 
     def __init__(self):
         self.grad: Tensor | None = None
         self.ok = True
+        self.read: tuple[Tensor, Tensor] | None = None
+        self.fuse = False
 
 
 class _Read(torch.autograd.Function):

@@ -11,6 +11,7 @@ import skiplab
 from skiplab.connections import hyper_mix
 from skiplab.connections.kernels import build, load
 from skiplab.connections.kernels import norm_project as npk
+from skiplab.connections.kernels import stream_mix as sm
 
 needs_kernel = pytest.mark.skipif(load("norm_project") is None, reason="no C compiler on this machine")
 
@@ -69,6 +70,38 @@ def test_the_kernel_equals_the_formula_outputs_and_gradients(dtype, tol, r, f, k
     torch.testing.assert_close(got[0].double(), t_hand, rtol=tol, atol=tol)
 
 
+def with_read_term(fn, x, v, centre, g, acc, a, g0):
+    """t, ∂x and ∂V of ``fn`` where the read of the same streams left its term a_i ∂h₀ in the slot (the kernel adds
+    it; for the eager form it is added here, by hand, onto the read's part it would have handed over)."""
+    p, n = a.shape
+    slot = hyper_mix.GradSlot()
+    if fn is npk.norm_project:
+        slot.grad = None if acc is None else acc.clone()
+        slot.read = a, g0
+    else:  # by hand: stream i of position p gets a[p, i] ∂h₀[p], in either layout of the rows
+        term = (a.unsqueeze(-1) * g0.unsqueeze(1)).reshape(x.shape)
+        slot.grad = term if acc is None else acc + term
+    t = fn(x, v, centre, 1e-5, slot)
+    out = (t, *torch.autograd.grad(t, (x, v), g))
+    assert slot.read is None and slot.grad is None  # consumed
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("layout", ["stream", "position"])  # HC's rows (a stream each), mHC's (a position each)
+@pytest.mark.parametrize("handed", [False, True])
+def test_the_read_term_left_by_the_read_is_added(layout, handed):
+    p, n, d = 5, 3, 37
+    x, v = rows(p * n, d, 6) if layout == "stream" else rows(p, n * d, 6)
+    g = torch.randn(x.shape[0], 6, dtype=torch.float64)
+    acc = torch.randn(x.shape, dtype=torch.float64) if handed else None
+    a, g0 = torch.randn(p, n, dtype=torch.float64), torch.randn(p, d, dtype=torch.float64)
+    got = with_read_term(npk.norm_project, x, v, True, g, acc, a, g0)
+    want = with_read_term(hyper_mix.norm_project, x, v, True, g, acc, a, g0)
+    for u, w in zip(got, want):
+        torch.testing.assert_close(u, w)
+
+
 @needs_kernel
 def test_the_kernel_passes_gradcheck():
     for centre in (True, False):
@@ -124,13 +157,15 @@ def test_usable_only_where_it_can_run():
     ("xm[i] = vload(xr[i] + c) - m[i];", "xm[i] = vload(xr[i] + c);"),
     ("for (int64_t c = cv > c0 ? cv : c0; c < c1; c++)", "for (int64_t c = c1; c < c1; c++)"),
     ("b[i] += xi * w1;", "b[i] += xi * w0;"),
+    ("const REAL c = ra[pos * n + (row % per) * seg + s];", "const REAL c = ra[pos * n + s];"),
     ("for (int64_t i = 0; i < RB; i++) out[i] = base + (i < rows ? i : 0) * f;",
      "for (int64_t i = 0; i < RB; i++) out[i] = base + (i < rows ? 0 : 0) * f;"),
 ])
 def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_path):
     """The oracle can fail: each mutation of the C source (β dropped, α x dropped, ∂V without the centring, the
-    forward's last F mod VL columns skipped, the second of a pair of V's rows read as the first, every row of a block
-    read as its first), built and run in its place, is caught."""
+    forward's last F mod VL columns skipped, the second of a pair of V's rows read as the first, the read's term
+    from each position's first stream, every row of a block read as its first), built and run in its place, is
+    caught (the read's term in both layouts of the rows)."""
     source = (build.HERE / "norm_project.c").read_text()
     assert mutation[0] in source
     (tmp_path / "m.c").write_text(source.replace(mutation[0], mutation[1]))
@@ -147,7 +182,15 @@ def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_pa
     g = torch.randn(13, 6, dtype=torch.float64)
     got = run(npk.norm_project, x, v, True, 1e-5, g, None)
     want = run(hyper_mix.norm_project, x, v, True, 1e-5, g, None)
-    assert not all(torch.allclose(u, w) for u, w in zip(got, want))
+    same = all(torch.allclose(u, w) for u, w in zip(got, want))
+    for p, n, d, shape in ((4, 3, 5, (12, 5)), (4, 3, 5, (4, 15))):  # the read's term, HC's and mHC's rows
+        x, v = rows(*shape, 6)
+        g = torch.randn(shape[0], 6, dtype=torch.float64)
+        a, g0 = torch.randn(p, n, dtype=torch.float64), torch.randn(p, d, dtype=torch.float64)
+        got = with_read_term(npk.norm_project, x, v, True, g, None, a, g0)
+        want = with_read_term(hyper_mix.norm_project, x, v, True, g, None, a, g0)
+        same = same and all(torch.allclose(u, w) for u, w in zip(got, want))
+    assert not same
 
 
 def ran(y, name):
@@ -165,7 +208,17 @@ def ran(y, name):
 
 @needs_kernel
 @pytest.mark.parametrize("spec", ["HC", "HC+RMS", "HC(tanh=no)", "mHC", "mHC(n=2)"])
-def test_dynamic_connections_run_it_and_equal_their_eager_form(spec):
+def test_dynamic_connections_run_it_and_equal_their_eager_form(spec, monkeypatch):
+    deferred = []  # the read's backward calls that left a_i ∂h₀ to this kernel (no ∂x buffer)
+    fn = sm._fn
+
+    def spy(name, dtype):
+        kernel = fn(name, dtype)
+        if name != "read_backward":
+            return kernel
+        return lambda *args: deferred.append(args[3] is None) or kernel(*args)
+
+    monkeypatch.setattr(sm, "_fn", spy)
     torch.manual_seed(0)
     conn = skiplab.connection(spec, dim=24).double()
     with torch.no_grad():
@@ -178,6 +231,7 @@ def test_dynamic_connections_run_it_and_equal_their_eager_form(spec):
     y = conn(x, layer)
     assert ran(y, "_NormProjectKernelBackward")
     got = (y, *torch.autograd.grad(y, [x, *params], dy))
+    assert deferred == [True]
     conn.kernel = None
     y_ref = conn(x, layer)
     assert not ran(y_ref, "_NormProjectKernelBackward")

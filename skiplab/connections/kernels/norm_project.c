@@ -134,10 +134,37 @@ static void forward_block(const REAL *x, const REAL *v, const REAL *vs, int64_t 
     }
 }
 
-/* dx (and dv, when not NULL) of rows [r0, r0 + rows), rows <= RB. gu: scratch of K * RB REALs. */
+/* The read's term of dx, ra_i g0 (the read h0 = sum_i a_i x_i of the same streams, whose backward left it here):
+   row `row` holds `seg` segments of D = F / seg values, streams (row mod per) * seg + s of position row / per, so
+   that HC's rows (one stream each: per = n, seg = 1) and mHC's (a position's n streams: per = 1, seg = n) both
+   take a_i g0. Written, or added onto dx when `accumulate`. */
+static void read_term(REAL *dxrow, const REAL *ra, const REAL *g0, int64_t row, int64_t f, int64_t per, int64_t seg,
+                      int accumulate) {
+    const int64_t d = f / seg, pos = row / per, n = per * seg;
+    const REAL *restrict gp = g0 + pos * d;
+    for (int64_t s = 0; s < seg; s++) {
+        const REAL c = ra[pos * n + (row % per) * seg + s];
+        REAL *restrict o = dxrow + s * d;
+        if (accumulate) {
+#pragma omp simd
+            for (int64_t e = 0; e < d; e++) o[e] += c * gp[e];
+        } else {
+#pragma omp simd
+            for (int64_t e = 0; e < d; e++) o[e] = c * gp[e];
+        }
+    }
+}
+
+/* dx (and dv, when not NULL) of rows [r0, r0 + rows), rows <= RB; with ra (not NULL), the read's term first, so
+   that the block's rows of dx are in cache when the pass below updates them. gu: scratch of K * RB REALs. */
 static void backward_block(const REAL *g, const REAL *x, const REAL *v, const REAL *vs, const REAL *rr,
                            const REAL *t, const REAL *mu, REAL *dx, REAL *dv, int64_t f, int64_t k, int64_t r0,
-                           int64_t rows, int centre, int accumulate, REAL *gu) {
+                           int64_t rows, int centre, int accumulate, const REAL *ra, const REAL *g0, int64_t per,
+                           int64_t seg, REAL *gu) {
+    if (ra) {
+        for (int64_t i = 0; i < rows; i++) read_term(dx + (r0 + i) * f, ra, g0, r0 + i, f, per, seg, accumulate);
+        accumulate = 1;
+    }
     const REAL *xr[RB];
     block_rows(x + r0 * f, f, rows, xr);
     REAL alpha[RB], beta[RB], m[RB];
@@ -238,10 +265,13 @@ int NAME(forward)(const REAL *x, const REAL *v, const REAL *vs, int64_t r, int64
 }
 
 /* dx (R, F): written, or added onto when `accumulate`; dv_parts (threads, K, F), zero-filled by the caller, or
-   NULL for no dV; scratch: NAME(backward_scratch)(K) REALs a thread. Returns 0. */
+   NULL for no dV; ra (P, n) and g0 (P, F / seg), or NULL: the read's term a_i g0 added too (read_term); scratch:
+   NAME(backward_scratch)(K) REALs a thread. Returns 0; 2 where per and seg do not divide the rows. */
 int NAME(backward)(const REAL *g, const REAL *x, const REAL *v, const REAL *vs, const REAL *rr, const REAL *t,
                    const REAL *mu, int64_t r, int64_t f, int64_t k, int centre, int accumulate, REAL *dx,
-                   REAL *dv_parts, REAL *scratch, int threads) {
+                   REAL *dv_parts, const REAL *ra, const REAL *g0, int64_t per, int64_t seg, REAL *scratch,
+                   int threads) {
+    if (ra && (per < 1 || seg < 1 || r % per || f % seg)) return 2;
     const int64_t nb = BLOCKS(r);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
@@ -256,7 +286,7 @@ int NAME(backward)(const REAL *g, const REAL *x, const REAL *v, const REAL *vs, 
         REAL *gu = scratch + (int64_t)id * k * RB;
         for (int64_t b = nb * id / size; b < nb * (id + 1) / size; b++) {
             const int64_t r0 = b * RB, rows = r - r0 < RB ? r - r0 : RB;
-            backward_block(g, x, v, vs, rr, t, mu, dx, dv, f, k, r0, rows, centre, accumulate, gu);
+            backward_block(g, x, v, vs, rr, t, mu, dx, dv, f, k, r0, rows, centre, accumulate, ra, g0, per, seg, gu);
         }
     }
     (void)threads;

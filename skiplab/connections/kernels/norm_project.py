@@ -29,7 +29,7 @@ from .build import load
 
 _P, _I, _C, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
 _ARGS = {"forward": [_P, _P, _P, _I, _I, _I, _C, _D, _P, _P, _P, _P, _C],
-         "backward": [_P] * 7 + [_I, _I, _I, _C, _C, _P, _P, _P, _C],
+         "backward": [_P] * 7 + [_I, _I, _I, _C, _C, _P, _P, _P, _P, _I, _I, _P, _C],
          "forward_scratch": [_I], "backward_scratch": [_I]}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 ROWS = 8  # rows a block, at least (RB in norm_project.c: 8, or 16 with AVX-512): a thread takes whole blocks
@@ -79,6 +79,8 @@ class _NormProjectKernel(torch.autograd.Function):
                                 rr.data_ptr(), mu.data_ptr(), scratch.data_ptr(), threads)
         ctx.save_for_backward(x, v, vs, rr, t, mu)
         ctx.centre, ctx.slot = centre, slot
+        if slot is not None:
+            slot.fuse = True  # the read of the same streams may leave its part of ∂x for this backward (GradSlot)
         return t
 
     @staticmethod
@@ -92,16 +94,28 @@ class _NormProjectKernel(torch.autograd.Function):
         r, f = x.shape
         k = v.shape[0]
         slot = ctx.slot
-        acc = None
-        if want_x and slot is not None and slot.ok and slot.grad is not None:
-            acc, slot.grad = slot.grad.view(x.shape), None  # the read's part of ∂x (see GradSlot)
-        dx = acc if acc is not None else torch.empty_like(x)  # written where there is no read's part
+        acc = read = None
+        if want_x and slot is not None and slot.ok:
+            if slot.grad is not None:
+                acc, slot.grad = slot.grad.view(x.shape), None  # the read's (or write's) part of ∂x (see GradSlot)
+            read, slot.read = slot.read, None  # (a, ∂h₀): the read's a_i ∂h₀, left for this pass
+        dx = acc if acc is not None else torch.empty_like(x)  # written where there is no part to add onto
+        ra = g0 = None
+        per = seg = 1
+        if read is not None:
+            ra, g0 = (u.to(x.dtype).contiguous() for u in read)
+            per, seg = r // ra.shape[0], f // g0.shape[1]  # HC: a row a stream (per = n); mHC: a row a position
         threads = _threads(r)
         parts = torch.zeros(threads, k, f, dtype=x.dtype) if want_v else None
         scratch = x.new_empty(threads * _fn("backward_scratch", x.dtype)(k))
-        _fn("backward", x.dtype)(g.data_ptr(), x.data_ptr(), v.data_ptr(), vs.data_ptr(), rr.data_ptr(), t.data_ptr(),
-                                 mu.data_ptr(), r, f, k, int(ctx.centre), int(acc is not None), dx.data_ptr(),
-                                 parts.data_ptr() if parts is not None else None, scratch.data_ptr(), threads)
+        status = _fn("backward", x.dtype)(
+            g.data_ptr(), x.data_ptr(), v.data_ptr(), vs.data_ptr(), rr.data_ptr(), t.data_ptr(), mu.data_ptr(), r, f,
+            k, int(ctx.centre), int(acc is not None), dx.data_ptr(), parts.data_ptr() if parts is not None else None,
+            ra.data_ptr() if ra is not None else None, g0.data_ptr() if g0 is not None else None, per, seg,
+            scratch.data_ptr(), threads)
+        if status:
+            raise RuntimeError(f"norm_project kernel: the read's term ({tuple(ra.shape)}, {tuple(g0.shape)}) does not "
+                               f"match rows ({r}, {f})")
         dv = None if parts is None else parts[0] if threads == 1 else parts.sum(0)  # in thread order
         return (dx if want_x else None), dv, None, None, None
 

@@ -218,7 +218,8 @@ static void read_backward_4(const REAL *gp, const REAL *xp, const REAL *ap, REAL
     memcpy(dap, da, sizeof da);
 }
 
-/* dx += a_i g0 when accumulate, else dx = a_i g0; da_i = <x_i, g0>. */
+/* dx += a_i g0 when accumulate, else dx = a_i g0; da_i = <x_i, g0>. dx NULL: da alone (the streams' projection
+   kernel adds a_i g0 to dx in its own pass, norm_project.c). */
 void NAME(read_backward)(const REAL *g0, const REAL *x, const REAL *a, REAL *dx, REAL *da, int64_t p, int64_t n,
                          int64_t d, int accumulate, int threads) {
 #ifdef _OPENMP
@@ -226,6 +227,10 @@ void NAME(read_backward)(const REAL *g0, const REAL *x, const REAL *a, REAL *dx,
 #endif
     for (int64_t pos = 0; pos < p; pos++) {
         const REAL *restrict gp = g0 + pos * d;
+        if (!dx) {
+            for (int64_t i = 0; i < n; i++) da[pos * n + i] = dot(x + (pos * n + i) * d, gp, d);
+            continue;
+        }
         if (n == 4) {
             read_backward_4(gp, x + pos * n * d, a + pos * n, dx + pos * n * d, da + pos * n, d, accumulate);
             continue;

@@ -78,11 +78,17 @@ class _ReadKernel(torch.autograd.Function):
         g0 = g0.to(x.dtype).contiguous()
         p, n, d = x.shape
         slot = ctx.slot
+        da = a.new_empty(p, n)
+        if slot is not None and ctx.handoff and slot.ok and slot.fuse:
+            # the projection kernel's backward, next, adds a_i ∂h₀ in its own pass over ∂x: ⟨x_i, ∂h₀⟩ alone here
+            _fn("read_backward", x.dtype)(g0.data_ptr(), x.data_ptr(), a.data_ptr(), None, da.data_ptr(), p, n, d, 0,
+                                          torch.get_num_threads())
+            slot.read = a, g0
+            return None, da, None, None
         dx = slot.grad if slot is not None and slot.grad is not None else None  # the write's part, to add onto
         accumulate = dx is not None
         if dx is None:
             dx = torch.empty_like(x)
-        da = a.new_empty(p, n)
         _fn("read_backward", x.dtype)(g0.data_ptr(), x.data_ptr(), a.data_ptr(), dx.data_ptr(), da.data_ptr(), p, n,
                                       d, int(accumulate), torch.get_num_threads())
         if slot is not None and ctx.handoff and slot.ok:  # the projection's backward adds its part and returns it
