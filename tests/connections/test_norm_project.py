@@ -193,6 +193,34 @@ def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_pa
     assert not same
 
 
+@needs_kernel
+def test_the_generic_build_equals_the_formula_too(monkeypatch, tmp_path):
+    """Built without -march=native (32-byte vectors, 8 rows a block: an AVX2 machine's shape of the kernel), on
+    shapes with short blocks and columns past the last whole vector, with and without the read's term."""
+    build._compile(build._compiler(), build.HERE / "norm_project.c", tmp_path / "g.so", native=False)
+    lib = ctypes.CDLL(str(tmp_path / "g.so"))
+    for name, args in npk._ARGS.items():
+        for suffix in npk._SUFFIX.values():
+            fn = getattr(lib, f"{name}_{suffix}")
+            fn.argtypes = args
+            fn.restype = ctypes.c_int64 if name.endswith("_scratch") else ctypes.c_int
+    lib._typed = True
+    monkeypatch.setattr(npk, "_kernel", lambda: lib)
+    assert lib.backward_scratch_f32(1) == 8
+    for (r, f, k), centre in (((13, 37, 6), True), ((17, 700, 7), False), ((3, 1100, 24), True)):
+        x, v = rows(r, f, k, mean=0.5)
+        g = torch.randn(r, k, dtype=torch.float64)
+        for u, w in zip(run(npk.norm_project, x, v, centre, 1e-5, g, None),
+                        run(hyper_mix.norm_project, x, v, centre, 1e-5, g, None)):
+            torch.testing.assert_close(u, w)
+    x, v = rows(12, 5, 6)
+    g = torch.randn(12, 6, dtype=torch.float64)
+    a, g0 = torch.randn(4, 3, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    for u, w in zip(with_read_term(npk.norm_project, x, v, True, g, None, a, g0),
+                    with_read_term(hyper_mix.norm_project, x, v, True, g, None, a, g0)):
+        torch.testing.assert_close(u, w)
+
+
 def ran(y, name):
     seen, stack = set(), [y.grad_fn]
     while stack:

@@ -11,10 +11,13 @@ Why: :mod:`skiplab.connections.hyper_mix` computes [h₀; Mx] in one batched pro
 pass, so the mixed streams Mx (n·D a position) are written out by the read and read back by the write, and the
 backward makes a pass over the streams for each product. Here the write mixes the streams itself (reading x again
 instead of Mx, and never writing Mx), and each backward is one pass that makes every product of a position while
-its rows are in the first-level cache. ∂x is one buffer: the write's backward fills it, the read's adds its part
-in place (the read runs first forward, so its backward runs after the write's), and where the streams' norm and
-projection follow (dynamic HC, mHC) their backward adds theirs into the same buffer
-(:class:`~skiplab.connections.hyper_mix.GradSlot`).
+its rows are in the first-level cache (with n = 4, HC's and mHC's default, the position's four rows are loaded
+once a vector and every output made from them in registers). ∂x is one buffer: the write's backward fills it, the
+read's adds its part in place (the read runs first forward, so its backward runs after the write's), and where the
+streams' norm and projection follow (dynamic HC, mHC) their backward adds theirs into the same buffer
+(:class:`~skiplab.connections.hyper_mix.GradSlot`). Where that projection is a kernel too
+(:mod:`~skiplab.connections.kernels.norm_project`), the read's backward computes ⟨x_i, ∂h₀⟩ alone and leaves
+a_i ∂h₀ to the projection's pass over ∂x, so that ∂x is read and written once for both.
 """
 
 from __future__ import annotations
