@@ -1,7 +1,6 @@
 """The add + GroupNorm kernel equals the eager chain, forward and backward, and the connections run it only where
 it can run: on the CPU, in float32 or float64, outside compile, autocast and recording, with a C compiler."""
 
-import ctypes
 import warnings
 
 import pytest
@@ -15,6 +14,7 @@ from skiplab.connections.base import iter_connections, recording
 from skiplab.connections.kernels import add_group_norm as agn
 from skiplab.connections.kernels import build
 from tests.conftest import make_branch, make_input, randomise_affine
+from tests.connections.kernel_checks import mutated
 
 needs_kernel = pytest.mark.skipif(kernels.load("add_group_norm") is None, reason="no C compiler on this machine")
 
@@ -115,17 +115,7 @@ def test_kernel_refuses_a_second_derivative_rather_than_give_a_wrong_one():
 ])
 def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_path):
     """The oracle above can fail: each mutation of the C source, built and run in its place, is caught."""
-    source = (build.HERE / "add_group_norm.c").read_text()
-    assert mutation[0] in source
-    mutated = tmp_path / "mutated.c"
-    mutated.write_text(source.replace(mutation[0], mutation[1]))
-    out = tmp_path / "mutated.so"
-    build._compile(build._compiler(), mutated, out, native=False)
-    lib = ctypes.CDLL(str(out))
-    for suffix in agn._SUFFIX.values():
-        getattr(lib, f"forward_{suffix}").argtypes = agn._FORWARD
-        getattr(lib, f"backward_{suffix}").argtypes = agn._BACKWARD
-    lib._typed = True
+    lib = mutated("add_group_norm", agn.SIGNATURES, *mutation, tmp_path)
     monkeypatch.setattr(agn, "_kernel", lambda: lib)
     s, f, w, b = inputs((5, 4, 3, 7), 2)
     y = agn.add_group_norm(s, f, w, b)[0]
@@ -228,6 +218,21 @@ def test_the_cache_keeps_one_library_per_kind_of_processor(monkeypatch, tmp_path
     second = build._build("add_group_norm")
     assert second != first and second.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, second.name])  # no temporary left
+
+
+@needs_kernel
+def test_a_changed_header_builds_anew(monkeypatch, tmp_path):
+    """The cache key holds the folder's headers too: a kernel that includes vectors.h is rebuilt when it changes."""
+    here = tmp_path / "src"
+    here.mkdir()
+    for name in ("norm_project.c", "vectors.h"):
+        (here / name).write_text((build.HERE / name).read_text())
+    monkeypatch.setattr(build, "HERE", here)
+    monkeypatch.setenv("SKIPLAB_KERNEL_CACHE", str(tmp_path / "cache"))
+    first = build._build("norm_project")
+    (here / "vectors.h").write_text((here / "vectors.h").read_text() + "/* changed */\n")
+    second = build._build("norm_project")
+    assert second != first and first.exists() and second.exists()
 
 
 @needs_kernel

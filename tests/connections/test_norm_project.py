@@ -1,7 +1,6 @@
 """The streams' norm-and-projection kernel equals its formula (by hand, and hyper_mix's eager form), forward and
 backward, with and without the read's part of ∂x to add onto; HC and mHC run it where their kernels run."""
 
-import ctypes
 import math
 
 import pytest
@@ -9,9 +8,10 @@ import torch
 
 import skiplab
 from skiplab.connections import hyper_mix
-from skiplab.connections.kernels import build, load
+from skiplab.connections.kernels import load
 from skiplab.connections.kernels import norm_project as npk
 from skiplab.connections.kernels import stream_mix as sm
+from tests.connections.kernel_checks import mutated, ran
 
 needs_kernel = pytest.mark.skipif(load("norm_project") is None, reason="no C compiler on this machine")
 
@@ -166,17 +166,7 @@ def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_pa
     forward's last F mod VL columns skipped, the second of a pair of V's rows read as the first, the read's term
     from each position's first stream, every row of a block read as its first), built and run in its place, is
     caught (the read's term in both layouts of the rows)."""
-    source = (build.HERE / "norm_project.c").read_text()
-    assert mutation[0] in source
-    (tmp_path / "m.c").write_text(source.replace(mutation[0], mutation[1]))
-    build._compile(build._compiler(), tmp_path / "m.c", tmp_path / "m.so", native=True)
-    lib = ctypes.CDLL(str(tmp_path / "m.so"))
-    for name, args in npk._ARGS.items():
-        for suffix in npk._SUFFIX.values():
-            fn = getattr(lib, f"{name}_{suffix}")
-            fn.argtypes = args
-            fn.restype = ctypes.c_int64 if name.endswith("_scratch") else ctypes.c_int
-    lib._typed = True
+    lib = mutated("norm_project", npk.SIGNATURES, *mutation, tmp_path, native=True)
     monkeypatch.setattr(npk, "_kernel", lambda: lib)
     x, v = rows(13, 37, 6, mean=0.5)
     g = torch.randn(13, 6, dtype=torch.float64)
@@ -197,14 +187,7 @@ def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_pa
 def test_the_generic_build_equals_the_formula_too(monkeypatch, tmp_path):
     """Built without -march=native (32-byte vectors, 8 rows a block: an AVX2 machine's shape of the kernel), on
     shapes with short blocks and columns past the last whole vector, with and without the read's term."""
-    build._compile(build._compiler(), build.HERE / "norm_project.c", tmp_path / "g.so", native=False)
-    lib = ctypes.CDLL(str(tmp_path / "g.so"))
-    for name, args in npk._ARGS.items():
-        for suffix in npk._SUFFIX.values():
-            fn = getattr(lib, f"{name}_{suffix}")
-            fn.argtypes = args
-            fn.restype = ctypes.c_int64 if name.endswith("_scratch") else ctypes.c_int
-    lib._typed = True
+    lib = mutated("norm_project", npk.SIGNATURES, "", "", tmp_path)  # no change: the source as it is
     monkeypatch.setattr(npk, "_kernel", lambda: lib)
     assert lib.backward_scratch_f32(1) == 8
     for (r, f, k), centre in (((13, 37, 6), True), ((17, 700, 7), False), ((3, 1100, 24), True)):
@@ -219,19 +202,6 @@ def test_the_generic_build_equals_the_formula_too(monkeypatch, tmp_path):
     for u, w in zip(with_read_term(npk.norm_project, x, v, True, g, None, a, g0),
                     with_read_term(hyper_mix.norm_project, x, v, True, g, None, a, g0)):
         torch.testing.assert_close(u, w)
-
-
-def ran(y, name):
-    seen, stack = set(), [y.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if type(node).__name__ == name:
-            return True
-        stack.extend(nxt for nxt, _ in node.next_functions)
-    return False
 
 
 @needs_kernel

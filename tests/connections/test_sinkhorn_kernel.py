@@ -1,15 +1,14 @@
 """mHC's Sinkhorn–Knopp kernel equals the projection (by hand, and the operator form), forward and backward; mHC runs
 it where its kernels run and the operator form elsewhere."""
 
-import ctypes
-
 import pytest
 import torch
 
 import skiplab
 from skiplab.connections.hyper import sinkhorn
-from skiplab.connections.kernels import build, load
+from skiplab.connections.kernels import load
 from skiplab.connections.kernels import sinkhorn as sk
+from tests.connections.kernel_checks import mutated, ran
 
 needs_kernel = pytest.mark.skipif(load("sinkhorn") is None, reason="no C compiler on this machine")
 
@@ -60,25 +59,15 @@ def test_usable_only_where_it_can_run():
 
 @needs_kernel
 @pytest.mark.parametrize("mutation", [
-    ("for (int64_t i = 0; i < n; i++) t += m[i * n + j];", "for (int64_t i = 0; i < n; i++) t += m[j * n + i];"),
-    ("for (int64_t j = 0; j < n; j++) g[i * n + j] = (g[i * n + j] - t) / s[i];",
-     "for (int64_t j = 0; j < n; j++) g[i * n + j] = g[i * n + j] / s[i];"),
+    ("half_step(ys + h * nn, ys + (h + 1) * nn, ss + h * n, n, h % 2 ? n : 1, h % 2 ? 1 : n);",
+     "half_step(ys + h * nn, ys + (h + 1) * nn, ss + h * n, n, h % 2 ? 1 : n, h % 2 ? n : 1);"),  # rows first
+    ("g[o * os + e * es] = (g[o * os + e * es] - t) / s[o];", "g[o * os + e * es] = g[o * os + e * es] / s[o];"),
     ("dlogits[pos * nn + e] = (REAL)(g[e] * ys[e]);", "dlogits[pos * nn + e] = (REAL)g[e];"),
 ])
 def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_path):
-    """The oracle can fail: each mutation of the C source (T_c summing a row, T_r's backward without its
-    projection term, ∂l without the factor M⁰), built and run in its place, is caught."""
-    source = (build.HERE / "sinkhorn.c").read_text()
-    assert mutation[0] in source
-    (tmp_path / "m.c").write_text(source.replace(mutation[0], mutation[1]))
-    build._compile(build._compiler(), tmp_path / "m.c", tmp_path / "m.so", native=False)
-    lib = ctypes.CDLL(str(tmp_path / "m.so"))
-    for name, args in sk._ARGS.items():
-        for suffix in sk._SUFFIX.values():
-            fn = getattr(lib, f"{name}_{suffix}")
-            fn.argtypes = args
-            fn.restype = ctypes.c_int64 if name == "scratch" else None
-    lib._typed = True
+    """The oracle can fail: each mutation of the C source (the rows normalised before the columns, the backward
+    without its projection term, ∂l without the factor M⁰), built and run in its place, is caught."""
+    lib = mutated("sinkhorn", sk.SIGNATURES, *mutation, tmp_path)
     monkeypatch.setattr(sk, "_kernel", lambda: lib)
     logits = torch.randn(5, 4, 4, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(5, 4, 4, dtype=torch.float64)
@@ -86,19 +75,6 @@ def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_pa
     same = torch.allclose(got, want) and torch.allclose(torch.autograd.grad(got, logits, dy)[0],
                                                         torch.autograd.grad(want, logits, dy)[0])
     assert not same
-
-
-def ran(y, name):
-    seen, stack = set(), [y.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if type(node).__name__ == name:
-            return True
-        stack.extend(nxt for nxt, _ in node.next_functions)
-    return False
 
 
 @needs_kernel

@@ -1,16 +1,15 @@
 """Hyper-connections' read and write kernels equal their formulas, forward and backward; the ∂x handed between
 them (and to the streams' projection) is the whole gradient; HC and mHC run them only where they can run."""
 
-import ctypes
-
 import pytest
 import torch
 from torch import nn
 
 import skiplab
 from skiplab.connections import hyper_mix
-from skiplab.connections.kernels import build, load
+from skiplab.connections.kernels import load
 from skiplab.connections.kernels import stream_mix as sm
+from tests.connections.kernel_checks import mutated, ran
 
 needs_kernel = pytest.mark.skipif(load("stream_mix") is None, reason="no C compiler on this machine")
 
@@ -97,15 +96,7 @@ def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_pa
     """The oracle can fail: each mutation of the C source (∂M from the wrong stream, in the general and the n = 4
     backward; ∂x without a_i; M transposed in the write, in the general and the n = 4 forward; the n = 4 read's ∂a
     from one stream), built and run in its place, is caught."""
-    source = (build.HERE / "stream_mix.c").read_text()
-    assert mutation[0] in source
-    (tmp_path / "m.c").write_text(source.replace(mutation[0], mutation[1]))
-    build._compile(build._compiler(), tmp_path / "m.c", tmp_path / "m.so", native=False)
-    lib = ctypes.CDLL(str(tmp_path / "m.so"))
-    for name, args in sm._ARGS.items():
-        for suffix in sm._SUFFIX.values():
-            getattr(lib, f"{name}_{suffix}").argtypes = args
-    lib._typed = True
+    lib = mutated("stream_mix", sm.SIGNATURES, *mutation[:2], tmp_path)
     monkeypatch.setattr(sm, "_kernel", lambda: lib)
     n = mutation[2]
     x, a, m, f, b = tensors(5, n, 19)
@@ -119,16 +110,7 @@ def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_pa
 # HC and mHC with the kernels against the same connections with hyper_mix's products.
 
 def ran_kernel(y):
-    seen, stack = set(), [y.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        if type(node).__name__ == "_WriteKernelBackward":
-            return True
-        stack.extend(nxt for nxt, _ in node.next_functions)
-    return False
+    return ran(y, "_WriteKernelBackward")
 
 
 def conn_and_branch(spec, dtype=torch.float64, ignores_input=False):

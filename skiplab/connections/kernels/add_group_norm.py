@@ -27,23 +27,17 @@ import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 
-from .build import load
+from .build import load, typed
 
-_P, _I, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
-_FORWARD = [_P, _P, _P, _P, _D, _D, _D, _I, _I, _I, _I, _P, _P, _P, ctypes.c_int]
-_BACKWARD = [_P, _P, _P, _P, _D, _D, _P, _P, _P, _I, _I, _I, _I, _P, _P, _P, _P, ctypes.c_int]
+_P, _I, _D, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
+SIGNATURES = {"forward": ([_P, _P, _P, _P, _D, _D, _D, _I, _I, _I, _I, _P, _P, _P, _C], _C),
+              "backward": ([_P, _P, _P, _P, _D, _D, _P, _P, _P, _I, _I, _I, _I, _P, _P, _P, _P, _C], _C)}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 MAX_K = 8  # the longest chain one call takes (MAX_K in add_group_norm.c)
 
 
 def _kernel():
-    lib = load("add_group_norm")
-    if lib is not None and not getattr(lib, "_typed", False):
-        for suffix in _SUFFIX.values():
-            getattr(lib, f"forward_{suffix}").argtypes = _FORWARD
-            getattr(lib, f"backward_{suffix}").argtypes = _BACKWARD
-        lib._typed = True
-    return lib
+    return typed(load("add_group_norm"), SIGNATURES)
 
 
 def group_norm_params(norms) -> tuple[Tensor, Tensor, float] | None:

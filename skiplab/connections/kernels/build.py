@@ -1,6 +1,6 @@
 """Build and load the C kernels of this folder with the system's C compiler, once per source and machine.
 
-A kernel is one C file here, compiled twice (``REAL`` = float and double, its functions suffixed ``_f32`` and
+A kernel is one C file here (with the headers of this folder it includes), compiled twice (``REAL`` = float and double, its functions suffixed ``_f32`` and
 ``_f64``) into one shared library and called through ``ctypes`` (which releases the GIL). The library is
 compiled for the processor it runs on (``-march=native``), so the cache key holds the source, the compiler and
 its version, the flags and the processor's feature flags: a cache shared by two kinds of machine keeps one
@@ -65,8 +65,8 @@ def _compile(cc: str, source: Path, out: Path, native: bool, openmp: bool = True
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         for real, suffix in TYPES:
             obj = Path(tmp) / f"{suffix}.o"
-            subprocess.run([cc, *flags, f"-DREAL={real}", f"-DNAME(x)=x##_{suffix}", "-c", str(source), "-o", str(obj)],
-                           check=True, capture_output=True, text=True)
+            subprocess.run([cc, *flags, f"-I{HERE}", f"-DREAL={real}", f"-DNAME(x)=x##_{suffix}", "-c", str(source),
+                            "-o", str(obj)], check=True, capture_output=True, text=True)
             objects.append(str(obj))
         lib = Path(tmp) / out.name
         subprocess.run([cc, "-shared", *([OPENMP] if openmp else []), *objects, "-o", str(lib), "-lm"], check=True,
@@ -80,7 +80,8 @@ def _build(name: str) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler found (set CC, or install gcc or clang)")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), cc, version, " ".join(FLAGS), NATIVE, OPENMP,
+    headers = [h.read_text() for h in sorted(HERE.glob("*.h"))]  # what the sources include from this folder
+    key = hashlib.sha256("\0".join([source.read_text(), *headers, cc, version, " ".join(FLAGS), NATIVE, OPENMP,
                                     platform.machine(), _cpu_flags()]).encode()).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.exists():
@@ -93,6 +94,18 @@ def _build(name: str) -> Path:
         except subprocess.CalledProcessError as err:
             failure = err
     raise failure
+
+
+def typed(lib: ctypes.CDLL | None, signatures: dict) -> ctypes.CDLL | None:
+    """``lib`` with each function of ``signatures`` ({name: (argument types, result type)}) typed in both of its
+    builds (``name_f32``, ``name_f64``), once; None stays None."""
+    if lib is not None and not getattr(lib, "_typed", False):
+        for name, (args, result) in signatures.items():
+            for _, suffix in TYPES:
+                fn = getattr(lib, f"{name}_{suffix}")
+                fn.argtypes, fn.restype = args, result
+        lib._typed = True
+    return lib
 
 
 def load(name: str) -> ctypes.CDLL | None:

@@ -24,13 +24,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
-#define VBYTES 64
-#else
-#define VBYTES 32
-#endif
-typedef REAL vreal __attribute__((vector_size(VBYTES)));
-#define VL ((int64_t)(VBYTES / sizeof(REAL)))
+#include "vectors.h"
+
 #if VBYTES == 64
 #define RB 16 /* rows a block: the backward's RB partial rows of dx in registers (32 of AVX-512's) */
 #else
@@ -38,20 +33,6 @@ typedef REAL vreal __attribute__((vector_size(VBYTES)));
 #endif
 #define HB 8   /* the forward's rows at a time: HB x 2 sums in registers */
 #define CT 512 /* columns a tile (forward) */
-
-static inline vreal vload(const REAL *p) {
-    vreal v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void vstore(REAL *p, vreal v) { memcpy(p, &v, sizeof v); }
-
-static inline REAL vsum(vreal v) {
-    REAL s = 0;
-    for (int64_t l = 0; l < VL; l++) s += v[l];
-    return s;
-}
 
 /* The block's rows: rows past the last one (a short final block) repeat the block's first row, and their results
    are not written. */
@@ -227,6 +208,18 @@ static void backward_block(const REAL *g, const REAL *x, const REAL *v, const RE
 
 #define BLOCKS(r) (((r) + RB - 1) / RB)
 
+/* In a parallel region: this thread's number, and its contiguous run [b0, b1) of nb blocks. */
+static int share(int64_t nb, int64_t *b0, int64_t *b1) {
+#ifdef _OPENMP
+    const int id = omp_get_thread_num(), size = omp_get_num_threads();
+#else
+    const int id = 0, size = 1;
+#endif
+    *b0 = nb * id / size;
+    *b1 = nb * (id + 1) / size;
+    return id;
+}
+
 /* The forward's scratch a thread, in bytes: K * RB vectors and K * RB REALs, rounded up to whole 64-byte lines so
    that every thread's vectors are aligned (the caller's buffer is). */
 int64_t NAME(forward_scratch)(int64_t k) {
@@ -237,28 +230,19 @@ int64_t NAME(forward_scratch)(int64_t k) {
 /* The backward's scratch a thread, in REALs. */
 int64_t NAME(backward_scratch)(int64_t k) { return k * RB; }
 
-/* t (R, K), rr and mu (R); scratch: NAME(forward_scratch)(K) bytes a thread, 64-byte aligned. Each thread takes
-   a contiguous run of blocks. Returns 0. */
+/* t (R, K), rr and mu (R); scratch: NAME(forward_scratch)(K) bytes a thread, 64-byte aligned. Returns 0. */
 int NAME(forward)(const REAL *x, const REAL *v, const REAL *vs, int64_t r, int64_t f, int64_t k, int centre,
                   double eps, REAL *t, REAL *rr, REAL *mu, void *scratch, int threads) {
-    const int64_t nb = BLOCKS(r);
     const size_t per = (size_t)NAME(forward_scratch)(k);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
 #endif
     {
-#ifdef _OPENMP
-        const int id = omp_get_thread_num(), size = omp_get_num_threads();
-#else
-        const int id = 0, size = 1;
-#endif
-        char *mine = (char *)scratch + per * id;
-        vreal *uv = (vreal *)mine;
-        REAL *u = (REAL *)(mine + (size_t)k * RB * sizeof(vreal));
-        for (int64_t b = nb * id / size; b < nb * (id + 1) / size; b++) {
-            const int64_t r0 = b * RB, rows = r - r0 < RB ? r - r0 : RB;
-            forward_block(x, v, vs, f, k, r0, rows, centre, eps, t, rr, mu, uv, u);
-        }
+        int64_t b0, b1;
+        char *mine = (char *)scratch + per * share(BLOCKS(r), &b0, &b1);
+        for (int64_t b = b0; b < b1; b++)
+            forward_block(x, v, vs, f, k, b * RB, r - b * RB < RB ? r - b * RB : RB, centre, eps, t, rr, mu,
+                          (vreal *)mine, (REAL *)(mine + (size_t)k * RB * sizeof(vreal)));
     }
     (void)threads;
     return 0;
@@ -272,22 +256,16 @@ int NAME(backward)(const REAL *g, const REAL *x, const REAL *v, const REAL *vs, 
                    REAL *dv_parts, const REAL *ra, const REAL *g0, int64_t per, int64_t seg, REAL *scratch,
                    int threads) {
     if (ra && (per < 1 || seg < 1 || r % per || f % seg)) return 2;
-    const int64_t nb = BLOCKS(r);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads)
 #endif
     {
-#ifdef _OPENMP
-        const int id = omp_get_thread_num(), size = omp_get_num_threads();
-#else
-        const int id = 0, size = 1;
-#endif
+        int64_t b0, b1;
+        const int id = share(BLOCKS(r), &b0, &b1);
         REAL *dv = dv_parts ? dv_parts + (int64_t)id * k * f : NULL;
-        REAL *gu = scratch + (int64_t)id * k * RB;
-        for (int64_t b = nb * id / size; b < nb * (id + 1) / size; b++) {
-            const int64_t r0 = b * RB, rows = r - r0 < RB ? r - r0 : RB;
-            backward_block(g, x, v, vs, rr, t, mu, dx, dv, f, k, r0, rows, centre, accumulate, ra, g0, per, seg, gu);
-        }
+        for (int64_t b = b0; b < b1; b++)
+            backward_block(g, x, v, vs, rr, t, mu, dx, dv, f, k, b * RB, r - b * RB < RB ? r - b * RB : RB, centre,
+                           accumulate, ra, g0, per, seg, scratch + (int64_t)id * k * RB);
     }
     (void)threads;
     return 0;

@@ -25,26 +25,18 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .build import load
+from .build import load, typed
 
 _P, _I, _C, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
-_ARGS = {"forward": [_P, _P, _P, _I, _I, _I, _C, _D, _P, _P, _P, _P, _C],
-         "backward": [_P] * 7 + [_I, _I, _I, _C, _C, _P, _P, _P, _P, _I, _I, _P, _C],
-         "forward_scratch": [_I], "backward_scratch": [_I]}
+SIGNATURES = {"forward": ([_P, _P, _P, _I, _I, _I, _C, _D, _P, _P, _P, _P, _C], _C),
+              "backward": ([_P] * 7 + [_I, _I, _I, _C, _C, _P, _P, _P, _P, _I, _I, _P, _C], _C),
+              "forward_scratch": ([_I], _I), "backward_scratch": ([_I], _I)}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 ROWS = 8  # rows a block, at least (RB in norm_project.c: 8, or 16 with AVX-512): a thread takes whole blocks
 
 
 def _kernel():
-    lib = load("norm_project")
-    if lib is not None and not getattr(lib, "_typed", False):
-        for name, args in _ARGS.items():
-            for suffix in _SUFFIX.values():
-                fn = getattr(lib, f"{name}_{suffix}")
-                fn.argtypes = args
-                fn.restype = ctypes.c_int64 if name.endswith("_scratch") else ctypes.c_int
-        lib._typed = True
-    return lib
+    return typed(load("norm_project"), SIGNATURES)
 
 
 def _fn(name: str, dtype: torch.dtype):

@@ -20,23 +20,16 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .build import load
+from .build import load, typed
 
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-_ARGS = {"forward": [_P, _P, _I, _I, _I, _P, _C], "backward": [_P, _P, _P, _I, _I, _I, _P, _C], "scratch": [_I, _I]}
+SIGNATURES = {"forward": ([_P, _P, _I, _I, _I, _P, _C], None), "backward": ([_P, _P, _P, _I, _I, _I, _P, _C], None),
+              "scratch": ([_I, _I], _I)}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 
 def _kernel():
-    lib = load("sinkhorn")
-    if lib is not None and not getattr(lib, "_typed", False):
-        for name, args in _ARGS.items():
-            for suffix in _SUFFIX.values():
-                fn = getattr(lib, f"{name}_{suffix}")
-                fn.argtypes = args
-                fn.restype = ctypes.c_int64 if name == "scratch" else None
-        lib._typed = True
-    return lib
+    return typed(load("sinkhorn"), SIGNATURES)
 
 
 def _fn(name: str, dtype: torch.dtype):

@@ -15,28 +15,7 @@
 #include <stdint.h>
 #include <string.h>
 
-/* A vector of REALs as wide as the machine's registers (GCC's and Clang's vector extensions). */
-#if defined(__AVX512F__)
-#define VBYTES 64
-#else
-#define VBYTES 32
-#endif
-typedef REAL vreal __attribute__((vector_size(VBYTES)));
-#define VL ((int64_t)(VBYTES / sizeof(REAL)))
-
-static inline vreal vload(const REAL *p) {
-    vreal v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void vstore(REAL *p, vreal v) { memcpy(p, &v, sizeof v); }
-
-static inline REAL vsum(vreal v) {
-    REAL s = 0;
-    for (int64_t l = 0; l < VL; l++) s += v[l];
-    return s;
-}
+#include "vectors.h"
 
 /* <u, v> over d values, as four quarters summed side by side: four independent chains of vector additions, where
    one chain would wait on each addition's latency (the backward makes n^2 + n of these a position). */

@@ -29,24 +29,18 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .build import load
+from .build import load, typed
 
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-_ARGS = {"read_forward": [_P, _P, _P, _I, _I, _I, _C],
-         "write_forward": [_P, _P, _P, _P, _P, _I, _I, _I, _C],
-         "write_backward": [_P] * 9 + [_I, _I, _I, _C],
-         "read_backward": [_P] * 5 + [_I, _I, _I, _C, _C]}
+SIGNATURES = {"read_forward": ([_P, _P, _P, _I, _I, _I, _C], None),
+              "write_forward": ([_P, _P, _P, _P, _P, _I, _I, _I, _C], None),
+              "write_backward": ([_P] * 9 + [_I, _I, _I, _C], None),
+              "read_backward": ([_P] * 5 + [_I, _I, _I, _C, _C], None)}
 _SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
 
 
 def _kernel():
-    lib = load("stream_mix")
-    if lib is not None and not getattr(lib, "_typed", False):
-        for name, args in _ARGS.items():
-            for suffix in _SUFFIX.values():
-                getattr(lib, f"{name}_{suffix}").argtypes = args
-        lib._typed = True
-    return lib
+    return typed(load("stream_mix"), SIGNATURES)
 
 
 def _fn(name: str, dtype: torch.dtype):

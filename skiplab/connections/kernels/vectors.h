@@ -1,0 +1,32 @@
+/* A vector of REALs as wide as the machine's registers, with GCC's and Clang's vector extensions: 64 bytes where
+   the kernel is built for AVX-512, 32 elsewhere (AVX2; on a machine with narrower registers the compiler splits
+   each operation). Included by the kernels of this folder, each compiled with REAL = float and double. */
+#ifndef SKIPLAB_VECTORS_H
+#define SKIPLAB_VECTORS_H
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define VBYTES 64
+#else
+#define VBYTES 32
+#endif
+typedef REAL vreal __attribute__((vector_size(VBYTES)));
+#define VL ((int64_t)(VBYTES / sizeof(REAL)))
+
+/* Loads and stores at any alignment. */
+static inline vreal vload(const REAL *p) {
+    vreal v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void vstore(REAL *p, vreal v) { memcpy(p, &v, sizeof v); }
+
+/* The sum of a vector's lanes. */
+static inline REAL vsum(vreal v) {
+    REAL s = 0;
+    for (int64_t l = 0; l < VL; l++) s += v[l];
+    return s;
+}
+#endif
