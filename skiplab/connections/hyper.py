@@ -21,7 +21,6 @@ from torch import Tensor, nn
 
 from . import hyper_mix
 from .kernels import norm_project as norm_project_kernel
-from .kernels import sinkhorn as sinkhorn_kernel
 from .kernels import stream_mix
 from .base import Branch, Connection, register
 from .norms import make_norm
@@ -311,7 +310,7 @@ class MHC(HC):
         if layout != "seq":
             raise ValueError("mHC holds n residual streams of (..., dim) features; it has no conv layout")
         n = self.n = spec.options["n"]
-        self.kernel = "stream_mix"  # as HC's, and Sinkhorn-Knopp as a CPU kernel (kernels.sinkhorn)
+        self.kernel = "stream_mix"  # as HC's
         self.iters = spec.options["iters"]
         self.dynamic = True
         self.norm = make_norm(spec.norm, dim)
@@ -331,11 +330,7 @@ class MHC(HC):
         proj = proj.view(*h.shape[:-2], -1)
         pre = torch.sigmoid(self.alpha[0] * proj[..., :n] + self.b_pre)
         post = POST_GAIN * torch.sigmoid(self.alpha[1] * proj[..., n : 2 * n] + self.b_post)
-        logits = self.alpha[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + self.b_res
-        if self.kernel and sinkhorn_kernel.usable(logits):  # the same projection as a CPU kernel
-            res = sinkhorn_kernel.sinkhorn(logits, self.iters)
-        else:
-            res = sinkhorn(logits, self.iters)
+        res = sinkhorn(self.alpha[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + self.b_res, self.iters)
         return pre, res, post
 
     def mixing(self, h: Tensor, slot: hyper_mix.GradSlot | None = None) -> tuple[Tensor, Tensor]:
