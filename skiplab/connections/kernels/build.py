@@ -1,15 +1,16 @@
 """Build and load the C kernels of this folder with the system's C compiler, once per source and machine.
 
-A kernel is one C file here (with the headers of this folder it includes), compiled twice (``REAL`` = float and double, its functions suffixed ``_f32`` and
-``_f64``) into one shared library and called through ``ctypes`` (which releases the GIL). The library is
-compiled for the processor it runs on (``-march=native``), so the cache key holds the source, the compiler and
-its version, the flags and the processor's feature flags: a cache shared by two kinds of machine keeps one
-library per kind. It lives in ``$SKIPLAB_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/skiplab/kernels``, else
-``~/.cache/skiplab/kernels``. Built with ``-fopenmp`` where the compiler has it, a kernel takes its threads from
-the OpenMP runtime PyTorch has already loaded (its ``libgomp.so.1``, found by that name), so it never competes
-with PyTorch's own threads; elsewhere it runs on one thread. A build is written to a temporary name and renamed,
-so concurrent processes never load a half-written file. ``SKIPLAB_KERNELS=0`` turns every kernel off (the
-connections then run their eager formulas); so does a machine without a C compiler, with one warning that says why.
+A kernel is one C file here (with the headers of this folder, which it may include), compiled twice (``REAL`` =
+float and double, its functions suffixed ``_f32`` and ``_f64``) into one shared library and called through
+``ctypes`` (which releases the GIL). The library is compiled for the processor it runs on (``-march=native``), so
+the cache key holds the source and the headers, the compiler and its version, the flags and the processor's feature
+flags: a cache shared by two kinds of machine keeps one library per kind. It lives in ``$SKIPLAB_KERNEL_CACHE``,
+else ``$XDG_CACHE_HOME/skiplab/kernels``, else ``~/.cache/skiplab/kernels``. Built with ``-fopenmp`` where the
+compiler has it, a kernel takes its threads from the OpenMP runtime PyTorch has already loaded (its
+``libgomp.so.1``, found by that name), so it never competes with PyTorch's own threads; elsewhere it runs on one
+thread. A build is written to a temporary name and renamed, so concurrent processes never load a half-written file.
+``SKIPLAB_KERNELS=0`` turns every kernel off (the connections then run their eager formulas); so does a machine
+without a C compiler, with one warning that says why.
 """
 
 from __future__ import annotations
