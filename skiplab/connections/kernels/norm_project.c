@@ -10,10 +10,12 @@
 
        dx = [dx +] sum_j gu_j V_j + alpha x + beta,    dV_j += gu_j (x - mu)
 
+   and, where the read h0 = sum_i a_i x_i of the same streams left it (read_term), its part a_i dh0 added to dx too.
+
    Rows go in blocks of RB: the forward's K dot products of a block are made tile by tile of CT columns, so the
    block's tile and V's tile stay in the first-level cache; the backward makes dx and dV of a block in one pass over
-   its columns, the block's RB rows in registers, so each of x, dx (and V, dV from the second-level cache) is read
-   once a block. The row statistics are sums about the row's first value (in REAL within a tile, in double across
+   its columns, the block's RB partial rows of dx in registers, so each of x, dx (and V, dV from the second-level
+   cache) is read once a block. The row statistics are sums about the row's first value (in REAL within a tile, in double across
    tiles), as accurate as the eager formula's where the mean dwarfs the spread. Threads (PyTorch's OpenMP threads,
    as in add_group_norm.c) split the blocks; each adds dV into its own slice of `dv_parts` (threads, K, F),
    which the caller sums in thread order. Compiled twice, with REAL = float and double (NAME appends _f32 / _f64). */

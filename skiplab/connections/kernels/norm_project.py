@@ -12,9 +12,10 @@ with ∂u = r ∂t, α = −r² ⟨∂t, t⟩ / F and, where the norm centres, �
 formula of :class:`~skiplab.connections.hyper_mix._NormProject`, whose eager form makes a product for the
 projection and a pass for the rows' norms forward, and backward a product into ∂x, an in-place update of ∂x with
 α x and a product for ∂V, each a pass over the streams. Here the forward reads the rows once, and the backward
-reads x and ∂x once and writes ∂x once, making ∂V from the same loads (see ``norm_project.c``). ∂x is added onto
-the read's part of the same streams' gradient (:class:`~skiplab.connections.hyper_mix.GradSlot`) as the eager
-backward does.
+reads x and ∂x once and writes ∂x once, making ∂V in the same pass (see ``norm_project.c``). ∂x is added onto the
+part of the same streams' gradient that the write and the read handed over
+(:class:`~skiplab.connections.hyper_mix.GradSlot`), as the eager backward does; where the read was a kernel too, it
+left its own part, a_i ∂h₀, for this pass to add, so that ∂x is read and written once for both.
 """
 
 from __future__ import annotations
