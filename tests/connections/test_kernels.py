@@ -109,9 +109,11 @@ def test_kernel_refuses_a_second_derivative_rather_than_give_a_wrong_one():
 
 @needs_kernel
 @pytest.mark.parametrize("mutation", [
-    ("dsc[j] = rest[j] + a * dh;", "dsc[j] = a * dh;"),                    # the later norms' share of ds dropped
-    ("sgx += g[j] * ((h[j] - mu) * r);", "sgx += g[j] * (h[j] - mu);"),  # ∂w without the 1/σ
-    ("s2 += d * d;", "s2 += d;"),                                         # a wrong variance
+    ("rest + q.a * dh", "q.a * dh"),                                           # the later norms' share of ds dropped
+    ("g * ((hh[p] - q->mu[p]) * q->r[p])", "g * (hh[p] - q->mu[p])"),          # ∂w without the 1/σ
+    ("s2 += d * d;", "s2 += d;"),                                              # a wrong variance
+    ("hh[i + 1] = sv + ((hh[i]", "hh[i + 1] = ((hh[i]"),                      # the chain's recomputed h without s
+    ("for (int i = k - 1; i > p; i--)", "for (int i = k - 1; i > p + 1; i--)"),  # a later norm's ∂h skipped
 ])
 def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_path):
     """The oracle above can fail: each mutation of the C source, built and run in its place, is caught."""

@@ -1,13 +1,17 @@
 /* The add + GroupNorm(1) chain of a conv-layout connection, one example at a time (add_group_norm.py says why).
+   Norms are counted from 0 here (add_group_norm.py counts from 1):
 
-       h_1 = a*s + cf*F,   y_i = GN_i(h_i),   h_{i+1} = s + y_i   (i = 1..k),   out = y_k
+       h_0 = a*s + cf*F,   y_i = GN_i(h_i),   h_{i+1} = s + y_i   (i = 0..k-1),   out = y_{k-1}
 
    GN_i(h) = (h - mu_i) * r_i * w_i[c] + b_i[c], mu_i and r_i = 1/sqrt(var_i + eps) over the C*HW values of one
-   example. One example's tensors stay in a core's cache while the chain runs over them: forward reads s and F
-   and writes out once; backward reads s, F and dy and writes ds and dF once (the h_i are recomputed from s, F
-   and the saved mu_i, r_i). Each pass over an example runs channel by channel, so w_i[c] and b_i[c] are
-   constants of the inner loop. y is (h - mu) * (r w) + b, not h * (r w) + (b - mu r w): a mean large against the
-   spread would make the second the difference of two large numbers.
+   example. Each norm needs statistics of the whole example before anything after it can be computed, so the
+   kernel runs over an example in passes (k + 1 each way), and each pass recomputes the chain from s and F (and dy)
+   rather than reading back values an earlier pass wrote: after its first pass an example's inputs are in the
+   core's cache, so forward reads s and F and writes out once, backward reads s, F and dy and writes ds and dF
+   once, and nothing else crosses memory or is written between passes (a version that kept the h_i in buffers
+   between passes made the backward 1.3 times as long: docs/performance.md). Each pass runs channel by channel, so
+   w_i[c] and b_i[c] are constants of the inner loop. y is (h - mu) * (r w) + b, not h * (r w) + (b - mu r w): a
+   mean large against the spread would make the second the difference of two large numbers.
 
    Statistics: the sums of (h - p) and (h - p)^2 about a pivot p (the example's first h value), per channel in
    REAL, across channels in double; var = (S2 - S1^2/m)/m. The pivot keeps the difference of the two sums from
@@ -21,6 +25,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "vectors.h"
+
 typedef struct {
     const REAL *s, *f, *dy, *w, *b;
     REAL *out, *mean, *rstd, *ds, *df;
@@ -32,18 +38,7 @@ typedef struct {
 
 typedef struct { double s1, s2; REAL pivot; } moments_t;
 
-static inline void moments_add(moments_t *mo, const REAL *h, int64_t len) {
-    const REAL p = mo->pivot;
-    REAL s1 = 0, s2 = 0;
-#pragma omp simd reduction(+ : s1, s2)
-    for (int64_t j = 0; j < len; j++) {
-        const REAL d = h[j] - p;
-        s1 += d;
-        s2 += d * d;
-    }
-    mo->s1 += s1;
-    mo->s2 += s2;
-}
+#define MAX_K 8 /* the longest chain (norms) a call may have: add_group_norm.py checks it */
 
 static inline void moments_end(const moments_t *mo, int64_t m, double eps, REAL *mu, REAL *r) {
     const double d = mo->s1 / (double)m, var = mo->s2 / (double)m - d * d;
@@ -51,193 +46,232 @@ static inline void moments_end(const moments_t *mo, int64_t m, double eps, REAL 
     *r = (REAL)(1.0 / sqrt((var > 0.0 ? var : 0.0) + eps));
 }
 
-/* 4K aliasing: a load whose address matches a pending store's in its low 12 bits waits for that store, so
-   streams read and written in one loop should sit at different offsets within a page. The scratch buffers
-   have a page of slack each; place() puts buffer `count` of a job at the 64-byte offset farthest from the
-   offsets already taken (this example's tensors and the buffers placed before it). */
-#define SLACK 4096
-#define MAX_K 8 /* the longest chain (norms) a call may have: add_group_norm.py checks it */
-static REAL *place(char *raw, uintptr_t *taken, int count) {
-    uintptr_t best = 0, best_gap = 0;
-    for (uintptr_t cand = 0; cand < SLACK; cand += 64) {
-        const uintptr_t at = ((uintptr_t)raw + cand) % SLACK;
-        uintptr_t gap = SLACK;
-        for (int i = 0; i < count; i++) {
-            const uintptr_t d = (at - taken[i]) % SLACK, e = SLACK - d;
-            gap = d < gap ? d : gap;
-            gap = e < gap ? e : gap;
-        }
-        if (gap > best_gap) { best_gap = gap; best = cand; }
+/* One example's constants: the chain's a and cf, each norm's mu_i and r_i, and (set per channel by channel())
+   w_i[ch], sc_i = r_i w_i[ch], sh_i = b_i[ch]; backward, each norm's mean(g w_i) and mean(g w_i x̂_i). */
+typedef struct {
+    REAL a, cf, mu[MAX_K], r[MAX_K], wc[MAX_K], sc[MAX_K], sh[MAX_K], mg[MAX_K], mgx[MAX_K];
+} consts_t;
+
+#define ALWAYS static inline __attribute__((always_inline))
+
+ALWAYS void channel(const job_t *t, int64_t ch, consts_t *q, int upto) {
+#pragma GCC unroll 8
+    for (int i = 0; i < upto; i++) {
+        q->wc[i] = t->w[i * t->c + ch];
+        q->sc[i] = q->r[i] * q->wc[i];
+        q->sh[i] = t->b[i * t->c + ch];
     }
-    taken[count] = ((uintptr_t)raw + best) % SLACK;
-    return (REAL *)(raw + best);
 }
 
-/* Forward of one example: h_i in buf, in place, and out = y_k. */
-static void forward_example(const job_t *t, int64_t ex, char *raw) {
+/* The chain at a position, written once for a vector of positions (T = vreal, the loops' body) and for one (T =
+   REAL, the last hw mod VL positions of a channel):
+     last:  h_upto, with h_0 = a s + cf F and h_{i+1} = s + GN_i(h_i);
+     all:   h_0 .. h_upto into hh;
+     grad:  dh_i = r_i (g w_i - mean(g w_i) - x̂_i mean(g w_i x̂_i)) from g, the gradient at y_i.
+   With k a constant (forward_k's and backward_k's cases) the loops unroll and hh lives in registers. */
+#define CHAIN(T, SUF)                                                                                           \
+    ALWAYS T last_##SUF(T sv, T fv, const consts_t *q, int upto) {                                              \
+        T h = q->a * sv + q->cf * fv;                                                                           \
+        _Pragma("GCC unroll 8") for (int i = 0; i < upto; i++) h = sv + ((h - q->mu[i]) * q->sc[i] + q->sh[i]); \
+        return h;                                                                                               \
+    }                                                                                                           \
+    ALWAYS void all_##SUF(T *hh, T sv, T fv, const consts_t *q, int upto) {                                     \
+        hh[0] = q->a * sv + q->cf * fv;                                                                         \
+        _Pragma("GCC unroll 8") for (int i = 0; i < upto; i++)                                                  \
+            hh[i + 1] = sv + ((hh[i] - q->mu[i]) * q->sc[i] + q->sh[i]);                                        \
+    }                                                                                                           \
+    ALWAYS T grad_##SUF(T g, const T *hh, const consts_t *q, int i) {                                           \
+        return q->r[i] * (g * q->wc[i] - q->mg[i] - (hh[i] - q->mu[i]) * q->r[i] * q->mgx[i]);                  \
+    }
+CHAIN(vreal, v)
+CHAIN(REAL, s)
+
+/* The sums of the passes run ACC vectors of positions at a time into ACC separate sums: with one, each vector would
+   wait for the previous one's addition (its latency), not for its loads. */
+#define ACC 4
+
+/* One vector of positions' share of the moments of h_p, about the pivot pv. */
+ALWAYS void moments_step(vreal *s1, vreal *s2, const REAL *sv, const REAL *fv, const consts_t *q, int p, REAL pv) {
+    const vreal d = last_v(vload(sv), vload(fv), q, p) - pv;
+    *s1 += d;
+    *s2 += d * d;
+}
+
+/* One vector of positions' share of norm p's channel sums of g and g x̂_p, g the gradient at y_p (from dy through
+   the norms after p). */
+ALWAYS void sums_step(vreal *sg, vreal *sgx, const REAL *sv, const REAL *fv, const REAL *gv, const consts_t *q, int p,
+                      const int k) {
+    vreal hh[MAX_K], g = vload(gv);
+    all_v(hh, vload(sv), vload(fv), q, k - 1);
+#pragma GCC unroll 8
+    for (int i = k - 1; i > p; i--) g = grad_v(g, hh, q, i);
+    *sg += g;
+    *sgx += g * ((hh[p] - q->mu[p]) * q->r[p]);
+}
+
+/* Forward of one example in k + 1 passes over s and F, nothing written between them: pass p < k takes the moments
+   of h_p (the chain recomputed through the norms before it), pass k writes out = y_{k-1}. After the first pass the
+   example's s and F are in the core's cache, so it crosses memory once each way. */
+ALWAYS void forward_k(const job_t *t, int64_t ex, const int k) {
     const int64_t c = t->c, hw = t->hw, m = c * hw, n = t->n;
     const REAL *s = t->s + ex * m, *f = t->f + ex * m;
-    uintptr_t taken[4] = {(uintptr_t)s % SLACK, (uintptr_t)f % SLACK, (uintptr_t)(t->out + ex * m) % SLACK};
-    REAL *buf = place(raw, taken, 3);
-    const REAL a = (REAL)t->a, cf = (REAL)t->cf;
-    moments_t mo = {0.0, 0.0, a * s[0] + cf * f[0]};
-    for (int64_t ch = 0; ch < c; ch++) { /* h_1 and its moments */
-        const REAL *sc = s + ch * hw, *fc = f + ch * hw;
-        REAL *hc = buf + ch * hw;
-#pragma omp simd
-        for (int64_t j = 0; j < hw; j++) hc[j] = a * sc[j] + cf * fc[j];
-        moments_add(&mo, hc, hw);
-    }
-    for (int64_t i = 0; i < t->k; i++) {
-        REAL mu, r;
-        moments_end(&mo, m, t->eps, &mu, &r);
-        t->mean[i * n + ex] = mu;
-        t->rstd[i * n + ex] = r;
-        const REAL *w = t->w + i * c, *b = t->b + i * c;
-        const int last = i + 1 == t->k;
-        REAL *dst = last ? t->out + ex * m : buf;
-        mo = (moments_t){0.0, 0.0, (buf[0] - mu) * (r * w[0]) + b[0] + s[0]};
-        for (int64_t ch = 0; ch < c; ch++) { /* y_i, then h_{i+1} = s + y_i and its moments */
-            const REAL scale = r * w[ch], shift = b[ch];
-            const REAL *hc = buf + ch * hw, *sc = s + ch * hw;
-            REAL *dc = dst + ch * hw;
-            if (last) {
-#pragma omp simd
-                for (int64_t j = 0; j < hw; j++) dc[j] = (hc[j] - mu) * scale + shift;
-            } else {
-#pragma omp simd
-                for (int64_t j = 0; j < hw; j++) dc[j] = (hc[j] - mu) * scale + shift + sc[j];
-                moments_add(&mo, dc, hw);
+    REAL *out = t->out + ex * m;
+    consts_t q = {.a = (REAL)t->a, .cf = (REAL)t->cf};
+    if (k > MAX_K) __builtin_unreachable(); /* run() checks it */
+#pragma GCC unroll 8
+    for (int p = 0; p < k; p++) { /* the moments of h_p, about the example's first h_p */
+        channel(t, 0, &q, p);
+        const REAL pv = last_s(s[0], f[0], &q, p);
+        moments_t mo = {0.0, 0.0, pv};
+        for (int64_t ch = 0; ch < c; ch++) {
+            channel(t, ch, &q, p);
+            const REAL *sc = s + ch * hw, *fc = f + ch * hw;
+            vreal s1v[ACC] = {{0}}, s2v[ACC] = {{0}};
+            int64_t j = 0;
+            for (; j + ACC * VL <= hw; j += ACC * VL)
+#pragma GCC unroll 4
+                for (int u = 0; u < ACC; u++) moments_step(s1v + u, s2v + u, sc + j + u * VL, fc + j + u * VL, &q, p, pv);
+            for (; j + VL <= hw; j += VL) moments_step(s1v, s2v, sc + j, fc + j, &q, p, pv);
+            for (int u = 1; u < ACC; u++) {
+                s1v[0] += s1v[u];
+                s2v[0] += s2v[u];
             }
+            REAL s1 = vsum(s1v[0]), s2 = vsum(s2v[0]);
+            for (; j < hw; j++) {
+                const REAL d = last_s(sc[j], fc[j], &q, p) - pv;
+                s1 += d;
+                s2 += d * d;
+            }
+            mo.s1 += s1;
+            mo.s2 += s2;
         }
+        moments_end(&mo, m, t->eps, &q.mu[p], &q.r[p]);
+        t->mean[p * n + ex] = q.mu[p];
+        t->rstd[p * n + ex] = q.r[p];
+    }
+    const int l = k - 1;
+    for (int64_t ch = 0; ch < c; ch++) { /* out = y_{k-1} */
+        channel(t, ch, &q, k);
+        const REAL *sc = s + ch * hw, *fc = f + ch * hw;
+        REAL *oc = out + ch * hw;
+        int64_t j = 0;
+        for (; j + VL <= hw; j += VL)
+            vstore(oc + j, (last_v(vload(sc + j), vload(fc + j), &q, l) - q.mu[l]) * q.sc[l] + q.sh[l]);
+        for (; j < hw; j++) oc[j] = (last_s(sc[j], fc[j], &q, l) - q.mu[l]) * q.sc[l] + q.sh[l];
     }
 }
 
-/* Backward of one example. hs: k*m (the h_i), g: m (the gradient at y_i), acc: m (ds so far). */
-/* The channel sums of g and g * xhat for a norm with statistics mu, r over h: into cg[ch], cgx[ch]. */
-static inline void grad_sums(const REAL *restrict g, const REAL *restrict h, int64_t hw, REAL mu, REAL r,
-                             double *cg, double *cgx) {
-    REAL sg = 0, sgx = 0;
-#pragma omp simd reduction(+ : sg, sgx)
-    for (int64_t j = 0; j < hw; j++) {
-        sg += g[j];
-        sgx += g[j] * ((h[j] - mu) * r);
+static void forward_example(const job_t *t, int64_t ex) {
+    switch (t->k) {
+    case 1: forward_k(t, ex, 1); break;
+    case 2: forward_k(t, ex, 2); break;
+    default: forward_k(t, ex, (int)t->k);
     }
-    *cg = sg;
-    *cgx = sgx;
 }
 
-/* Backward of one example. Scratch: hs[0..k-1] (the h_i), hs[k], hs[k+1] (the gradient at y_i, in turn) and
-   hs[k+2] (the sum of the dh_i, i >= 2, for k >= 3). With g the gradient at y_i:
+/* Backward of one example in k + 1 passes over s, F and dy, nothing written between them. With g the gradient at
+   y_i (dy for the last norm) and x̂_i = (h_i - mu_i) r_i:
 
-       dh_i = r_i (g w_i - mean(g w_i) - xhat_i mean(g w_i xhat_i)),   the gradient at y_{i-1} (i > 1),
-       ds = a dh_1 + sum_{i >= 2} dh_i,   dF = cf dh_1.
+       dh_i = r_i (g w_i - mean(g w_i) - x̂_i mean(g w_i x̂_i)),   the gradient at y_{i-1} (i > 0),
+       ds = a dh_0 + sum_{i >= 1} dh_i,   dF = cf dh_0.
 
-   Pass A recomputes the h_i and takes GN_k's channel sums; the pass of GN_i (i = k..1) writes dh_i and takes
-   GN_{i-1}'s channel sums; the last writes ds and dF. */
-static void backward_example(const job_t *t, int64_t ex, char **raw, REAL **hs, double *cg, double *cgx) {
-    const int64_t c = t->c, hw = t->hw, m = c * hw, n = t->n, k = t->k;
+   Pass p = k-1 .. 0 recomputes the h_i, and the dh_i of the norms after p (their means known from the passes
+   before), and takes norm p's channel sums of g and g x̂_p (dw_p, db_p and its two means); the last pass writes
+   ds and dF. */
+ALWAYS void backward_k(const job_t *t, int64_t ex, double *cg, double *cgx, const int k) {
+    const int64_t c = t->c, hw = t->hw, m = c * hw, n = t->n;
     const REAL *s = t->s + ex * m, *f = t->f + ex * m, *dy = t->dy + ex * m;
     REAL *ds = t->ds + ex * m, *df = t->df + ex * m;
-    uintptr_t taken[5 + MAX_K + 3];
-    const REAL *ext[5] = {s, f, dy, ds, df};
-    for (int i = 0; i < 5; i++) taken[i] = (uintptr_t)ext[i] % SLACK;
-    for (int64_t i = 0; i < k + 3; i++) hs[i] = place(raw[i], taken, 5 + (int)i);
-    const REAL a = (REAL)t->a, cf = (REAL)t->cf;
-    const REAL *mean = t->mean, *rstd = t->rstd;
-    for (int64_t ch = 0; ch < c; ch++) { /* pass A */
-        const REAL *restrict sc = s + ch * hw, *restrict fc = f + ch * hw;
-        REAL *restrict h0 = hs[0] + ch * hw;
-#pragma omp simd
-        for (int64_t j = 0; j < hw; j++) h0[j] = a * sc[j] + cf * fc[j];
-        for (int64_t i = 1; i < k; i++) {
-            const REAL mu = mean[(i - 1) * n + ex], r = rstd[(i - 1) * n + ex], wc = t->w[(i - 1) * c + ch];
-            const REAL scale = r * wc, shift = t->b[(i - 1) * c + ch];
-            const REAL *restrict prev = hs[i - 1] + ch * hw;
-            REAL *restrict next = hs[i] + ch * hw;
-#pragma omp simd
-            for (int64_t j = 0; j < hw; j++) next[j] = (prev[j] - mu) * scale + shift + sc[j];
-        }
-        grad_sums(dy + ch * hw, hs[k - 1] + ch * hw, hw, mean[(k - 1) * n + ex], rstd[(k - 1) * n + ex],
-                  cg + ch, cgx + ch);
+    consts_t q = {.a = (REAL)t->a, .cf = (REAL)t->cf};
+    if (k > MAX_K) __builtin_unreachable(); /* run() checks it */
+    for (int i = 0; i < k; i++) {
+        q.mu[i] = t->mean[i * n + ex];
+        q.r[i] = t->rstd[i * n + ex];
     }
-    const REAL *gin = dy;
-    REAL *acc = hs[k + 2];
-    for (int64_t i = k - 1; i >= 0; i--) {
-        const REAL *w = t->w + i * c;
-        const REAL mu = mean[i * n + ex], r = rstd[i * n + ex];
-        double mg = 0.0, mgx = 0.0;
+#pragma GCC unroll 8
+    for (int p = k - 1; p >= 0; p--) { /* norm p's channel sums */
         for (int64_t ch = 0; ch < c; ch++) {
-            t->dw[i * c + ch] += cgx[ch];
-            t->db[i * c + ch] += cg[ch];
-            mg += cg[ch] * w[ch];
-            mgx += cgx[ch] * w[ch];
-        }
-        const REAL mgm = (REAL)(mg / (double)m), mgxm = (REAL)(mgx / (double)m);
-        REAL *gout = gin == hs[k] ? hs[k + 1] : hs[k];
-        for (int64_t ch = 0; ch < c; ch++) {
-            const REAL wc = w[ch];
-            const REAL *restrict gc = gin + ch * hw, *restrict hc = hs[i] + ch * hw;
-            if (i > 0) {
-                REAL *restrict go = gout + ch * hw;
-#pragma omp simd
-                for (int64_t j = 0; j < hw; j++) go[j] = r * (gc[j] * wc - mgm - (hc[j] - mu) * r * mgxm);
-                if (i < k - 1) { /* the dh_i, i >= 2, summed for ds */
-                    REAL *restrict ac = acc + ch * hw;
-                    const REAL *restrict from = i == k - 2 ? gc : ac;
-#pragma omp simd
-                    for (int64_t j = 0; j < hw; j++) ac[j] = from[j] + go[j];
-                }
-                grad_sums(go, hs[i - 1] + ch * hw, hw, mean[(i - 1) * n + ex], rstd[(i - 1) * n + ex], cg + ch,
-                          cgx + ch);
-            } else {
-                REAL *restrict dsc = ds + ch * hw, *restrict dfc = df + ch * hw;
-                const REAL *restrict rest = k == 2 ? gc : acc + ch * hw; /* sum of dh_i, i >= 2 */
-                if (k == 1) {
-#pragma omp simd
-                    for (int64_t j = 0; j < hw; j++) {
-                        const REAL dh = r * (gc[j] * wc - mgm - (hc[j] - mu) * r * mgxm);
-                        dsc[j] = a * dh;
-                        dfc[j] = cf * dh;
-                    }
-                } else {
-#pragma omp simd
-                    for (int64_t j = 0; j < hw; j++) {
-                        const REAL dh = r * (gc[j] * wc - mgm - (hc[j] - mu) * r * mgxm);
-                        dsc[j] = rest[j] + a * dh;
-                        dfc[j] = cf * dh;
-                    }
-                }
+            channel(t, ch, &q, k);
+            const REAL *sc = s + ch * hw, *fc = f + ch * hw, *gc = dy + ch * hw;
+            vreal sgv[ACC] = {{0}}, sgxv[ACC] = {{0}};
+            int64_t j = 0;
+            for (; j + ACC * VL <= hw; j += ACC * VL)
+#pragma GCC unroll 4
+                for (int u = 0; u < ACC; u++) sums_step(sgv + u, sgxv + u, sc + j + u * VL, fc + j + u * VL, gc + j + u * VL, &q, p, k);
+            for (; j + VL <= hw; j += VL) sums_step(sgv, sgxv, sc + j, fc + j, gc + j, &q, p, k);
+            for (int u = 1; u < ACC; u++) {
+                sgv[0] += sgv[u];
+                sgxv[0] += sgxv[u];
             }
+            REAL sg = vsum(sgv[0]), sgx = vsum(sgxv[0]);
+            for (; j < hw; j++) {
+                REAL hh[MAX_K], g = gc[j];
+                all_s(hh, sc[j], fc[j], &q, k - 1);
+#pragma GCC unroll 8
+                for (int i = k - 1; i > p; i--) g = grad_s(g, hh, &q, i);
+                sg += g;
+                sgx += g * ((hh[p] - q.mu[p]) * q.r[p]);
+            }
+            cg[ch] = sg;
+            cgx[ch] = sgx;
         }
-        gin = gout;
+        double sum_g = 0.0, sum_gx = 0.0;
+        for (int64_t ch = 0; ch < c; ch++) {
+            const double w = t->w[p * c + ch];
+            t->dw[p * c + ch] += cgx[ch];
+            t->db[p * c + ch] += cg[ch];
+            sum_g += cg[ch] * w;
+            sum_gx += cgx[ch] * w;
+        }
+        q.mg[p] = (REAL)(sum_g / (double)m);
+        q.mgx[p] = (REAL)(sum_gx / (double)m);
+    }
+    for (int64_t ch = 0; ch < c; ch++) { /* ds and dF; rest: the dh_i, i >= 1, summed for ds */
+        channel(t, ch, &q, k);
+        const REAL *sc = s + ch * hw, *fc = f + ch * hw, *gc = dy + ch * hw;
+        REAL *dsc = ds + ch * hw, *dfc = df + ch * hw;
+        int64_t j = 0;
+        for (; j + VL <= hw; j += VL) {
+            vreal hh[MAX_K], g = vload(gc + j), rest = {0};
+            all_v(hh, vload(sc + j), vload(fc + j), &q, k - 1);
+#pragma GCC unroll 8
+            for (int i = k - 1; i > 0; i--) rest += (g = grad_v(g, hh, &q, i));
+            const vreal dh = grad_v(g, hh, &q, 0);
+            vstore(dsc + j, rest + q.a * dh);
+            vstore(dfc + j, q.cf * dh);
+        }
+        for (; j < hw; j++) {
+            REAL hh[MAX_K], g = gc[j], rest = 0;
+            all_s(hh, sc[j], fc[j], &q, k - 1);
+#pragma GCC unroll 8
+            for (int i = k - 1; i > 0; i--) rest += (g = grad_s(g, hh, &q, i));
+            const REAL dh = grad_s(g, hh, &q, 0);
+            dsc[j] = rest + q.a * dh;
+            dfc[j] = q.cf * dh;
+        }
     }
 }
 
-static char *scratch(int64_t m) { /* room for m values at any 64-byte offset within a page */
-    return aligned_alloc(64, ((size_t)m * sizeof(REAL) + SLACK + 63) / 64 * 64);
+static void backward_example(const job_t *t, int64_t ex, double *cg, double *cgx) {
+    switch (t->k) {
+    case 1: backward_k(t, ex, cg, cgx, 1); break;
+    case 2: backward_k(t, ex, cg, cgx, 2); break;
+    default: backward_k(t, ex, cg, cgx, (int)t->k);
+    }
 }
 
 static void *forward_job(void *arg) {
     job_t *t = arg;
-    char *raw = scratch(t->c * t->hw);
-    if (!raw) { t->failed = 1; return NULL; }
-    for (int64_t ex = t->n0; ex < t->n1; ex++) forward_example(t, ex, raw);
-    free(raw);
+    for (int64_t ex = t->n0; ex < t->n1; ex++) forward_example(t, ex);
     return NULL;
 }
 
 static void *backward_job(void *arg) {
     job_t *t = arg;
-    char *raw[MAX_K + 3] = {0};
-    REAL *bufs[MAX_K + 3];
     double *sums = malloc(sizeof(double) * 2 * t->c);
-    int ok = sums != NULL;
-    for (int64_t i = 0; i < t->k + 3; i++) ok = ok && (raw[i] = scratch(t->c * t->hw)) != NULL;
-    for (int64_t ex = t->n0; ex < t->n1 && ok; ex++) backward_example(t, ex, raw, bufs, sums, sums + t->c);
-    for (int64_t i = 0; i < t->k + 3; i++) free(raw[i]);
+    t->failed = sums == NULL;
+    for (int64_t ex = t->n0; ex < t->n1 && sums; ex++) backward_example(t, ex, sums, sums + t->c);
     free(sums);
-    t->failed = !ok;
     return NULL;
 }
 

@@ -23,10 +23,13 @@ static inline vreal vload(const REAL *p) {
 
 static inline void vstore(REAL *p, vreal v) { memcpy(p, &v, sizeof v); }
 
-/* The sum of a vector's lanes. */
+/* The sum of a vector's lanes, pairwise: the upper half added to the lower until one lane is left (log2 VL
+   dependent additions, not VL). */
 static inline REAL vsum(vreal v) {
-    REAL s = 0;
-    for (int64_t l = 0; l < VL; l++) s += v[l];
-    return s;
+    REAL lanes[VL];
+    memcpy(lanes, &v, sizeof v);
+    for (int64_t w = VL / 2; w > 0; w /= 2)
+        for (int64_t l = 0; l < w; l++) lanes[l] += lanes[l + w];
+    return lanes[0];
 }
 #endif
