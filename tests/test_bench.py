@@ -119,6 +119,47 @@ def test_the_kernel_benchmark_at_tiny_shapes(tmp_path, capsys):
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_the_kernel_benchmark_times_an_older_kernel_beside_the_current_one(tmp_path, capsys, monkeypatch):
+    """--before FILE: the file is built and its functions run in the ``before`` chain column and the ``2rSkip+LN
+    before`` step (and only there), recorded with its hash; a missing, unbuildable or incomplete file is one line."""
+    from skiplab.connections.kernels import build, load
+    if load("add_group_norm") is None:
+        pytest.skip("no C compiler on this machine")
+    bench = _benchmark("kernel_r56")
+    source = tmp_path / "older.c"
+    source.write_text((build.HERE / "add_group_norm.c").read_text())
+    calls = []
+
+    class Spy:  # the older library, its calls counted
+        def __init__(self, lib):
+            self.lib = lib
+
+        def __getattr__(self, name):
+            fn = getattr(self.lib, name)
+            return lambda *args: calls.append(name) or fn(*args)
+
+    built = bench.build_before
+    monkeypatch.setattr(bench, "build_before", lambda src, folder: Spy(built(src, folder)))
+    result = bench.main(["--small", "--rounds", "2", "--reps", "1", "--threads", "1", "--before", str(source)])
+    assert result["before"]["file"] == str(source) and len(result["before"]["sha256"]) == 64
+    assert all(c["before_ms"] > 0 for c in result["chain"])
+    steps = {s["design"]: s for s in result["step"]}
+    assert list(steps) == [*bench.DESIGNS, "2rSkip+LN before"] and steps["2rSkip+LN before"]["kernel"]
+    assert {"forward_f32", "backward_f32"} <= set(calls)
+    n = len(calls)
+    bench.step_rows(True, 1)  # without --before the current kernel runs: the older one is not called
+    assert len(calls) == n
+    assert "before (ms)" in capsys.readouterr().out
+    (tmp_path / "bad.c").write_text("int f(\n")
+    (tmp_path / "none.c").write_text("static int unused;\n")
+    for path, message in ((tmp_path / "nope.c", "is not a file"), (tmp_path / "bad.c", "does not build"),
+                          (tmp_path / "none.c", "lacks forward_f32")):
+        with pytest.raises(SystemExit) as stop:
+            bench.main(["--small", "--before", str(path)])
+        assert stop.value.code == 2
+        assert f"--before: {path} {message}" in capsys.readouterr().err.strip().splitlines()[-1]
+
+
 def test_sas_fused_against_plain_at_tiny_shapes(tmp_path, capsys):
     """benchmarks/sas_fused.py times both forms, puts the real one back, writes its table, refuses to overwrite."""
     from skiplab.connections import fused, sas
