@@ -109,10 +109,35 @@ ALWAYS void sums_step(vreal *sg, vreal *sgx, const REAL *sv, const REAL *fv, con
     *sgx += g * ((hh[p] - q->mu[p]) * q->r[p]);
 }
 
+/* The next example's inputs fetched into the cache while this example's later passes run from it, a share of their
+   lines at each channel of those passes: without it memory would be busy in each example's first pass and idle in
+   the others. */
+typedef struct {
+    const char *next[5];
+    int reads, writes; /* the first `reads` of next are read, the `writes` after them written; 0, 0: no next example */
+    int64_t lines, done, steps, step;
+} ahead_t;
+
+static ahead_t ahead_start(const REAL *const *next, int reads, int writes, int64_t m, int64_t steps) {
+    ahead_t a = {.reads = reads, .writes = writes, .lines = (m * (int64_t)sizeof(REAL) + 63) / 64, .steps = steps};
+    for (int i = 0; i < reads + writes; i++) a.next[i] = (const char *)next[i];
+    return a;
+}
+
+/* One step of `steps`: the lines due by its end (into L2: locality 2; the outputs' lines for writing). */
+static inline void ahead_step(ahead_t *a) {
+    if (a->reads + a->writes == 0) return;
+    const int64_t due = a->lines * ++a->step / a->steps;
+    for (; a->done < due; a->done++) {
+        for (int i = 0; i < a->reads; i++) __builtin_prefetch(a->next[i] + a->done * 64, 0, 2);
+        for (int i = a->reads; i < a->reads + a->writes; i++) __builtin_prefetch(a->next[i] + a->done * 64, 1, 2);
+    }
+}
+
 /* Forward of one example in k + 1 passes over s and F, nothing written between them: pass p < k takes the moments
    of h_p (the chain recomputed through the norms before it), pass k writes out = y_{k-1}. After the first pass the
    example's s and F are in the core's cache, so it crosses memory once each way. */
-ALWAYS void forward_k(const job_t *t, int64_t ex, const int k) {
+ALWAYS void forward_k(const job_t *t, int64_t ex, ahead_t *ah, const int k) {
     const int64_t c = t->c, hw = t->hw, m = c * hw, n = t->n;
     const REAL *s = t->s + ex * m, *f = t->f + ex * m;
     REAL *out = t->out + ex * m;
@@ -124,6 +149,7 @@ ALWAYS void forward_k(const job_t *t, int64_t ex, const int k) {
         const REAL pv = last_s(s[0], f[0], &q, p);
         moments_t mo = {0.0, 0.0, pv};
         for (int64_t ch = 0; ch < c; ch++) {
+            if (p > 0) ahead_step(ah);
             channel(t, ch, &q, p);
             const REAL *sc = s + ch * hw, *fc = f + ch * hw;
             vreal s1v[ACC] = {{0}}, s2v[ACC] = {{0}};
@@ -151,6 +177,7 @@ ALWAYS void forward_k(const job_t *t, int64_t ex, const int k) {
     }
     const int l = k - 1;
     for (int64_t ch = 0; ch < c; ch++) { /* out = y_{k-1} */
+        ahead_step(ah);
         channel(t, ch, &q, k);
         const REAL *sc = s + ch * hw, *fc = f + ch * hw;
         REAL *oc = out + ch * hw;
@@ -162,10 +189,14 @@ ALWAYS void forward_k(const job_t *t, int64_t ex, const int k) {
 }
 
 static void forward_example(const job_t *t, int64_t ex) {
+    const int64_t m = t->c * t->hw;
+    const REAL *next[3] = {t->s + (ex + 1) * m, t->f + (ex + 1) * m, t->out + (ex + 1) * m};
+    const int more = ex + 1 < t->n1;
+    ahead_t ah = ahead_start(next, more ? 2 : 0, more, m, t->c * t->k); /* k later passes of c channels */
     switch (t->k) {
-    case 1: forward_k(t, ex, 1); break;
-    case 2: forward_k(t, ex, 2); break;
-    default: forward_k(t, ex, (int)t->k);
+    case 1: forward_k(t, ex, &ah, 1); break;
+    case 2: forward_k(t, ex, &ah, 2); break;
+    default: forward_k(t, ex, &ah, (int)t->k);
     }
 }
 
@@ -178,7 +209,7 @@ static void forward_example(const job_t *t, int64_t ex) {
    Pass p = k-1 .. 0 recomputes the h_i, and the dh_i of the norms after p (their means known from the passes
    before), and takes norm p's channel sums of g and g x̂_p (dw_p, db_p and its two means); the last pass writes
    ds and dF. */
-ALWAYS void backward_k(const job_t *t, int64_t ex, double *cg, double *cgx, const int k) {
+ALWAYS void backward_k(const job_t *t, int64_t ex, double *cg, double *cgx, ahead_t *ah, const int k) {
     const int64_t c = t->c, hw = t->hw, m = c * hw, n = t->n;
     const REAL *s = t->s + ex * m, *f = t->f + ex * m, *dy = t->dy + ex * m;
     REAL *ds = t->ds + ex * m, *df = t->df + ex * m;
@@ -191,6 +222,7 @@ ALWAYS void backward_k(const job_t *t, int64_t ex, double *cg, double *cgx, cons
 #pragma GCC unroll 8
     for (int p = k - 1; p >= 0; p--) { /* norm p's channel sums */
         for (int64_t ch = 0; ch < c; ch++) {
+            if (p < k - 1) ahead_step(ah);
             channel(t, ch, &q, k);
             const REAL *sc = s + ch * hw, *fc = f + ch * hw, *gc = dy + ch * hw;
             vreal sgv[ACC] = {{0}}, sgxv[ACC] = {{0}};
@@ -227,6 +259,7 @@ ALWAYS void backward_k(const job_t *t, int64_t ex, double *cg, double *cgx, cons
         q.mgx[p] = (REAL)(sum_gx / (double)m);
     }
     for (int64_t ch = 0; ch < c; ch++) { /* ds and dF; rest: the dh_i, i >= 1, summed for ds */
+        ahead_step(ah);
         channel(t, ch, &q, k);
         const REAL *sc = s + ch * hw, *fc = f + ch * hw, *gc = dy + ch * hw;
         REAL *dsc = ds + ch * hw, *dfc = df + ch * hw;
@@ -253,10 +286,15 @@ ALWAYS void backward_k(const job_t *t, int64_t ex, double *cg, double *cgx, cons
 }
 
 static void backward_example(const job_t *t, int64_t ex, double *cg, double *cgx) {
+    const int64_t m = t->c * t->hw;
+    const REAL *next[5] = {t->s + (ex + 1) * m, t->f + (ex + 1) * m, t->dy + (ex + 1) * m, t->ds + (ex + 1) * m,
+                           t->df + (ex + 1) * m};
+    const int more = ex + 1 < t->n1;
+    ahead_t ah = ahead_start(next, more ? 3 : 0, more ? 2 : 0, m, t->c * t->k); /* k later passes of c channels */
     switch (t->k) {
-    case 1: backward_k(t, ex, cg, cgx, 1); break;
-    case 2: backward_k(t, ex, cg, cgx, 2); break;
-    default: backward_k(t, ex, cg, cgx, (int)t->k);
+    case 1: backward_k(t, ex, cg, cgx, &ah, 1); break;
+    case 2: backward_k(t, ex, cg, cgx, &ah, 2); break;
+    default: backward_k(t, ex, cg, cgx, &ah, (int)t->k);
     }
 }
 
