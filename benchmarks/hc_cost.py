@@ -20,8 +20,11 @@ With ``--kernel-off`` the HC and mHC models run a second time with their CPU ker
 the read and write of ``hyper_mix``'s batched products; rows ``HC no kernel``, ``mHC no kernel``), interleaved
 likewise; the ``mix before`` rows run without the kernels too, as their file's read and write are what they time.
 
+glibc's malloc keeps what a step frees for the next step, as in a skiplab run (``skiplab.host.keep_freed_memory``);
+``--system-malloc`` leaves glibc's defaults (freed memory handed back to the system and paged in again).
+
 Usage: python benchmarks/hc_cost.py [--before FILE] [--before-mix FILE] [--kernel-off] [--widths 256,768] [--rows 8]
-                                    [--layers 4] [--repeats 5] [--modes eager,compiled] [--threads 1]
+                                    [--layers 4] [--repeats 5] [--modes eager,compiled] [--threads 1] [--system-malloc]
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import time
 import torch
 import torch._dynamo
 
+from skiplab import host
 from skiplab.bench.steps import build, lm_step
 from skiplab.bench.suite import machine_name
 from skiplab.bench.timing import interleaved
@@ -124,13 +128,16 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (interleaved) after one untimed")
     p.add_argument("--modes", default="eager,compiled")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--system-malloc", action="store_true", help="glibc's defaults, not a skiplab run's setting")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
+    kept = None if args.system_malloc else host.keep_freed_memory()
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
     before = load_before(args.before) if args.before else None
     before_mix = load_before_mix(args.before_mix) if args.before_mix else None
     print(f"# {machine_name()}")
+    print(f"# malloc: {'freed memory kept (' + str(kept) + ')' if kept else 'the system defaults'}")
     print(f"# gpt-small shape, {args.layers} layers, {args.rows}x{args.context} tokens, heads of 64; "
           f"{args.repeats} interleaved rounds; {load()} at the start", flush=True)
     g = torch.Generator().manual_seed(0)

@@ -14,9 +14,12 @@ With ``--before FILE`` (an older ``add_group_norm.c`` with the same C functions,
 here as well and timed beside the current kernel: a ``before (ms)`` column in the chain rows, and a ``2rSkip+LN
 before`` step in the same interleaved rounds, so that a change to the kernel is read from one run.
 
+glibc's malloc keeps what a step frees for the next step, as in a skiplab run (``skiplab.host.keep_freed_memory``;
+``--system-malloc``: glibc's defaults); recorded.
+
 ``--out DIR`` writes ``kernel.md`` and ``kernel.json`` (machine, threads, torch, code version, load at the start and
 at the end). Usage: python benchmarks/kernel_r56.py [--threads 2] [--rounds 10] [--reps 15] [--before FILE]
-[--out DIR] [--small] (--small: a PreAct-ResNet-8 on 8 images of 16×16 and small chains, seconds; for the tests).
+[--system-malloc] [--out DIR] [--small] (--small: a PreAct-ResNet-8 on 8 images of 16×16 and small chains, seconds; for the tests).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from skiplab import host
 from skiplab.bench.suite import machine_name
 from skiplab.connections.base import iter_connections
 from skiplab.connections.kernels import add_group_norm as agn
@@ -166,11 +170,19 @@ def commit() -> str:
         return "unknown"
 
 
+def malloc_line(malloc: dict | None) -> str:
+    """How the run's malloc was set, in words (older records have no field)."""
+    if malloc is None:
+        return "not recorded"
+    kept = "freed memory kept" if malloc.get("kept") else "the system defaults"
+    return kept + "".join(f", {k}={v}" for k, v in malloc.get("env", {}).items())
+
+
 def markdown(r: dict) -> str:
     before = r.get("before")
     lines = [f"# The add + GroupNorm kernel on PreAct-ResNet-56: {r['machine']}", "",
              f"torch {r['torch']}, {r['threads']} thread(s), code {r['commit']}; {r['load_start']} at the start, "
-             f"{r['load_end']} at the end." + (f" Before: {before['file']} (sha256 {before['sha256'][:12]})." if before else ""),
+             f"{r['load_end']} at the end; malloc: {malloc_line(r.get('malloc'))}." + (f" Before: {before['file']} (sha256 {before['sha256'][:12]})." if before else ""),
              "",
              f"## The chain alone, forward and backward (fastest of {r['reps']})", "",
              "| design | shape | eager (ms) | kernel (ms) | kernel / eager |" + (" before (ms) |" if before else ""),
@@ -190,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--reps", type=int, default=15)
     p.add_argument("--before", type=Path, help="an older add_group_norm.c to time beside the current kernel")
+    p.add_argument("--system-malloc", action="store_true", help="glibc's defaults, not a skiplab run's setting")
     p.add_argument("--out", type=Path)
     p.add_argument("--small", action="store_true")
     args = p.parse_args(argv)
@@ -200,8 +213,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out is not None and (args.out / "kernel.json").exists():
         p.error(f"{args.out / 'kernel.json'} exists; choose another --out")
     torch.set_num_threads(args.threads)
+    if not args.system_malloc:
+        host.keep_freed_memory()
     result = {"machine": machine_name(), "torch": torch.__version__, "threads": args.threads, "commit": commit(),
-              "rounds": args.rounds, "reps": args.reps, "small": args.small, "load_start": load()}
+              "rounds": args.rounds, "reps": args.reps, "small": args.small, "load_start": load(),
+              "malloc": host.malloc_settings()}
     with tempfile.TemporaryDirectory() as folder:
         before = None
         if args.before is not None:

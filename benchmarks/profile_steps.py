@@ -11,10 +11,11 @@ For each design: its median step time over the rounds (the profiled steps' wall-
 baseline's, then the operators whose median self time differs most from the baseline's (Δ, ms a step), each with its
 spread over the rounds for both. A spread as large as a Δ says that the operator's time moves from round to round by
 as much as the design adds: the ratio then settles no goal in one run. ``--out DIR`` writes ``profile.md`` and
-``profile.json`` (the machine, load, torch version and threads in both).
+``profile.json`` (the machine, load, torch version and threads in both). glibc's malloc keeps what a step frees for the
+next step, as in a skiplab run (``skiplab.host.keep_freed_memory``; ``--system-malloc``: glibc's defaults); recorded.
 
 Usage: python benchmarks/profile_steps.py [--cases r56,hc] [--rounds 5] [--steps 2] [--threads 2] [--top 12]
-                                           [--out DIR] [--small]   (--small: tiny shapes, seconds; for the tests)
+                                           [--system-malloc] [--out DIR] [--small]   (--small: tiny shapes, seconds; for the tests)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from skiplab import host
 from skiplab.bench.steps import build, image_step, lm_step
 from skiplab.bench.suite import machine_name
 
@@ -110,7 +112,8 @@ def run_case(case: str, rounds: int, steps: int, top: int, small: bool) -> dict:
 def markdown(result: dict) -> str:
     lines = [f"# Step profiles: {result['machine']}", "",
              f"torch {result['torch']}, {result['threads']} thread(s), {result['rounds']} interleaved rounds of "
-             f"{result['steps']} profiled steps; {result['load_start']} at the start, {result['load_end']} at the end.",
+             f"{result['steps']} profiled steps; {result['load_start']} at the start, {result['load_end']} at the end; "
+             f"malloc: {'freed memory kept' if (result.get('malloc') or {}).get('kept') else 'the system defaults'}.",
              ""]
     for c in result["cases"]:
         lines += [f"## {c['case']}: against {c['baseline']} ({c['baseline_step_ms']:.0f} ms a step; rounds "
@@ -137,6 +140,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--steps", type=int, default=2, help="profiled steps a round")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--top", type=int, default=12, help="operators listed a design")
+    p.add_argument("--system-malloc", action="store_true", help="glibc's defaults, not a skiplab run's setting")
     p.add_argument("--out", default="", help="a folder for profile.md and profile.json")
     p.add_argument("--small", action="store_true", help="tiny shapes (seconds): the test's")
     args = p.parse_args(argv)
@@ -150,8 +154,10 @@ def main(argv: list[str] | None = None) -> dict:
     if out is not None and (out / "profile.json").exists():
         p.error(f"{out / 'profile.json'} exists; give another --out")
     torch.set_num_threads(args.threads)
+    if not args.system_malloc:
+        host.keep_freed_memory()
     result = {"machine": machine_name(), "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
-              "steps": args.steps, "small": args.small, "load_start": load()}
+              "steps": args.steps, "small": args.small, "load_start": load(), "malloc": host.malloc_settings()}
     result["cases"] = [run_case(c, args.rounds, args.steps, args.top, args.small) for c in cases]
     result["load_end"] = load()
     text = markdown(result)

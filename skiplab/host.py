@@ -68,6 +68,50 @@ def _mkl_dynamic() -> bool | None:
         return None
 
 
+# -- the C library's allocator -------------------------------------------------------------------------------
+# glibc's mallopt parameters (malloc.h) and the largest mmap threshold it accepts on a 64-bit machine
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+KEEP_MMAP_THRESHOLD = 32 << 20
+KEEP_TRIM_THRESHOLD = 2**31 - 1
+_kept: dict[str, Any] | None = None
+
+
+def keep_freed_memory() -> dict[str, Any] | None:
+    """Have glibc's malloc keep the memory the process frees for its next allocations, for the rest of the process,
+    and return the settings (None where the C library is not glibc: nothing changed).
+
+    PyTorch's CPU tensors come from malloc, and a training step frees at its end what the next step allocates
+    again. By default glibc hands large free memory at the top of its heap back to the system (past the trim
+    threshold, twice a threshold that moves with the sizes seen, at most 64 MiB) and serves an allocation larger
+    than the mmap threshold from fresh pages: the next step then takes a page fault for every 4 KiB it writes
+    first. ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` (the largest glibc takes) and ``mallopt(M_TRIM_THRESHOLD, 2 GiB)``
+    keep that memory in the heap (glibc manual, "Memory Allocation Tunables"; the same as ``MALLOC_MMAP_THRESHOLD_``
+    and ``MALLOC_TRIM_THRESHOLD_`` in the environment). The process then holds its peak heap; allocations larger
+    than 32 MiB are still mapped and unmapped each time. Results are unchanged: only where memory comes from."""
+    global _kept
+    if _kept is not None:
+        return _kept
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return None
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if not (mallopt(_M_MMAP_THRESHOLD, KEEP_MMAP_THRESHOLD) and mallopt(_M_TRIM_THRESHOLD, KEEP_TRIM_THRESHOLD)):
+        return None
+    _kept = {"mmap_threshold": KEEP_MMAP_THRESHOLD, "trim_threshold": KEEP_TRIM_THRESHOLD}
+    return _kept
+
+
+def malloc_settings() -> dict[str, Any]:
+    """What this process's malloc was told: :func:`keep_freed_memory`'s settings (None where it was not called or
+    changed nothing) and the ``MALLOC_*``, ``GLIBC_TUNABLES`` and ``LD_PRELOAD`` variables that are set (glibc's
+    tunables, another allocator)."""
+    env = {k: v for k, v in os.environ.items() if k.startswith(("MALLOC_", "GLIBC_TUNABLES")) or k == "LD_PRELOAD"}
+    return {"kept": _kept, "env": env}
+
+
 def environment() -> dict[str, Any]:
     """What produced a result: versions, the machine (CPU results depend on the processor's kernels: the
     instruction set torch's CPU kernels use is recorded), device, the CPU threads and how they were fixed
@@ -86,6 +130,7 @@ def environment() -> dict[str, Any]:
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         **thread_settings(),  # threads, interop_threads, mkl_dynamic, thread_env
+        "malloc": malloc_settings(),
         # a copy of the tree without its .git (a device's working copy) names its commit in SKIPLAB_GIT_COMMIT
         "git_commit": commit or os.environ.get("SKIPLAB_GIT_COMMIT") or None,
     }

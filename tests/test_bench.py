@@ -110,6 +110,10 @@ def test_the_kernel_benchmark_at_tiny_shapes(tmp_path, capsys):
     assert all(s["ms"] > 0 and s["page_faults"] >= 0 for s in steps.values())
     for key in ("machine", "torch", "threads", "commit", "load_start", "load_end"):
         assert result[key] not in (None, "")
+    from skiplab import host
+    if host.keep_freed_memory() is not None:  # glibc: a step's freed memory kept, as in a run, and said so
+        assert result["malloc"]["kept"] == host.keep_freed_memory()
+        assert "malloc: freed memory kept" in (out / "kernel.md").read_text()
     capsys.readouterr()
     for argv, message in ((["--rounds", "0"], "--threads, --rounds and --reps must be at least 1"),
                           (["--small", "--out", str(out)], "kernel.json exists; choose another --out")):

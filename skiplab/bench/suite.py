@@ -88,6 +88,7 @@ def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | N
         raise ValueError(f"unknown benchmark group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
     if threads:
         torch.set_num_threads(threads)
+    host.keep_freed_memory()  # as a skiplab run does: a step's freed memory kept for the next (glibc)
     out = auto_out() if out == "auto" else out
     sz = QUICK if quick else Sizes()
     header = f"Measured on {machine_name()}; sizes: {'quick' if quick else 'full'}."

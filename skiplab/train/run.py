@@ -74,6 +74,7 @@ class Run:
                  resume: bool = False, overwrite: bool = False) -> None:
         self.cfg, self.kind, self.group, self.device, self.resuming = cfg, kind, group, device, resume
         host.fix_threads()  # the CPU kernels' thread count fixed (MKL's dynamic choice off): same config, same bits
+        host.keep_freed_memory()  # what a step frees stays in malloc's heap for the next (glibc), not paged in again
         self.amp = cfg.amp and device.type == "cuda"  # bf16 autocast: CUDA only
         self.out = group.on_main(lambda: run_dir.prepare(cfg.out, resume=resume, overwrite=overwrite))
         self.model: nn.Module | None = None
