@@ -19,7 +19,8 @@ glibc's malloc keeps what a step frees for the next step, as in a skiplab run (`
 
 ``--out DIR`` writes ``kernel.md`` and ``kernel.json`` (machine, threads, torch, code version, load at the start and
 at the end). Usage: python benchmarks/kernel_r56.py [--threads 2] [--rounds 10] [--reps 15] [--before FILE]
-[--system-malloc] [--out DIR] [--small] (--small: a PreAct-ResNet-8 on 8 images of 16×16 and small chains, seconds; for the tests).
+[--system-malloc] [--out DIR] [--small] (--small: a PreAct-ResNet-8 on 8 images of 16×16 and small chains, seconds;
+for the tests).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def build_before(source: Path, folder: Path) -> ctypes.CDLL:
         first = next((line for line in (e.stderr or "").splitlines() if "error" in line), "the compiler failed")
         raise ValueError(f"--before: {source} does not build: {first.strip()}") from None
     lib = ctypes.CDLL(str(out))
-    missing = [f"{fn}_{suffix}" for fn in agn.SIGNATURES for suffix in ("f32", "f64") if not hasattr(lib, f"{fn}_{suffix}")]
+    missing = [name for name in (f"{fn}_{suffix}" for fn in agn.SIGNATURES for suffix in ("f32", "f64"))
+               if not hasattr(lib, name)]
     if missing:
         raise ValueError(f"--before: {source} lacks {', '.join(missing)}")
     return kernel_build.typed(lib, agn.SIGNATURES)
@@ -182,7 +184,8 @@ def markdown(r: dict) -> str:
     before = r.get("before")
     lines = [f"# The add + GroupNorm kernel on PreAct-ResNet-56: {r['machine']}", "",
              f"torch {r['torch']}, {r['threads']} thread(s), code {r['commit']}; {r['load_start']} at the start, "
-             f"{r['load_end']} at the end; malloc: {malloc_line(r.get('malloc'))}." + (f" Before: {before['file']} (sha256 {before['sha256'][:12]})." if before else ""),
+             f"{r['load_end']} at the end; malloc: {malloc_line(r.get('malloc'))}."
+             + (f" Before: {before['file']} (sha256 {before['sha256'][:12]})." if before else ""),
              "",
              f"## The chain alone, forward and backward (fastest of {r['reps']})", "",
              "| design | shape | eager (ms) | kernel (ms) | kernel / eager |" + (" before (ms) |" if before else ""),

@@ -15,7 +15,8 @@ as much as the design adds: the ratio then settles no goal in one run. ``--out D
 next step, as in a skiplab run (``skiplab.host.keep_freed_memory``; ``--system-malloc``: glibc's defaults); recorded.
 
 Usage: python benchmarks/profile_steps.py [--cases r56,hc] [--rounds 5] [--steps 2] [--threads 2] [--top 12]
-                                           [--system-malloc] [--out DIR] [--small]   (--small: tiny shapes, seconds; for the tests)
+                                           [--system-malloc] [--out DIR] [--small]
+       (--small: tiny shapes, seconds; for the tests)
 """
 
 from __future__ import annotations

@@ -156,7 +156,8 @@ ALWAYS void forward_k(const job_t *t, int64_t ex, ahead_t *ah, const int k) {
             int64_t j = 0;
             for (; j + ACC * VL <= hw; j += ACC * VL)
 #pragma GCC unroll 4
-                for (int u = 0; u < ACC; u++) moments_step(s1v + u, s2v + u, sc + j + u * VL, fc + j + u * VL, &q, p, pv);
+                for (int u = 0; u < ACC; u++)
+                    moments_step(s1v + u, s2v + u, sc + j + u * VL, fc + j + u * VL, &q, p, pv);
             for (; j + VL <= hw; j += VL) moments_step(s1v, s2v, sc + j, fc + j, &q, p, pv);
             for (int u = 1; u < ACC; u++) {
                 s1v[0] += s1v[u];
@@ -229,7 +230,8 @@ ALWAYS void backward_k(const job_t *t, int64_t ex, double *cg, double *cgx, ahea
             int64_t j = 0;
             for (; j + ACC * VL <= hw; j += ACC * VL)
 #pragma GCC unroll 4
-                for (int u = 0; u < ACC; u++) sums_step(sgv + u, sgxv + u, sc + j + u * VL, fc + j + u * VL, gc + j + u * VL, &q, p, k);
+                for (int u = 0; u < ACC; u++)
+                    sums_step(sgv + u, sgxv + u, sc + j + u * VL, fc + j + u * VL, gc + j + u * VL, &q, p, k);
             for (; j + VL <= hw; j += VL) sums_step(sgv, sgxv, sc + j, fc + j, gc + j, &q, p, k);
             for (int u = 1; u < ACC; u++) {
                 sgv[0] += sgv[u];
