@@ -20,11 +20,15 @@ With ``--kernel-off`` the HC and mHC models run a second time with their CPU ker
 the read and write of ``hyper_mix``'s batched products; rows ``HC no kernel``, ``mHC no kernel``), interleaved
 likewise; the ``mix before`` rows run without the kernels too, as their file's read and write are what they time.
 
+With ``--sinkhorn-off`` mHC runs a second time with its Sinkhorn–Knopp as operators and its other kernels on (row
+``mHC eager sinkhorn``; ``sinkhorn_kernel = False``), interleaved likewise.
+
 glibc's malloc keeps what a step frees for the next step, as in a skiplab run (``skiplab.host.keep_freed_memory``);
 ``--system-malloc`` leaves glibc's defaults (freed memory handed back to the system and paged in again).
 
 Usage: python benchmarks/hc_cost.py [--before FILE] [--before-mix FILE] [--kernel-off] [--widths 256,768] [--rows 8]
-                                    [--layers 4] [--repeats 5] [--modes eager,compiled] [--threads 1] [--system-malloc]
+                                    [--layers 4] [--repeats 5] [--modes eager,compiled] [--threads 1] [--sinkhorn-off]
+                                    [--system-malloc]
 """
 
 from __future__ import annotations
@@ -102,6 +106,14 @@ def kernel_off(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def sinkhorn_off(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose mHC connections run Sinkhorn-Knopp as operators, their other kernels on."""
+    model = copy.deepcopy(model)
+    for _, conn in iter_connections(model):
+        conn.sinkhorn_kernel = False
+    return model
+
+
 def cpu_timed(step, into: list[float]):
     """``step``, appending the calling thread's CPU seconds of each call to ``into`` (one torch thread: all of it)."""
     def run() -> None:
@@ -128,6 +140,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (interleaved) after one untimed")
     p.add_argument("--modes", default="eager,compiled")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--sinkhorn-off", action="store_true", help="mHC a second time, its Sinkhorn-Knopp as operators")
     p.add_argument("--system-malloc", action="store_true", help="glibc's defaults, not a skiplab run's setting")
     args = p.parse_args()
 
@@ -153,6 +166,8 @@ def main() -> None:
         models.update({name: kernel_off(models[name.split()[0]]) for name in mixed})  # copied per mode below
         if args.kernel_off:
             models.update({f"{d} no kernel": kernel_off(models[d]) for d in DESIGNS[1:]})
+        if args.sinkhorn_off:
+            models["mHC eager sinkhorn"] = sinkhorn_off(models["mHC"])
         for mode in args.modes.split(","):
             steps, compile_s = {}, {}
             if mode == "compiled":

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from . import hyper_mix
 from .kernels import norm_project as norm_project_kernel
+from .kernels import sinkhorn as sinkhorn_kernel
 from .kernels import stream_mix
 from .base import Branch, Connection, register
 from .norms import make_norm
@@ -242,13 +243,16 @@ class _Sinkhorn(torch.autograd.Function):
         return g.permute(*range(2, lead + 2), 0, 1).to(ctx.dtype), None
 
 
-def sinkhorn(logits: Tensor, iters: int = 20) -> Tensor:
+def sinkhorn(logits: Tensor, iters: int = 20, kernel: bool = False) -> Tensor:
     """Sinkhorn–Knopp projection of exp(``logits``) (..., n, n) onto the doubly stochastic matrices: M⁰ = exp(·),
     M^t = T_r(T_c(M^{t−1})) (columns, then rows normalised to sum 1), ``iters`` times (mHC's Eq. 9; "we choose
     t_max = 20", Section 4.2). The rows sum to 1 exactly after the last step, the columns to within the
     iteration's convergence. Computed in at least float32 (a bf16 or fp16 input is cast up for the 40 steps) and
     returned in the input's dtype; the gradient is that of the unrolled iterations (:class:`_Sinkhorn`; under
-    ``torch.compile``, autograd through the loop itself, which inductor fuses into a few kernels)."""
+    ``torch.compile``, autograd through the loop itself, which inductor fuses into a few kernels). ``kernel``: the
+    CPU kernel (:mod:`~skiplab.connections.kernels.sinkhorn`, the same formula) where it can run."""
+    if kernel and sinkhorn_kernel.usable(logits):
+        return sinkhorn_kernel.sinkhorn(logits, iters)
     if torch.compiler.is_compiling():
         m = logits.to(torch.promote_types(logits.dtype, torch.float32))
         m = torch.exp(m - m.amax(dim=(-2, -1), keepdim=True))
@@ -311,6 +315,7 @@ class MHC(HC):
             raise ValueError("mHC holds n residual streams of (..., dim) features; it has no conv layout")
         n = self.n = spec.options["n"]
         self.kernel = "stream_mix"  # as HC's
+        self.sinkhorn_kernel = True  # with kernel set: Sinkhorn-Knopp by kernels/sinkhorn.c where it can run
         self.iters = spec.options["iters"]
         self.dynamic = True
         self.norm = make_norm(spec.norm, dim)
@@ -330,7 +335,8 @@ class MHC(HC):
         proj = proj.view(*h.shape[:-2], -1)
         pre = torch.sigmoid(self.alpha[0] * proj[..., :n] + self.b_pre)
         post = POST_GAIN * torch.sigmoid(self.alpha[1] * proj[..., n : 2 * n] + self.b_post)
-        res = sinkhorn(self.alpha[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + self.b_res, self.iters)
+        res = sinkhorn(self.alpha[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + self.b_res, self.iters,
+                       kernel=bool(self.kernel) and self.sinkhorn_kernel)
         return pre, res, post
 
     def mixing(self, h: Tensor, slot: hyper_mix.GradSlot | None = None) -> tuple[Tensor, Tensor]:
