@@ -6,12 +6,11 @@ import math
 import pytest
 import torch
 
-import skiplab
 from skiplab.connections import hyper_mix
 from skiplab.connections.kernels import load
 from skiplab.connections.kernels import norm_project as npk
 from skiplab.connections.kernels import stream_mix as sm
-from tests.connections.kernel_checks import mutated, ran
+from tests.connections.kernel_checks import hyper_case, mutated, ran
 
 needs_kernel = pytest.mark.skipif(load("norm_project") is None, reason="no C compiler on this machine")
 
@@ -217,15 +216,7 @@ def test_dynamic_connections_run_it_and_equal_their_eager_form(spec, monkeypatch
         return lambda *args: deferred.append(args[3] is None) or kernel(*args)
 
     monkeypatch.setattr(sm, "_fn", spy)
-    torch.manual_seed(0)
-    conn = skiplab.connection(spec, dim=24).double()
-    with torch.no_grad():
-        for p in conn.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    layer = torch.nn.Linear(24, 24).double()
-    params = [*conn.parameters(), *layer.parameters()]
-    x = torch.randn(2, 5, conn.n, 24, dtype=torch.float64, requires_grad=True)
-    dy = torch.randn_like(x)
+    conn, layer, params, x, dy = hyper_case(spec)
     y = conn(x, layer)
     assert ran(y, "_NormProjectKernelBackward")
     got = (y, *torch.autograd.grad(y, [x, *params], dy))

@@ -4,11 +4,10 @@ for every n it takes and position counts that leave a short last group; mHC runs
 import pytest
 import torch
 
-import skiplab
 from skiplab.connections import hyper
 from skiplab.connections.kernels import load
 from skiplab.connections.kernels import sinkhorn as skk
-from tests.connections.kernel_checks import mutated, ran
+from tests.connections.kernel_checks import hyper_case, mutated, ran
 
 needs_kernel = pytest.mark.skipif(load("sinkhorn") is None, reason="no C compiler on this machine")
 
@@ -127,15 +126,7 @@ def test_the_generic_build_equals_the_eager_iterations_too(monkeypatch, tmp_path
 @needs_kernel
 @pytest.mark.parametrize("spec", ["mHC", "mHC(n=2)"])
 def test_mhc_runs_it_where_its_kernels_run_and_equals_its_eager_form(spec):
-    torch.manual_seed(0)
-    conn = skiplab.connection(spec, dim=24).double()
-    with torch.no_grad():
-        for p in conn.parameters():
-            p.add_(0.1 * torch.randn_like(p))
-    layer = torch.nn.Linear(24, 24).double()
-    params = [*conn.parameters(), *layer.parameters()]
-    x = torch.randn(2, 5, conn.n, 24, dtype=torch.float64, requires_grad=True)
-    dy = torch.randn_like(x)
+    conn, layer, params, x, dy = hyper_case(spec)
     y = conn(x, layer)
     assert ran(y, "_SinkhornKernelBackward")
     got = (y, *torch.autograd.grad(y, [x, *params], dy))
