@@ -9,8 +9,8 @@ backward, each over a few hundred kilobytes (a position's n × n entries across 
 is the operators' overhead, not arithmetic. The kernel takes as many positions at once as a vector has lanes, keeps
 their n² entries in registers through all the iterations, and recomputes the forward in the backward (keeping the
 half-steps of one group of positions in cache), so it saves nothing but M⁰; the exponential stays PyTorch's
-(vectorised) operator. A Sinkhorn kernel that went one
-position's matrix at a time was slower than the operators (docs/performance.md).
+(vectorised) operator. A Sinkhorn kernel that went one position's matrix at a time was slower than the operators
+(docs/performance.md).
 """
 
 from __future__ import annotations
