@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q $(TORCH_INDEX) "$(TORCH)"
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	$(BIN)/python -m pip install -q --no-deps "torchscale==0.3.0" "fairscale==0.4.13" "ai2-olmo-core==3.0.0" \
-		"dataclass-extensions==0.5.0" "mup==1.0.0"
+		"dataclass-extensions==0.5.0" "mup==1.0.0" "liger-kernel==0.8.5"
 	touch $(STAMP)
 
 # The demo's data: Debian's dataset-fashion-mnist where apt is available and we are root; otherwise

@@ -25,6 +25,10 @@ def test_gpu_group_at_smoke_size_produces_every_row(tmp_path):
                  "PreLN eager / compiled step", "skiplab PreLN / transformers GPT2LMHeadModel step"):
         assert name in names, name
     assert any(n.endswith("PreLN step, compiled per layer") for n in names)
+    chunked = rows[names.index("PreLN, chunked head loss step")]
+    assert math.isfinite(chunked.value) and "0 graph breaks" in chunked.note and "loss " in chunked.note
+    liger = rows[names.index("PreLN, liger head loss step")]
+    assert math.isnan(liger.value) and "runs on CUDA only" in liger.note
     mfu = rows[names.index("PreLN MFU")]
     assert math.isnan(mfu.value) and mfu.note == "no known peak for this device (cpu)"
     for design in GPU_DESIGNS:

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from ..compiled import CompileStats, compile_layers, raise_recompile_limit
 from ..device import peak_note, peak_tflops
+from ..models.linear_ce import linear_cross_entropy
 from .steps import build, recipe_fields, show_fields
 from .timing import Row, interleaved
 
@@ -51,6 +52,7 @@ GPU_DESIGNS = ("PostLN", "PeriLN", "HC", "mHC", "PreLN+ValueRes", "2rSkip+LN", "
                "Admin", "MixLN", "LNS", "LayerScale", "ReZero", "PreDyT", "PreLN+UNet", "PreLN+DenseFormer",
                "PreLN+AttnRes(block=2)", "PreLN+Scalars", "PreLN+Backout", "LAuReL(form=lr)", "LAuReL(form=pa)", "Keel",
                "PreLN+MUDD", "PreLN+AttnRes", "nGPT", "HybridNorm")
+HEAD_LOSSES = ("chunked", "liger")  # the output layer and loss without the logits, against the compiled eager head
 # step over compiled PreLN's; every other design: 1.10 (the depth designs: docs/performance.md)
 GOALS = {"HC": 1.15, "mHC": 1.15, "SAS": 1.35, "PreLN+DenseFormer": 1.05, "PreLN+AttnRes(block=2)": 1.05,
          "PreLN+Scalars": 1.05, "PreLN+Backout": 1.05, "LAuReL(form=lr)": 1.05, "LAuReL(form=pa)": 1.05, "Keel": 1.05,
@@ -99,6 +101,7 @@ class Trainer:
     batch: tuple[Tensor, Tensor]
     vocab: int
     backend: str | None  # None: eager
+    head: str = "eager"  # the output layer and loss: compiled with the layers, or chunked / liger (linear_ce)
     opt: torch.optim.Optimizer = field(init=False)
     loss: Callable[..., Tensor] = field(init=False)
 
@@ -106,7 +109,11 @@ class Trainer:
         cuda = self.batch[0].is_cuda
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.95),
                                      **({"fused": True} if cuda else {}))
-        self.loss = head_loss if self.backend is None else torch.compile(head_loss, backend=self.backend, dynamic=False)
+        if self.head != "eager":
+            self.loss = lambda h, w, y, vocab: linear_cross_entropy(h, w[:vocab], y, self.head)
+        else:
+            self.loss = head_loss if self.backend is None else torch.compile(head_loss, backend=self.backend,
+                                                                             dynamic=False)
 
     def __call__(self) -> None:
         x, y = self.batch
@@ -119,13 +126,13 @@ class Trainer:
             torch.cuda.synchronize(x.device)
 
 
-def skiplab_trainer(sz: GpuSizes, design: str, batch: tuple[Tensor, Tensor], compiled: bool,
+def skiplab_trainer(sz: GpuSizes, design: str, batch: tuple[Tensor, Tensor], compiled: bool, head: str = "eager",
                     **fields: Any) -> Trainer:
     model = build(f"{sz.model}(connection={design})", **sz.config(), **fields).to(batch[0].device)
     if compiled:
         compile_layers(model, backend=sz.backend)
     return Trainer(model, model.hidden, model.output_weight, batch, model.cfg.vocab_size,
-                   sz.backend if compiled else None)
+                   sz.backend if compiled else None, head)
 
 
 def hf_trainer(sz: GpuSizes, batch: tuple[Tensor, Tensor], rows: int) -> Trainer:
@@ -203,6 +210,55 @@ def largest_rows(peak: int | None, base: int, static: int, rows: int, device: to
     return int((0.95 * total - base - static) // per_row)
 
 
+def head_agreement(impl: str, h: Tensor, weight: Tensor, targets: Tensor) -> tuple[float, float, float]:
+    """How far ``impl``'s loss, ∂h and ∂W are from the eager head's on the same states (autocast as a step has
+    it): the loss's absolute difference, the gradients' largest over their largest entry."""
+    got = []
+    for how in ("eager", impl):
+        hh, ww = h.detach().clone().requires_grad_(), weight.detach().clone().requires_grad_()
+        with torch.autocast(h.device.type, dtype=torch.bfloat16, enabled=h.is_cuda):
+            loss = linear_cross_entropy(hh, ww, targets, how)
+        loss.backward()
+        got.append((loss.detach().float(), hh.grad.float(), ww.grad.float()))
+    (l0, h0, w0), (l1, h1, w1) = got
+    return (float((l1 - l0).abs()), float((h1 - h0).abs().max() / h0.abs().max()),
+            float((w1 - w0).abs().max() / w0.abs().max()))
+
+
+def head_rows(g: GpuSizes, impl: str, pre: Trainer, batch: tuple[Tensor, Tensor], device: torch.device) -> list[Row]:
+    """Compiled PreLN with its output layer and loss fused (``impl``, :mod:`skiplab.models.linear_ce`) against
+    ``pre`` (the compiled eager head): step ratio, peak memory and the rows that fit, and its agreement with the
+    eager head on the model's first states."""
+    name = f"PreLN, {impl} head loss"
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    base = memory_now(device)
+    try:
+        trainer = skiplab_trainer(g, "PreLN", batch, compiled=True, head=impl)
+        got = first_steps(trainer, device, g.warmup)
+    except ValueError as e:  # liger: not installed, or no CUDA card
+        return [Row("gpu", f"{name} step", float("nan"), "x", str(e))]
+    except torch.OutOfMemoryError:
+        return [Row("gpu", f"{name} step", float("nan"), "x", "out of memory at this batch")]
+    x, y = batch
+    rows = min(x.shape[0], max(1, 4096 // x.shape[1]))  # at most 4,096 positions: the eager head's logits fit
+    with torch.no_grad():
+        states = trainer.hidden(x[:rows]).float()
+    dl, dh, dw = head_agreement(impl, states, trainer.weight()[: trainer.vocab], y[:rows])
+    t = interleaved({"eager": pre, impl: trainer}, g.repeats, g.warmup)
+    out = [Row("gpu", f"{name} step", t[impl] / t["eager"], "x",
+               f"compiled PreLN with its compiled eager head, in turn; {got['graph_breaks']} graph breaks; against "
+               f"the eager head on {rows}x{x.shape[1]} positions: loss {dl:.1e} apart, dh {dh:.1e}, dW {dw:.1e} "
+               f"(largest difference over largest entry)")]
+    if got["peak"] is not None:
+        fit = largest_rows(got["peak"], base, state_bytes(trainer.model), g.rows, device)
+        out.append(Row("gpu", f"{name} peak memory", (got["peak"] - base) / 2**30, "GiB",
+                       f"~{fit} rows fit (estimated), against the eager head's in the PreLN peak memory row"))
+    del trainer
+    return out
+
+
 def gpu(sz: Any, ctx: dict) -> list[Row]:
     """The group (module docstring). ``sz`` is the suite's sizes: ``QUICK`` or a CPU picks :data:`SMOKE`."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -258,6 +314,9 @@ def gpu(sz: Any, ctx: dict) -> list[Row]:
         fit = largest_rows(first["peak"], base, static, g.rows, device)
         add(Row("gpu", "PreLN peak memory", (first["peak"] - base) / 2**30, "GiB",
                 f"weights, gradients, AdamW state and one step's activations; ~{fit} rows fit (estimated)"))
+
+    for impl in HEAD_LOSSES:
+        add(*head_rows(g, impl, pre, batch, device))
 
     if g.hf_reference:
         try:

@@ -65,6 +65,7 @@ from ..connections.tie import tie_within_layers
 from . import ngpt
 from .attention import QK_NORMS, Rotary, SelfAttention, check_qk_norm
 from .linear import stacked_linear, xavier_linear
+from .linear_ce import linear_cross_entropy, wide
 
 MLPS = ("gelu", "swiglu")
 POSITIONS = ("rope", "learned")
@@ -291,11 +292,19 @@ class GPT(nn.Module):
         c = self.cfg
         return 6.0 * n + 12.0 * c.layers * c.d_model * c.context
 
-    def forward(self, tokens: Tensor, caches: list[dict[str, Tensor]] | None = None) -> Tensor:
+    def forward(self, tokens: Tensor, caches: list[dict[str, Tensor]] | None = None, targets: Tensor | None = None,
+                head_loss: str = "eager") -> Tensor:
         """Logits (B, T, V) of the next token at every position of ``tokens`` (B, T). With ``caches`` (one
         dict per layer, empty at first) ``tokens`` continue the cached positions, whose keys and values
-        each layer extends."""
-        return self.logits(self.hidden(tokens, caches))
+        each layer extends. With ``targets`` (B, T): the mean cross-entropy of those logits against them
+        instead, computed by ``head_loss`` (:mod:`skiplab.models.linear_ce`: ``chunked`` and ``liger`` never
+        hold the (B, T, V) logits)."""
+        h = self.hidden(tokens, caches)
+        if targets is None:
+            return self.logits(h)
+        if head_loss == "eager":
+            return F.cross_entropy(wide(self.logits(h)).transpose(1, 2), targets)
+        return linear_cross_entropy(*self.readout(h), targets, head_loss)
 
     def hidden(self, tokens: Tensor, caches: list[dict[str, Tensor]] | None = None) -> Tensor:
         """The last layer's states after the final norm (B, T, D): what the output projection reads."""
@@ -331,6 +340,16 @@ class GPT(nn.Module):
         if self.logit_scale is not None:  # nGPT's s_z
             logits = self.logit_scale(logits)
         return logits[..., : self.cfg.vocab_size] if self.cfg.pad_vocab else logits
+
+    def readout(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """``(h', W')`` with :meth:`logits` = h' W'ᵀ: μP's h/m_d, nGPT's s_z taken into the rows of W (z ⊙ s_z =
+        h (s_z ⊙ W)ᵀ), the padding's rows cut off; what a loss that fuses the output layer reads."""
+        if self.width_multiplier != 1.0:
+            h = h / self.width_multiplier
+        w = self.output_weight()
+        if self.logit_scale is not None:
+            w = w * self.logit_scale.s_z().unsqueeze(1)
+        return h, w[: self.cfg.vocab_size] if self.cfg.pad_vocab else w
 
     def new_caches(self) -> list[dict[str, Tensor]]:
         """Empty key/value caches, one per layer, for :meth:`forward`."""

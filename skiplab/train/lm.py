@@ -178,6 +178,7 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
             run.say(f"{key.replace('_', ' ')}: {value}")
 
     n, per_update = mcfg.context, cfg.grad_accum
+    head = None if cfg.head_loss == "eager" else cfg.head_loss  # the loss fused with the output layer (linear_ce)
     mine = [k for k in range(per_update) if k % group.world_size == group.rank]  # this rank's micro-batches
     bar = tqdm(total=cfg.max_steps, initial=step, desc=Path(cfg.out).name, unit="step",
                disable=not (progress and group.main))
@@ -198,8 +199,8 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
                 last = i == len(mine) - 1  # DDP averages the gradients over the ranks after the last only
                 with nullcontext() if last or not group.active else train_net.no_sync():
                     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=run.amp):
-                        logits = train_net(x)
-                    loss = F.cross_entropy(logits.float().transpose(1, 2), y)
+                        out = train_net(x) if head is None else train_net(x, targets=y, head_loss=head)
+                    loss = F.cross_entropy(out.float().transpose(1, 2), y) if head is None else out
                     (loss * group.world_size / per_update).backward()
                 loss_sum += loss.item()
         (update_loss,) = group.sum([loss_sum])

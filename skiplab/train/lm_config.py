@@ -17,6 +17,7 @@ from ..connections.across import not_recomputable
 from ..corpora.windows import BIN_DTYPES
 from ..interop.loggers import parse_loggers
 from ..models import GPTConfig, PRESETS, family_of, model_config
+from ..models.linear_ce import IMPLS as HEAD_LOSSES
 from ..tokenization.lm import check_lm_tokenizer
 from . import parametrization
 from .parametrization import PARAMETRIZATIONS
@@ -97,6 +98,10 @@ class LMTrainConfig:
         "older_runs": "standard"})
     depth_base: int = field(default=0, metadata={
         "min": 0, "help": "completep: base depth L_base, m_L = L/L_base (0: the model's own L)", "older_runs": 0})
+    head_loss: str = field(default="eager", metadata={
+        "help": "the output layer's cross-entropy: eager (the logits kept for the backward), chunked (rows in "
+                "chunks, their gradient taken in the forward: no batch x context x vocabulary logits; any device) "
+                "or liger (liger-kernel's, CUDA)", "older_runs": "eager"})
     out: str = field(default="runs/lm", metadata={"help": "run directory"})
 
     def __post_init__(self):
@@ -117,6 +122,10 @@ class LMTrainConfig:
             raise ValueError(f"--warmup {self.warmup} runs into the decay, which starts after update "
                              f"{stable_end(self)} (--max-steps {self.max_steps}, --decay {self.decay:g})")
         check_lm_tokenizer(self.tokenizer)
+        if self.head_loss not in HEAD_LOSSES:
+            raise ValueError(f"unknown --head-loss {self.head_loss!r}; known: {', '.join(HEAD_LOSSES)}")
+        if self.head_loss == "liger" and self.device == "cpu":
+            raise ValueError("--head-loss liger runs on CUDA only; chunked is the same computation on any device")
         parse_loggers(self.logger)
         if self.bin_dtype not in BIN_DTYPES:
             raise ValueError(f"unknown --bin-dtype {self.bin_dtype!r}; known: {', '.join(BIN_DTYPES)}")

@@ -79,6 +79,18 @@ def test_two_sharded_processes_make_the_updates_of_one_within_float_noise(clippe
     assert [r["step"] for r in lines(two, "metrics.jsonl")] == [3, 6]
 
 
+def test_a_sharded_run_with_the_chunked_head_loss_makes_the_updates_of_one_eager_process(clipped, text, tmp_path):  # noqa: F811
+    """--head-loss chunked under FSDP2: the root's forward takes the targets and returns the loss (the tied
+    embedding's gradient through the readout), and the two ranks make the one eager process's updates."""
+    two, one = tmp_path / "two", clipped[1]
+    ok(torchrun(*args(text, two, "--grad-accum", "4", "--head-loss", "chunked", *FSDP)))
+    a, b = last(two)["model"], last(one)["model"]
+    for key in b:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-5, msg=key)
+    for x, y in zip(lines(two, "steps.jsonl"), lines(one, "steps.jsonl"), strict=True):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+
+
 def test_a_sharded_run_keeps_the_shards_of_its_last_checkpoint_and_a_full_model(clipped):
     two, _ = clipped
     ckpt = last(two)

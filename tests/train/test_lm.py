@@ -552,3 +552,27 @@ def test_a_branch_beside_another_runs_config_writes_nothing_and_a_failed_start_d
         assert run(argv) == 0  # the same command: the branch that never saved is made again
     assert "has not saved since it was made; made again" in capsys.readouterr().out
     assert json.loads((branched / "summary.json").read_text())["steps"] == 12
+
+
+def test_a_chunked_head_loss_trains_as_the_eager_head_and_liger_is_refused_on_a_cpu(text, tmp_path, capsys):
+    """--head-loss chunked (the output layer and loss without the logits) makes the eager head's updates within
+    float32 noise, and the run's config says which head it had."""
+    with one_thread():
+        assert run(args(text, tmp_path / "eager")) == 0
+        assert run(args(text, tmp_path / "chunked", "--head-loss", "chunked")) == 0
+    ra, rb = ([json.loads(x) for x in (tmp_path / d / "metrics.jsonl").read_text().splitlines()]
+              for d in ("eager", "chunked"))
+    assert [r["step"] for r in ra] == [r["step"] for r in rb] == [3, 6]
+    for a, b in zip(ra, rb):
+        assert abs(a["train_loss"] - b["train_loss"]) < 1e-5 and abs(a["valid_loss"] - b["valid_loss"]) < 1e-5
+    a = torch.load(tmp_path / "eager" / "last.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "chunked" / "last.pt", weights_only=True)["model"]
+    for key in a:
+        torch.testing.assert_close(b[key], a[key], rtol=1e-4, atol=1e-5, msg=key)
+    assert json.loads((tmp_path / "chunked" / "config.json").read_text())["config"]["head_loss"] == "chunked"
+    capsys.readouterr()
+    assert run(args(text, tmp_path / "liger", "--head-loss", "liger")) == 2
+    assert "--head-loss liger runs on CUDA only; chunked is the same computation on any device" in capsys.readouterr().err
+    assert run(args(text, tmp_path / "other", "--head-loss", "fused")) == 2
+    assert "unknown --head-loss 'fused'; known: eager, chunked, liger" in capsys.readouterr().err
+    assert not (tmp_path / "liger").exists() and not (tmp_path / "other").exists()
