@@ -34,10 +34,13 @@ IMPLS = ("eager", "chunked", "liger")
 REDUCTIONS = ("mean", "sum")
 
 
+MIN_CHUNK = 256  # rows: skinnier products run far below a CPU's matmul rate (benchmarks/head_loss_memory.py)
+
+
 def default_chunk(rows: int, vocab: int, dim: int) -> int:
-    """Rows per chunk so that one chunk's logits hold about as many numbers as h (rows × dim): ⌈rows / ⌈V/D⌉⌉,
-    Liger's budget (there rounded to a power of two)."""
-    return max(1, math.ceil(rows / max(1, math.ceil(vocab / dim))))
+    """Rows per chunk: one chunk's logits about as many numbers as h (rows × dim), ⌈rows / ⌈V/D⌉⌉ (Liger's budget,
+    there rounded to a power of two), but at least :data:`MIN_CHUNK` rows (or all of them)."""
+    return max(min(rows, MIN_CHUNK), math.ceil(rows / max(1, math.ceil(vocab / dim))))
 
 
 def wide(z: Tensor) -> Tensor:
@@ -81,7 +84,9 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 dz = dz.to(dtype)
                 if want_h:
                     dh[start : start + chunk] = (dz @ w).to(h.dtype)
-                if want_w:
+                if want_w and dz.dtype == dw.dtype:
+                    dw.addmm_(dz.T, hc)  # into ∂W in place: the product's V×D result is not made apart and added
+                elif want_w:
                     dw += (dz.T @ hc).to(dw.dtype)
         ctx.save_for_backward(dh, dw.to(weight.dtype) if dw is not None else None)
         return loss * scale if reduction == "mean" else loss

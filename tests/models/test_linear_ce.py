@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from skiplab.models import GPT, GPTConfig
 from skiplab.models import linear_ce
-from skiplab.models.linear_ce import default_chunk, linear_cross_entropy
+from skiplab.models.linear_ce import MIN_CHUNK, default_chunk, linear_cross_entropy
 
 
 def losses_and_grads(h, w, y, impl, **kw):
@@ -122,10 +122,11 @@ def test_chunked_keeps_the_gradients_not_the_logits():
     assert saved_bytes(lambda: linear_cross_entropy(h, w, y, "chunked")) == 4 * (n * d + v * d)
 
 
-def test_default_chunk_holds_about_as_many_logits_as_states():
-    assert default_chunk(8192, 50304, 768) == math.ceil(8192 / 66)
-    assert default_chunk(10, 5, 16) == 10 and default_chunk(1, 10**6, 1) == 1
-    assert default_chunk(8192, 50304, 768) * 50304 <= 8192 * 768 * 1.01
+def test_default_chunk_holds_about_as_many_logits_as_states_and_no_fewer_rows_than_the_floor():
+    assert default_chunk(32768, 50304, 768) == math.ceil(32768 / 66)  # GPT-2's head, 32 x 1,024 rows
+    assert default_chunk(32768, 50304, 768) * 50304 <= 32768 * 768 * 1.01
+    assert default_chunk(8192, 50304, 768) == MIN_CHUNK == 256  # 8192 / 66 rows would be skinnier than the floor
+    assert default_chunk(10, 5, 16) == 10 and default_chunk(100, 10**6, 1) == 100
 
 
 def tiny(**fields) -> GPT:

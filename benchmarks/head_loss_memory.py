@@ -1,0 +1,112 @@
+"""The output layer and its cross-entropy at GPT-2's head shape (d 768, vocabulary padded to 50,304), float32 on this
+machine: the memory one forward and backward adds at its peak (the process's peak resident set above what it held
+with the inputs made, each measurement in a fresh process) and the step's time (fastest of ``--repeats`` after the
+measured one), the eager head (``F.linear`` then ``F.cross_entropy``) against skiplab's chunked one
+(:mod:`skiplab.models.linear_ce`, its default chunk, and each of ``--chunks`` rows a chunk), alternating process
+by process. All compute the same numbers (tests/models/test_linear_ce.py); the gradients of h and W are counted in
+each.
+
+Usage: python benchmarks/head_loss_memory.py [--rows 2048,8192] [--dim 768] [--vocab 50304] [--chunks 32,128]
+                                             [--repeats 2] [--threads 2] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+def child(impl: str, rows: int, dim: int, vocab: int, chunk: int, repeats: int, threads: int) -> dict:
+    import torch
+
+    from skiplab.models.linear_ce import default_chunk, linear_cross_entropy
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(rows, dim, generator=g).requires_grad_()
+    w = (0.02 * torch.randn(vocab, dim, generator=g)).requires_grad_()
+    y = torch.randint(0, vocab, (rows,), generator=g)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    times, loss = [], None
+    for i in range(1 + repeats):
+        h.grad = w.grad = None
+        start = time.perf_counter()
+        loss = linear_cross_entropy(h, w, y, impl, chunk=chunk or None)
+        loss.backward()
+        times.append(time.perf_counter() - start)
+        if i == 0:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"impl": impl, "rows": rows, "extra_peak_mib": (peak - before) / 1024, "first_s": times[0],
+            "step_s": min(times[1:]) if repeats else times[0], "loss": float(loss),
+            "chunk": (chunk or default_chunk(rows, vocab, dim)) if impl == "chunked" else None}
+
+
+def markdown(result: dict) -> str:
+    a = result["args"]
+    lines = [f"# The output layer and its cross-entropy: {result['machine']}", "",
+             f"torch {result['environment']['torch']}, code {result['environment']['git_commit']}, {a['threads']} "
+             f"thread(s), float32; h (rows × {a['dim']}), W ({a['vocab']} × {a['dim']}); each row a fresh process; "
+             f"step: fastest of {a['repeats']} after the measured one.", "",
+             "| rows | head | extra peak memory (MiB) | step (s) | loss | chunk rows |", "|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        lines.append(f"| {r['rows']} | {r['impl']} | {r['extra_peak_mib']:.0f} | {r['step_s']:.2f} | {r['loss']:.6f} "
+                     f"| {r['chunk'] or ''} |")
+    lines += ["", f"The logits alone of the largest row count: {result['logits_mib']:.0f} MiB in float32."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default="2048,8192", help="row counts (batch × context), comma-separated")
+    p.add_argument("--dim", type=int, default=768)
+    p.add_argument("--vocab", type=int, default=50304)
+    p.add_argument("--chunks", default="32,128", help="chunk sizes (rows) timed beside the default; '' for none")
+    p.add_argument("--chunk", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default="", help="folder for head_loss.md and head_loss.json")
+    p.add_argument("--child", default="", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    try:
+        counts = [int(r) for r in args.rows.split(",")]
+        chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
+    except ValueError:
+        p.error(f"--rows and --chunks take comma-separated whole numbers, got {args.rows!r} and {args.chunks!r}")
+    if min(counts + chunks + [args.dim, args.vocab]) < 1 or args.repeats < 0 or args.threads < 1:
+        p.error("--rows, --chunks, --dim, --vocab and --threads must be positive, --repeats at least 0")
+    if args.child:
+        print(json.dumps(child(args.child, counts[0], args.dim, args.vocab, args.chunk, args.repeats, args.threads)))
+        return {}
+    import torch
+
+    from skiplab.bench.suite import environment, machine_name
+
+    torch.set_num_threads(args.threads)  # the children's count, as the machine line names it
+    runs = []
+    for rows in counts:
+        for impl, chunk in [("eager", 0), ("chunked", 0)] + [("chunked", c) for c in chunks]:
+            cmd = [sys.executable, __file__, "--child", impl, "--rows", str(rows), "--dim", str(args.dim),
+                   "--vocab", str(args.vocab), "--chunk", str(chunk), "--repeats", str(args.repeats),
+                   "--threads", str(args.threads)]
+            done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            r = runs[-1]
+            how = f"{impl}, {r['chunk']} rows a chunk" if r["chunk"] else impl
+            print(f"{rows} rows, {how}: +{r['extra_peak_mib']:.0f} MiB at the peak, {r['step_s']:.2f} s a step",
+                  flush=True)
+    result = {"machine": machine_name(), "environment": environment(), "args": vars(args), "runs": runs,
+              "logits_mib": max(counts) * args.vocab * 4 / 2**20}
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "head_loss.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / "head_loss.md").write_text(markdown(result))
+    return result
+
+
+if __name__ == "__main__":
+    main()
