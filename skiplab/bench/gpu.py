@@ -15,9 +15,12 @@ Rows, in order, each written as soon as it is measured (a run cut short keeps wh
    Model FLOPs per token are 6N + 12·L·d·T (PaLM, Chowdhery et al. 2022, Appendix B; N the weights less the
    position table), MFU their rate over the card's dense bf16 peak (:data:`skiplab.device.PEAK_BF16_TFLOPS`,
    matched by the exact device name; an unknown card, or a CPU, gets no MFU and the row says why);
-3. transformers' ``GPT2LMHeadModel`` of the same shape (SDPA attention, each block compiled the same way, the same
+3. PreLN with its output layer and loss fused (:mod:`skiplab.models.linear_ce`: ``chunked``, then liger-kernel's
+   ``liger`` where it imports and the card is CUDA): its step over the compiled eager head's, its peak memory and
+   the rows that fit, and its loss and gradients against the eager head's on the model's states;
+4. transformers' ``GPT2LMHeadModel`` of the same shape (SDPA attention, each block compiled the same way, the same
    compiled output layer and loss) on the same batch: skiplab's step over its step;
-4. each design's compiled step over compiled PreLN's, the two timed in turn in one loop; its peak memory, the
+5. each design's compiled step over compiled PreLN's, the two timed in turn in one loop; its peak memory, the
    largest batch that fits the card (estimated: the step's memory above the weights and optimizer state grows
    linearly in the rows), its compile seconds, graph breaks and recompiles (dynamo's counters). A design whose
    recipe builds another model (nGPT: SwiGLU, rotary positions, no biases, untied output) is divided by PreLN built

@@ -9,6 +9,7 @@
     gpt             the decoder-only language model family (a connection on every sub-layer)
     dwlstm          the depth-wise LSTM Transformer family (no residual connections)
     presets         presets as data, the model spec ``name(field=value, ...)``, ``build_model``
+    linear_ce       the output layer fused with its cross-entropy (no (tokens, vocabulary) logits kept)
 """
 
 from __future__ import annotations
