@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 IMPLS = ("eager", "chunked", "liger")
+_ADDMM_OUT_DTYPE = torch.__version__ >= "2.8"  # addmm(..., out_dtype=): CUDA only
 REDUCTIONS = ("mean", "sum")
 
 
@@ -86,6 +87,8 @@ class _ChunkedLinearCE(torch.autograd.Function):
                     dh[start : start + chunk] = (dz @ w).to(h.dtype)
                 if want_w and dz.dtype == dw.dtype:
                     dw.addmm_(dz.T, hc)  # into ∂W in place: the product's V×D result is not made apart and added
+                elif want_w and dw.is_cuda and _ADDMM_OUT_DTYPE:  # bf16 products summed into float32 in place
+                    torch.addmm(dw, dz.T, hc, out_dtype=dw.dtype, out=dw)
                 elif want_w:
                     dw += (dz.T @ hc).to(dw.dtype)
         ctx.save_for_backward(dh, dw.to(weight.dtype) if dw is not None else None)
