@@ -135,6 +135,12 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, impl: str =
     h, targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
     if impl == "eager":
         return F.cross_entropy(wide(F.linear(h, weight)), targets, ignore_index=ignore_index, reduction=reduction)
+    return _fused(h, weight, targets, impl, ignore_index, reduction, chunk)
+
+
+@torch.compiler.disable  # data-dependent checks and a loop of chunks: run eagerly, a compiled graph ends before it
+def _fused(h: Tensor, weight: Tensor, targets: Tensor, impl: str, ignore_index: int, reduction: str,
+           chunk: int | None) -> Tensor:
     bad = (targets != ignore_index) & ((targets < 0) | (targets >= weight.shape[0]))
     if bool(bad.any()):
         raise ValueError(f"target {int(targets[bad][0])} is out of bounds for {weight.shape[0]} classes")
@@ -144,9 +150,4 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, impl: str =
                              f"computation in PyTorch")
         return _liger_loss(h, weight, targets, ignore_index, reduction)
     rows = chunk or default_chunk(h.shape[0], weight.shape[0], weight.shape[1])
-    return _chunked(h, weight, targets, ignore_index, reduction, rows)
-
-
-@torch.compiler.disable  # a loop of data-dependent length: run eagerly, the compiled graph ends before it
-def _chunked(h: Tensor, weight: Tensor, targets: Tensor, ignore_index: int, reduction: str, chunk: int) -> Tensor:
-    return _ChunkedLinearCE.apply(h, weight, targets, ignore_index, reduction, chunk)
+    return _ChunkedLinearCE.apply(h, weight, targets, ignore_index, reduction, rows)

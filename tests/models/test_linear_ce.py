@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from skiplab.compiled import CompileStats
 from skiplab.models import GPT, GPTConfig
 from skiplab.models import linear_ce
 from skiplab.models.linear_ce import MIN_CHUNK, default_chunk, linear_cross_entropy
@@ -160,11 +161,23 @@ def test_the_models_loss_through_its_readout_is_its_logits_loss(fields):
 
 
 def test_a_compiled_model_runs_the_chunked_loss_outside_its_graph():
+    """Compiled whole, the model's graph ends where the chunked loss begins: the disabled call breaks the forward's
+    frame and then linear_cross_entropy's (dynamo resumes in the callee), nothing inside the loss is traced, and
+    the loss and gradients are the eager head's."""
     model = tiny().float()
     x, y = torch.randint(0, 50, (2, 16)), torch.randint(0, 50, (2, 16))
     want = model(x, targets=y, head_loss="eager")
-    compiled = torch.compile(model, backend="eager")
-    torch.testing.assert_close(compiled(x, targets=y, head_loss="chunked"), want, rtol=1e-6, atol=1e-6)
+    want.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch._dynamo.reset()
+    stats = CompileStats()
+    got = torch.compile(model, backend="eager")(x, targets=y, head_loss="chunked")
+    got.backward()
+    assert stats.report()["graph_breaks"] == 2
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("kw, message", [
