@@ -6,8 +6,12 @@ measured one), the eager head (``F.linear`` then ``F.cross_entropy``) against sk
 by process. All compute the same numbers (tests/models/test_linear_ce.py); the gradients of h and W are counted in
 each.
 
+With ``--model SPEC`` (e.g. ``gpt2-small``) it measures a whole training step of that model instead (AdamW, its
+state made before the measurement; ``--rows`` then counts sequences of the model's context): the peak memory above
+the weights, gradients and AdamW state, with ``train lm``'s eager head and with ``--head-loss chunked``.
+
 Usage: python benchmarks/head_loss_memory.py [--rows 2048,8192] [--dim 768] [--vocab 50304] [--chunks 32,128]
-                                             [--repeats 2] [--threads 2] [--out DIR]
+                                             [--repeats 2] [--threads 2] [--model SPEC] [--out DIR]
 """
 
 from __future__ import annotations
@@ -45,12 +49,57 @@ def child(impl: str, rows: int, dim: int, vocab: int, chunk: int, repeats: int, 
             "chunk": (chunk or default_chunk(rows, vocab, dim)) if impl == "chunked" else None}
 
 
+def child_step(impl: str, spec: str, rows: int, repeats: int, threads: int) -> dict:
+    import torch
+    import torch.nn.functional as F
+
+    from skiplab.bench.steps import build
+
+    torch.set_num_threads(threads)
+    model = build(spec)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for p in model.parameters():  # AdamW's state made, so that the measured step adds activations alone
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model.cfg.vocab_size, (rows, model.cfg.context + 1), generator=g)
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    times, loss = [], None
+    for i in range(1 + repeats):
+        start = time.perf_counter()
+        loss = (F.cross_entropy(model(x).float().transpose(1, 2), y) if impl == "eager"
+                else model(x, targets=y, head_loss=impl))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - start)
+        if i == 0:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"impl": impl, "rows": rows, "tokens": rows * model.cfg.context, "extra_peak_mib": (peak - before) / 1024,
+            "first_s": times[0], "step_s": min(times[1:]) if repeats else times[0], "loss": float(loss),
+            "chunk": None, "parameters": sum(p.numel() for p in model.parameters())}
+
+
 def markdown(result: dict) -> str:
     a = result["args"]
+    env = result["environment"]
+    if a["model"]:
+        first = result["runs"][0]
+        lines = [f"# A training step of {a['model']}, eager and chunked head: {result['machine']}", "",
+                 f"torch {env['torch']}, code {env['git_commit']}, {a['threads']} thread(s), float32, "
+                 f"{first['parameters']:,} parameters, AdamW (its state made before the measured step); each row a "
+                 f"fresh process; step: fastest of {a['repeats']} after the measured one.", "",
+                 "| sequences | tokens | head | extra peak memory (MiB) | step (s) | loss |", "|---|---|---|---|---|---|"]
+        for r in result["runs"]:
+            lines.append(f"| {r['rows']} | {r['tokens']} | {r['impl']} | {r['extra_peak_mib']:.0f} | {r['step_s']:.2f} "
+                         f"| {r['loss']:.6f} |")
+        return "\n".join(lines) + "\n"
     lines = [f"# The output layer and its cross-entropy: {result['machine']}", "",
-             f"torch {result['environment']['torch']}, code {result['environment']['git_commit']}, {a['threads']} "
-             f"thread(s), float32; h (rows × {a['dim']}), W ({a['vocab']} × {a['dim']}); each row a fresh process; "
-             f"step: fastest of {a['repeats']} after the measured one.", "",
+             f"torch {env['torch']}, code {env['git_commit']}, {a['threads']} thread(s), float32; h (rows × "
+             f"{a['dim']}), W ({a['vocab']} × {a['dim']}); each row a fresh process; step: fastest of {a['repeats']} "
+             f"after the measured one.", "",
              "| rows | head | extra peak memory (MiB) | step (s) | loss | chunk rows |", "|---|---|---|---|---|---|"]
     for r in result["runs"]:
         lines.append(f"| {r['rows']} | {r['impl']} | {r['extra_peak_mib']:.0f} | {r['step_s']:.2f} | {r['loss']:.6f} "
@@ -68,7 +117,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--chunk", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--out", default="", help="folder for head_loss.md and head_loss.json")
+    p.add_argument("--model", default="", help="a whole training step of this model spec instead of the head alone")
+    p.add_argument("--out", default="", help="folder for head_loss.md and head_loss.json (step.md, step.json)")
     p.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
@@ -79,7 +129,8 @@ def main(argv: list[str] | None = None) -> dict:
     if min(counts + chunks + [args.dim, args.vocab]) < 1 or args.repeats < 0 or args.threads < 1:
         p.error("--rows, --chunks, --dim, --vocab and --threads must be positive, --repeats at least 0")
     if args.child:
-        print(json.dumps(child(args.child, counts[0], args.dim, args.vocab, args.chunk, args.repeats, args.threads)))
+        print(json.dumps(child_step(args.child, args.model, counts[0], args.repeats, args.threads) if args.model else
+                         child(args.child, counts[0], args.dim, args.vocab, args.chunk, args.repeats, args.threads)))
         return {}
     import torch
 
@@ -88,10 +139,10 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)  # the children's count, as the machine line names it
     runs = []
     for rows in counts:
-        for impl, chunk in [("eager", 0), ("chunked", 0)] + [("chunked", c) for c in chunks]:
+        for impl, chunk in [("eager", 0), ("chunked", 0)] + ([] if args.model else [("chunked", c) for c in chunks]):
             cmd = [sys.executable, __file__, "--child", impl, "--rows", str(rows), "--dim", str(args.dim),
                    "--vocab", str(args.vocab), "--chunk", str(chunk), "--repeats", str(args.repeats),
-                   "--threads", str(args.threads)]
+                   "--threads", str(args.threads), "--model", args.model]
             done = subprocess.run(cmd, capture_output=True, text=True, check=True)
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             r = runs[-1]
@@ -103,8 +154,9 @@ def main(argv: list[str] | None = None) -> dict:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "head_loss.json").write_text(json.dumps(result, indent=2) + "\n")
-        (out / "head_loss.md").write_text(markdown(result))
+        name = "step" if args.model else "head_loss"
+        (out / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (out / f"{name}.md").write_text(markdown(result))
     return result
 
 
