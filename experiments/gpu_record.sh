@@ -6,6 +6,8 @@
 # be installed (it runs as python3 -m skiplab from the tree).
 # Usage: experiments/gpu_record.sh RESULTS BLOCK CORPUS TIKTOKEN
 #   CORPUS    the built debdocs corpus (skiplab corpus debdocs; 32 MB); TIKTOKEN: gpt2.tiktoken
+#   After the bench, benchmarks/profile_gpu.py profiles PreLN and every design the bench found above its goal
+#   (RESULTS/profile: traces and profile.md; PROFILE_BUDGET=SECONDS, default 150, PROFILE=0 skips it).
 #   BENCH_BUDGET=SECONDS the bench's --gpu-budget (default 270); BENCH=0 or POOL=0 skips one; WORK=DIR holds the
 #   prepared shards and the runs (default /tmp); SMOKE=1 the block at smoke size on a CPU, CORPUS a pydocs-shaped folder
 set -uo pipefail
@@ -19,6 +21,11 @@ if [[ ${BENCH:-1} != 0 ]]; then
     python3 -m skiplab bench --groups gpu --gpu-budget "${BENCH_BUDGET:-270}" --out "$results/bench" \
         > "$results/bench.log" 2>&1
     echo "bench: exit $?"; grep '^\[bench\] gpu' "$results/bench.log"
+fi
+if [[ ${PROFILE:-1} != 0 && -f $results/bench/bench.json ]]; then
+    python3 "$(dirname "$0")/../benchmarks/profile_gpu.py" --from-bench "$results/bench/bench.json" \
+        --budget "${PROFILE_BUDGET:-150}" --out "$results/profile" > "$results/profile.log" 2>&1
+    echo "profile: exit $?"; grep '^\[profile\]' "$results/profile.log"
 fi
 if [[ ${POOL:-1} != 0 ]]; then
     data=$work/debdocs-gpt2

@@ -61,3 +61,20 @@ def test_the_cards_record_script_packs_the_block(tmp_path):
         names = tar.getnames()
     assert "./table.md" in names and any(n.endswith("seed1/summary.json") for n in names)
     assert not any(n.endswith(".pt") for n in names)
+
+
+def test_gpu_record_profiles_the_designs_the_bench_found_above_their_goal(tmp_path):
+    """After the bench, gpu_record.sh profiles PreLN and each design above its goal (benchmarks/profile_gpu.py);
+    here the bench's bench.json is made by hand and the profiles run at smoke size."""
+    results = tmp_path / "results"
+    (results / "bench").mkdir(parents=True)
+    (results / "bench" / "bench.json").write_text(json.dumps({"rows": [{"name": "PostLN step", "value": 1.3},
+                                                                       {"name": "HC step", "value": 1.01}]}))
+    done = subprocess.run(["bash", str(SCRIPT.with_name("gpu_record.sh")), str(results), "1", "unused", "unused"],
+                          capture_output=True, text=True, timeout=600, cwd=SCRIPT.parents[1],
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "BENCH": "0", "POOL": "0",
+                               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert "profile: exit 0" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    saved = json.loads((results / "profile" / "profile.json").read_text())
+    assert [p["design"] for p in saved["profiles"]] == ["PreLN", "PostLN"]
+    assert (results / "profile" / "trace-PostLN.json.gz").is_file()
