@@ -7,7 +7,10 @@
 #           a multiple of 64), GPT-2's tokens of debdocs (skiplab prepare lm --corpus debdocs, tiktoken gpt2)
 #   recipe  64 windows of 512 tokens an update (32,768 tokens), 640 updates (21.0 M tokens a run), AdamW lr 1e-3,
 #           warm-up 64, cosine to 1e-4, clipping at 1.0, bf16 autocast, torch.compile, per-step telemetry; the
-#           final model's test bits per byte
+#           final model's test bits per byte; the output layer and loss chunked (--head-loss chunked, the same
+#           numbers): the eager head holds about 2.6 times the float32 logits at its peak (4,246 MiB more than the
+#           chunked one for 8,192 tokens at V = 50,304 in docs/results/bench/intel-xeon-avx512-2026-11-29-head-loss/
+#           step.md), about 17 GB a run at 32,768 tokens, which eight runs side by side would not find on one card
 # Usage: experiments/pool_gpu.sh DATA OUT BLOCK
 #   DATA   the prepared debdocs folder (GPT-2 tokens); TOKENIZER=tiktoken:gpt2:FILE names the ranks it was made with.
 #          CORPUS=DIR (the built corpus, skiplab corpus debdocs) prepares DATA from it first where DATA has no
@@ -26,7 +29,7 @@ mkdir -p "$out"
 if [[ -n ${SMOKE:-} ]]; then
     args=(--model "gpt-small(d_model=32,heads=2,layers=2,ffn_dim=64,context=16)" --corpus pydocs --data-dir "$data"
           --tokenizer bytes --batch-size 2 --max-steps 4 --warmup 1 --eval-every 2 --valid-tokens 256 --device cpu
-          --compile false)
+          --compile false --head-loss chunked)
     jobs=${JOBS:-1}
 else
     tokenizer=${TOKENIZER:?TOKENIZER=tiktoken:gpt2:FILE, the ranks DATA was prepared with}
@@ -36,7 +39,7 @@ else
     args=(--model "gpt-small(d_model=384,heads=6,layers=8,ffn_dim=1536,context=512,pad_vocab=64)" --corpus debdocs
           --data-dir "$data" --tokenizer "$tokenizer"
           --batch-size 64 --max-steps 640 --warmup 64 --eval-every 160 --valid-tokens 262144 --device cuda
-          --compile true)
+          --compile true --head-loss chunked)
     jobs=${JOBS:-8}
 fi
 "${skiplab[@]}" compare lm "${args[@]}" --lr 1e-3 --min-lr 1e-4 --connections "$designs" --seeds "$block" \

@@ -35,7 +35,7 @@ def test_a_block_at_smoke_size(tmp_path):
     assert "| PreLN " in table and "| HC " in table and "Blocks: 1" in table
     for design in ("PreLN", "HC"):
         config = json.loads(next(out.glob(f"*{design}*/seed1/config.json")).read_text())
-        assert config["device"] == "cpu"
+        assert config["device"] == "cpu" and config["config"]["head_loss"] == "chunked"  # as on the card
 
 
 def test_the_card_scale_needs_the_tokenizer(tmp_path):
