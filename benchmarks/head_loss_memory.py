@@ -83,28 +83,26 @@ def child_step(impl: str, spec: str, rows: int, repeats: int, threads: int) -> d
 
 
 def markdown(result: dict) -> str:
-    a = result["args"]
-    env = result["environment"]
-    if a["model"]:
-        first = result["runs"][0]
-        lines = [f"# A training step of {a['model']}, eager and chunked head: {result['machine']}", "",
-                 f"torch {env['torch']}, code {env['git_commit']}, {a['threads']} thread(s), float32, "
-                 f"{first['parameters']:,} parameters, AdamW (its state made before the measured step); each row a "
-                 f"fresh process; step: fastest of {a['repeats']} after the measured one.", "",
-                 "| sequences | tokens | head | extra peak memory (MiB) | step (s) | loss |", "|---|---|---|---|---|---|"]
-        for r in result["runs"]:
-            lines.append(f"| {r['rows']} | {r['tokens']} | {r['impl']} | {r['extra_peak_mib']:.0f} | {r['step_s']:.2f} "
-                         f"| {r['loss']:.6f} |")
-        return "\n".join(lines) + "\n"
-    lines = [f"# The output layer and its cross-entropy: {result['machine']}", "",
-             f"torch {env['torch']}, code {env['git_commit']}, {a['threads']} thread(s), float32; h (rows × "
-             f"{a['dim']}), W ({a['vocab']} × {a['dim']}); each row a fresh process; step: fastest of {a['repeats']} "
-             f"after the measured one.", "",
-             "| rows | head | extra peak memory (MiB) | step (s) | loss | chunk rows |", "|---|---|---|---|---|---|"]
-    for r in result["runs"]:
-        lines.append(f"| {r['rows']} | {r['impl']} | {r['extra_peak_mib']:.0f} | {r['step_s']:.2f} | {r['loss']:.6f} "
-                     f"| {r['chunk'] or ''} |")
-    lines += ["", f"The logits alone of the largest row count: {result['logits_mib']:.0f} MiB in float32."]
+    a, env = result["args"], result["environment"]
+    run = f"torch {env['torch']}, code {env['git_commit']}, {a['threads']} thread(s), float32"
+    tail = f"each row a fresh process; step: fastest of {a['repeats']} after the measured one."
+    if a.get("model"):
+        title = f"A training step of {a['model']}, eager and chunked head"
+        about = (f"{run}, {result['runs'][0]['parameters']:,} parameters, AdamW (its state made before the measured "
+                 f"step); {tail}")
+        columns = [("sequences", "{rows}"), ("tokens", "{tokens}")]
+    else:
+        title = "The output layer and its cross-entropy"
+        about = f"{run}; h (rows × {a['dim']}), W ({a['vocab']} × {a['dim']}); {tail}"
+        columns = [("rows", "{rows}")]
+    columns += [("head", "{impl}"), ("extra peak memory (MiB)", "{extra_peak_mib:.0f}"), ("step (s)", "{step_s:.2f}"),
+                ("loss", "{loss:.6f}")] + ([] if a.get("model") else [("chunk rows", "{chunk}")])
+    lines = [f"# {title}: {result['machine']}", "", about, "", "| " + " | ".join(c for c, _ in columns) + " |",
+             "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(f.format(**{**r, "chunk": r["chunk"] or ""}) for _, f in columns) + " |"
+              for r in result["runs"]]
+    if not a.get("model"):
+        lines += ["", f"The logits alone of the largest row count: {result['logits_mib']:.0f} MiB in float32."]
     return "\n".join(lines) + "\n"
 
 

@@ -217,3 +217,25 @@ def test_depth_rows_price_ngpt_against_preln_of_its_model(monkeypatch):
         assert keel.value == pytest.approx((1 + len("Keel") / 100) / (1 + len("PreLN") / 100))
     matched = [kw for spec, kw in built if spec.endswith("(connection=PreLN)") and kw.get("mlp") == "swiglu"]
     assert len(matched) == 2 and all(kw["bias"] is False and kw["tie"] is False for kw in matched)  # eager, compiled
+
+
+def test_the_head_loss_memory_benchmark_at_tiny_shapes(tmp_path, capsys):
+    """benchmarks/head_loss_memory.py: the eager and chunked heads (and a chunk size asked for), each in its own
+    process, the same loss; a whole step of a model with each head; bad row counts in one line."""
+    bench = _benchmark("head_loss_memory")
+    result = bench.main(["--rows", "64", "--dim", "16", "--vocab", "300", "--chunks", "7", "--repeats", "1",
+                         "--threads", "1", "--out", str(tmp_path / "head")])
+    runs = result["runs"]
+    assert [(r["impl"], r["chunk"]) for r in runs] == [("eager", None), ("chunked", 64), ("chunked", 7)]
+    assert all(abs(r["loss"] - runs[0]["loss"]) < 1e-5 and r["extra_peak_mib"] >= 0 for r in runs)
+    md = (tmp_path / "head" / "head_loss.md").read_text()
+    assert "| rows | head | extra peak memory (MiB) | step (s) | loss | chunk rows |" in md and "| 64 | chunked |" in md
+    step = bench.main(["--model", "gpt-mini(d_model=32,heads=2,layers=2,ffn_dim=64,context=16)", "--rows", "2",
+                       "--repeats", "0", "--threads", "1", "--out", str(tmp_path / "step")])
+    assert [r["impl"] for r in step["runs"]] == ["eager", "chunked"] and step["runs"][0]["tokens"] == 32
+    assert abs(step["runs"][0]["loss"] - step["runs"][1]["loss"]) < 1e-5
+    assert "| sequences | tokens | head |" in (tmp_path / "step" / "step.md").read_text()
+    with pytest.raises(SystemExit):
+        bench.main(["--rows", "64,x", "--out", str(tmp_path / "bad")])
+    assert "--rows and --chunks take comma-separated whole numbers" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
