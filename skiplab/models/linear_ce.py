@@ -31,11 +31,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 IMPLS = ("eager", "chunked", "liger")
-_ADDMM_OUT_DTYPE = torch.__version__ >= "2.8"  # addmm(..., out_dtype=): CUDA only
 REDUCTIONS = ("mean", "sum")
-
-
 MIN_CHUNK = 256  # rows: skinnier products run far below a CPU's matmul rate (benchmarks/head_loss_memory.py)
+_ADDMM_OUT_DTYPE = torch.__version__ >= "2.8"  # addmm(..., out_dtype=): CUDA only
 
 
 def default_chunk(rows: int, vocab: int, dim: int) -> int:
@@ -83,7 +81,9 @@ class _ChunkedLinearCE(torch.autograd.Function):
                 dz[rows, yc.clamp(min=0)] -= 1.0
                 dz *= (keep.to(dz.dtype) * (scale if n else 0.0)).unsqueeze(1)
                 dz = dz.to(dtype)
-                if want_h:
+                if want_h and dz.dtype == dh.dtype:
+                    torch.mm(dz, w, out=dh[start : start + chunk])
+                elif want_h:
                     dh[start : start + chunk] = (dz @ w).to(h.dtype)
                 if want_w and dz.dtype == dw.dtype:
                     dw.addmm_(dz.T, hc)  # into ∂W in place: the product's V×D result is not made apart and added
