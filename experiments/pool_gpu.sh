@@ -8,9 +8,10 @@
 #   recipe  64 windows of 512 tokens an update (32,768 tokens), 640 updates (21.0 M tokens a run), AdamW lr 1e-3,
 #           warm-up 64, cosine to 1e-4, clipping at 1.0, bf16 autocast, torch.compile, per-step telemetry; the
 #           final model's test bits per byte; the output layer and loss chunked (--head-loss chunked, the same
-#           numbers): the eager head holds about 2.6 times the float32 logits at its peak (4,246 MiB more than the
-#           chunked one for 8,192 tokens at V = 50,304 in docs/results/bench/intel-xeon-avx512-2026-11-29-head-loss/
-#           step.md), about 17 GB a run at 32,768 tokens, which eight runs side by side would not find on one card
+#           numbers): the eager head holds about 2.7 times the float32 logits more at its peak (4,246 MiB more than
+#           the chunked one for 8,192 tokens at V = 50,304, 1,572 MiB of logits, in docs/results/bench/
+#           intel-xeon-avx512-2026-11-29-head-loss/step.md), about 18 GB a run at 32,768 tokens (estimated), which
+#           eight runs side by side would not find on one card
 # Usage: experiments/pool_gpu.sh DATA OUT BLOCK
 #   DATA   the prepared debdocs folder (GPT-2 tokens); TOKENIZER=tiktoken:gpt2:FILE names the ranks it was made with.
 #          CORPUS=DIR (the built corpus, skiplab corpus debdocs) prepares DATA from it first where DATA has no
