@@ -30,7 +30,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from skiplab.bench.gpu import GOALS, GPU_DESIGNS, SMOKE, GpuSizes, first_steps, skiplab_trainer, sync
+from skiplab.bench.gpu import GOALS, GPU_DESIGNS, SMOKE, GpuSizes, bench_batch, first_steps, skiplab_trainer, sync
 from skiplab.bench.steps import build
 from skiplab.bench.suite import environment, machine_name
 
@@ -135,9 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = GpuSizes() if device.type == "cuda" else SMOKE
     base = build(f"{g.model}(connection=PreLN)", **g.config()).cfg
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, base.vocab_size, (g.rows, base.context + 1), generator=gen).to(device)
-    batch = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    batch = bench_batch(g.rows, base.context, base.vocab_size, device)
     started, profiles, skipped = time.perf_counter(), [], []
     result = {"machine": machine_name(), "environment": environment(), "device": device.type, "steps": args.steps,
               "shape": f"{g.model} ({'the bench' if device.type == 'cuda' else 'smoke'} size), {g.rows}x{base.context} "

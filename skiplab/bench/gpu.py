@@ -179,6 +179,20 @@ def memory_now(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
+def memory_freed(device: torch.device) -> int:
+    """:func:`memory_now` once what earlier rows left is collected and the card's cache emptied."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return memory_now(device)
+
+
+def bench_batch(rows: int, context: int, vocab: int, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The bench's one batch (seed 0): ``rows`` windows of ``context`` tokens and their next tokens."""
+    tokens = torch.randint(0, vocab, (rows, context + 1), generator=torch.Generator().manual_seed(0)).to(device)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
 def first_steps(trainer: Trainer, device: torch.device, warmup: int) -> dict[str, Any]:
     """Compile (the first call) and warm ``trainer`` up; its compile seconds, dynamo's counts, and the peak memory
     of one more step above what was allocated before the model was built (``base``, set by the caller)."""
@@ -233,10 +247,7 @@ def head_rows(g: GpuSizes, impl: str, pre: Trainer, batch: tuple[Tensor, Tensor]
     ``pre`` (the compiled eager head): step ratio, peak memory and the rows that fit, and its agreement with the
     eager head on the model's first states."""
     name = f"PreLN, {impl} head loss"
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    base = memory_now(device)
+    base = memory_freed(device)
     try:
         trainer = skiplab_trainer(g, "PreLN", batch, compiled=True, head=impl)
         got = first_steps(trainer, device, g.warmup)
@@ -288,9 +299,7 @@ def gpu(sz: Any, ctx: dict) -> list[Row]:
 
     base_model = build(f"{g.model}(connection=PreLN)", **g.config())
     cfg = base_model.cfg
-    gen = torch.Generator().manual_seed(0)
-    tokens = torch.randint(0, cfg.vocab_size, (g.rows, cfg.context + 1), generator=gen).to(device)
-    batch = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    batch = bench_batch(g.rows, cfg.context, cfg.vocab_size, device)
     n_tokens = g.rows * cfg.context
     flops_token = base_model.flops_per_token()
     del base_model
@@ -340,10 +349,7 @@ def gpu(sz: Any, ctx: dict) -> list[Row]:
         if time.perf_counter() - started > g.budget_s:
             skipped.append(design)
             continue
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        base = memory_now(device)
+        base = memory_freed(device)
         try:
             trainer = skiplab_trainer(g, design, batch, compiled=True)
             got = first_steps(trainer, device, g.warmup)
