@@ -3,10 +3,12 @@ against thresholds here: speed is measured by the full benchmark, side by side).
 
 import json
 import math
+import time
 
 import pytest
 
 from skiplab.bench import GROUPS, run
+from skiplab.bench.engine import spawn_ranks
 from skiplab.bench.shapes import DEPTH_DESIGNS, HYPER_DESIGNS, IMAGE_DESIGNS, LM_DESIGNS, MT_DESIGNS
 from skiplab.bench.suite import default_groups
 from skiplab.cli import main
@@ -40,6 +42,24 @@ def test_quick_bench_produces_every_row(tmp_path):
     saved = json.loads((tmp_path / "bench.json").read_text())
     assert saved["quick"] and len(saved["rows"]) == len(rows)
     assert (tmp_path / "bench.md").read_text().count("\n| ") == len(rows) + 1  # header row + one per row
+
+
+def _rank_sleeps(rank: int, seconds: float) -> None:
+    """Rank 1 sleeps ``seconds`` (inside C: the GIL released, as a rank waiting in gloo would be)."""
+    if rank == 1:
+        time.sleep(seconds)
+
+
+def test_processes_that_finish_or_fail_or_hang_end_the_call(capfd):
+    spawn_ranks(_rank_sleeps, (0.1,), world=2, deadline=60)
+    with pytest.raises(RuntimeError, match=r"(?s)2 process\(es\) of _rank_sleeps did not finish: .*ValueError"):
+        spawn_ranks(_rank_sleeps, (-1,), world=2, deadline=60)  # time.sleep(-1) raises in rank 1
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"did not finish: process 1 terminated with exit code 1"):
+        spawn_ranks(_rank_sleeps, (600,), world=2, deadline=3)
+    assert time.monotonic() - start < 30  # the rank's watchdog, not the caller's last resort (33 s)
+    err = capfd.readouterr().err  # the watchdog's dump: where the rank was waiting
+    assert "Timeout" in err and "in _rank_sleeps" in err, err
 
 
 def test_unknown_group_is_a_one_line_error(capsys):

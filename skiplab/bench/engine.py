@@ -5,6 +5,7 @@ processes against one)."""
 
 from __future__ import annotations
 
+import faulthandler
 import socket
 import tempfile
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 from torch import nn
+from torch.multiprocessing.spawn import ProcessException
 
 from ..connections.norms import make_norm
 from ..corpora import encode_parallel, load_corpus, make_batches
@@ -118,6 +120,38 @@ def compiled(sz: Sizes, ctx: dict) -> list[Row]:
     return rows
 
 
+DEADLINE_S = 600  # the longest one run of the processes benchmark may take before its ranks stop
+
+
+def _guarded(rank: int, fn, deadline: float, *args) -> None:
+    """``fn(rank, *args)`` in a spawned rank that, past ``deadline`` seconds, prints every thread's stack (where it
+    waits, even inside gloo's C++) and exits with code 1, so a rank that hangs ends the run instead of the caller."""
+    faulthandler.dump_traceback_later(deadline, exit=True)
+    try:
+        fn(rank, *args)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def spawn_ranks(fn, args: tuple, world: int, deadline: float = DEADLINE_S) -> None:
+    """Run ``fn(rank, *args)`` in ``world`` spawned processes and wait for them; a rank that fails raises here, and
+    ranks still running after ``deadline`` seconds print their stacks and stop: RuntimeError."""
+    ctx = mp.start_processes(_guarded, args=(fn, deadline, *args), nprocs=world, start_method="spawn", join=False)
+    give_up = time.monotonic() + deadline + 30  # the ranks' own watchdogs fire first
+    name = getattr(fn, "__name__", str(fn))
+    try:
+        while not ctx.join(timeout=1):  # True once every rank has exited with 0; raises when one failed
+            if time.monotonic() > give_up:
+                raise RuntimeError(f"{world} process(es) of {name} still running after {deadline + 30:g} s")
+    except ProcessException as err:
+        raise RuntimeError(f"{world} process(es) of {name} did not finish: {str(err).strip()} (a rank still running after "
+                           f"{deadline:g} s prints its threads' stacks on stderr and exits with code 1)") from None
+    finally:
+        for proc in ctx.processes:
+            if proc.is_alive():
+                proc.kill()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -155,8 +189,7 @@ def processes(sz: Sizes, ctx: dict) -> list[Row]:
     with tempfile.TemporaryDirectory() as tmp:
         for world in (1, 2):
             out = f"{tmp}/{world}"
-            mp.start_processes(_ddp_worker, args=(world, _free_port(), sz, threads // world, out), nprocs=world,
-                               start_method="spawn")
+            spawn_ranks(_ddp_worker, (world, _free_port(), sz, threads // world, out), world)
             secs[world] = float(Path(out).read_text())
     return [Row("processes", f"PreAct-ResNet-{sz.compile_depth}, global batch {sz.image_batch}: 2 processes / 1",
                 secs[1] / secs[2], "x", f"speed-up; {threads // 2} thread(s) each vs 1 process x {threads} threads, gloo")]
