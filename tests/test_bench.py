@@ -62,6 +62,34 @@ def test_processes_that_finish_or_fail_or_hang_end_the_call(capfd):
     assert "Timeout" in err and "in _rank_sleeps" in err, err
 
 
+def test_ddp_is_gone_before_the_process_group_is_destroyed(monkeypatch):
+    """The processes benchmark's rank frees DDP (and its Reducer, which holds the group) before
+    destroy_process_group: a Reducer left to free the group joins gloo's threads holding the GIL (a deadlock)."""
+    import weakref
+
+    import torch.distributed as dist
+    from torch import nn
+
+    from skiplab.bench import engine
+    from skiplab.bench.shapes import QUICK
+
+    made = []
+
+    class Recorded(nn.parallel.DistributedDataParallel):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(nn.parallel, "DistributedDataParallel", Recorded)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{engine._free_port()}", rank=0, world_size=1)
+    try:
+        secs = engine._ddp_steps(0, 2, QUICK)  # DDP over a group of one: half the batch, the same code path
+        assert secs > 0 and len(made) == 1
+        assert made[0]() is None  # freed when the steps returned, while the group is still registered
+    finally:
+        dist.destroy_process_group()
+
+
 def test_unknown_group_is_a_one_line_error(capsys):
     with pytest.raises(ValueError, match="unknown benchmark group.*known: machine, image"):
         run(quick=True, groups=("imag",))

@@ -6,6 +6,7 @@ processes against one)."""
 from __future__ import annotations
 
 import faulthandler
+import gc
 import socket
 import tempfile
 import time
@@ -158,27 +159,42 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _ddp_steps(rank: int, world: int, sz: Sizes) -> float:
+    """Seconds per DDP training step of this rank on its share of one global batch."""
+    import torch.distributed as dist
+
+    model = image_model(sz.compile_depth, "1xSkip")
+    ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    x, y = image_batch(sz)
+    share = slice(rank * len(y) // world, (rank + 1) * len(y) // world)
+    step = image_step(model, (x[share], y[share]), ddp)
+    for _ in range(sz.warmup):
+        step()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(sz.process_steps):
+        step()
+    dist.barrier()
+    return (time.perf_counter() - start) / sz.process_steps
+
+
 def _ddp_worker(rank: int, world: int, port: int, sz: Sizes, threads: int, out: str) -> None:
-    """One rank of the processes benchmark: DDP training steps on its share of one global batch."""
+    """One rank of the processes benchmark.
+
+    DDP's Reducer is freed before the process group is destroyed. A Reducer that outlives the group's registration
+    frees the group itself, holding the GIL while it joins gloo's worker threads, and a worker still freeing the
+    last barrier waits for the GIL: a deadlock (2-core Xeon, quick sizes: 5 runs in 120 with the Reducer freed last,
+    none in 260 in this order). Freed while the group is registered, the Reducer only lets go of it, and
+    ``destroy_process_group`` frees it without the GIL."""
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        model = image_model(sz.compile_depth, "1xSkip")
-        ddp = nn.parallel.DistributedDataParallel(model) if world > 1 else model
-        x, y = image_batch(sz)
-        share = slice(rank * len(y) // world, (rank + 1) * len(y) // world)
-        step = image_step(model, (x[share], y[share]), ddp)
-        for _ in range(sz.warmup):
-            step()
-        dist.barrier()
-        start = time.perf_counter()
-        for _ in range(sz.process_steps):
-            step()
-        dist.barrier()
+        secs = _ddp_steps(rank, world, sz)
+        gc.collect()  # the Reducer, if a reference cycle still holds the DDP module
         if rank == 0:
-            Path(out).write_text(str((time.perf_counter() - start) / sz.process_steps))
+            Path(out).write_text(str(secs))
     finally:
         dist.destroy_process_group()
 
