@@ -145,8 +145,9 @@ def spawn_ranks(fn, args: tuple, world: int, deadline: float = DEADLINE_S) -> No
             if time.monotonic() > give_up:
                 raise RuntimeError(f"{world} process(es) of {name} still running after {deadline + 30:g} s")
     except ProcessException as err:
-        raise RuntimeError(f"{world} process(es) of {name} did not finish: {str(err).strip()} (a rank still running after "
-                           f"{deadline:g} s prints its threads' stacks on stderr and exits with code 1)") from None
+        raise RuntimeError(f"{world} process(es) of {name} did not finish: {str(err).strip()} (a rank still running "
+                           f"after {deadline:g} s prints its threads' stacks on stderr and exits with code 1)"
+                           ) from None
     finally:
         for proc in ctx.processes:
             if proc.is_alive():
