@@ -54,10 +54,9 @@ def test_processes_that_finish_or_fail_or_hang_end_the_call(capfd):
     spawn_ranks(_rank_sleeps, (0.1,), world=2, deadline=60)
     with pytest.raises(RuntimeError, match=r"(?s)2 process\(es\) of _rank_sleeps did not finish: .*ValueError"):
         spawn_ranks(_rank_sleeps, (-1,), world=2, deadline=60)  # time.sleep(-1) raises in rank 1
-    start = time.monotonic()
+    # the rank's watchdog ends it (exit code 1), not the caller's last resort ("still running after 33 s")
     with pytest.raises(RuntimeError, match=r"did not finish: process 1 terminated with exit code 1"):
         spawn_ranks(_rank_sleeps, (600,), world=2, deadline=3)
-    assert time.monotonic() - start < 30  # the rank's watchdog, not the caller's last resort (33 s)
     err = capfd.readouterr().err  # the watchdog's dump: where the rank was waiting
     assert "Timeout" in err and "in _rank_sleeps" in err, err
 

@@ -3,7 +3,6 @@ running at its limit prints every thread's stack, naming where it waits, and end
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -19,10 +18,9 @@ def test_the_suite_has_a_time_limit_per_test():
 
 def test_a_hanging_test_ends_the_run_with_its_stack(tmp_path):
     (tmp_path / "test_hang.py").write_text("import time\n\n\ndef test_waits():\n    time.sleep(120)\n")
-    start = time.monotonic()
     res = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-c",
                           str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), "-o", "timeout=2",
                           str(tmp_path / "test_hang.py")], capture_output=True, text=True, timeout=100)
     out = res.stdout + res.stderr
-    assert res.returncode != 0 and time.monotonic() - start < 60, out
+    assert res.returncode != 0, out  # ended at 2 s: the 120 s sleep would have run past the 100 s allowed here
     assert "Timeout" in out and "in test_waits" in out, out
