@@ -140,6 +140,9 @@ class LayerWatch:
         self._seen: dict[tuple[str, str], Tensor] = {}
         self._grads: dict[str, Tensor] = {}
         self._before: dict[str, list[Tensor]] = {}
+        # the sub-layer before each (the final norm's: the last): whose output another's input stands in for
+        names = [name for name, _, _, _ in self.subs]
+        self._previous = dict(zip([*names[1:], FINAL], names))
 
     def due(self, step: int) -> bool:
         """Whether update ``step`` (from 1) is watched."""
@@ -150,10 +153,14 @@ class LayerWatch:
             self._seen[(name, what)] = value()
 
     def _enter(self, name: str, x: Tensor) -> None:
-        """What sub-layer ``name`` reads: its stream's RMS, and the size of its largest entry (the previous
-        sub-layer's output where a design across the stack runs it)."""
+        """What sub-layer ``name`` reads: its stream's RMS, and the size of its largest entry, which stands in for
+        the previous sub-layer's output where a design across the stack runs it (no output of the previous
+        connection seen): taken only then, a median being a pass over the stream that a watched update would
+        otherwise make twice."""
         self._keep(name, "x", lambda: _rms(_streams(x)))
-        self._keep(name, "in", lambda: _max_over_median(_streams(x)))
+        previous = self._previous.get(name)
+        if previous is not None and (previous, "y") not in self._seen:
+            self._keep(name, "in", lambda: _max_over_median(_streams(x)))
 
     @contextmanager
     def watching(self) -> Iterator[None]:

@@ -127,6 +127,35 @@ def test_training_is_the_same_to_the_bit_with_and_without(text, tmp_path, design
     assert summary["spike_sources"] == [] and summary["config"]["log_layers"] == 2
 
 
+@pytest.mark.parametrize("design", DESIGNS)
+def test_the_largest_entries_are_taken_once_a_sub_layer(design, monkeypatch):
+    """max |y| / median |y| (a median: a pass over the stream) is taken once a sub-layer, from the connection's
+    output or, where a design across the stack runs the sub-layers (no output seen), from the next one's input;
+    the line is the one the earlier rule made, which took every sub-layer's input as well."""
+    from skiplab.bench.steps import build
+
+    model = build(tiny(design), vocab_size=20)
+    x, y = torch.randint(0, 20, (2, 32)), torch.randint(0, 20, (2, 32))
+    real, calls = layer_telemetry._max_over_median, []
+    monkeypatch.setattr(layer_telemetry, "_max_over_median", lambda t: calls.append(1) or real(t))
+
+    def every_input(self, name, x):  # the earlier rule
+        self._keep(name, "x", lambda: layer_telemetry._rms(layer_telemetry._streams(x)))
+        self._keep(name, "in", lambda: layer_telemetry._max_over_median(layer_telemetry._streams(x)))
+
+    lines = []
+    for rule in (None, every_input):
+        if rule is not None:
+            monkeypatch.setattr(LayerWatch, "_enter", rule)
+        calls.clear()
+        torch.manual_seed(1)
+        lines.append(watched_update(copy.deepcopy(model), x, y)[0])
+        if rule is None:
+            assert len(calls) == len(SUBS), design
+    assert len(calls) > len(SUBS)  # the check catches the earlier rule's extra medians
+    assert lines[0] == lines[1]
+
+
 def test_the_dyt_saturated_share_by_hand(monkeypatch):
     """PreDyT with every α at 100 (|α·x| > 2 where |x| > 0.02: a part of each input): the share per sub-layer's DyT
     and the final one's, against the inputs of the DyT layers taken by hand."""
