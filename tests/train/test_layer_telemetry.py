@@ -1,6 +1,6 @@
 """Per-layer telemetry (train lm --log-layers): the figures against a hand computation on a tiny model, training to
 the bit with and without it on four designs, an exact resume of layers.jsonl, one-line refusals, the heatmaps, the
-loggers' scalars and the sub-layers named before a spike."""
+loggers' scalars, the sub-layers named before a spike, and one median a sub-layer."""
 
 import copy
 import json
@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from skiplab.bench.steps import build
 from skiplab.models import GPT, GPTConfig
 from skiplab.train import layer_telemetry, run as run_module, telemetry
 from skiplab.train.layer_telemetry import QUANTITIES, LayerWatch, read_lines, spike_sources
@@ -132,8 +133,6 @@ def test_the_largest_entries_are_taken_once_a_sub_layer(design, monkeypatch):
     """max |y| / median |y| (a median: a pass over the stream) is taken once a sub-layer, from the connection's
     output or, where a design across the stack runs the sub-layers (no output seen), from the next one's input;
     the line is the one the earlier rule made, which took every sub-layer's input as well."""
-    from skiplab.bench.steps import build
-
     model = build(tiny(design), vocab_size=20)
     x, y = torch.randint(0, 20, (2, 32)), torch.randint(0, 20, (2, 32))
     real, calls = layer_telemetry._max_over_median, []
