@@ -312,13 +312,12 @@ def markdown(rows: list[dict[str, Any]], header: dict[str, Any], columns: dict[s
         if r.get("failed"):
             continue
         col = columns.get(r["label"], {})
-        ok = not math.isnan(r["mean"])
         interval = (f" [{_num(r['ci_low'], decimals, True)}, {_num(r['ci_high'], decimals, True)}]"
                     if r["ci_low"] is not None else "")
         body.append([
             *(_cell(col.get(k, "-")) for k in names),
             _num(r["time_ratio"], 3) if r["time_ratio"] is not None else "-",
-            f"{r['mean']:.{decimals}f} ± {r['std']:.{decimals}f}" if ok else "none finished",
+            _mean_cell(r, decimals),
             "-" if r["label"] == base else _num(r["delta"], decimals, True) + interval + f" ({r['pairs']} pairs)",
             _p(r["p_paired"]), _p(r.get("p_wilcoxon")), _p(r["p_welch"]), _p(r["p_holm"]),
             "-" if r["label"] == base else ("yes" if r["holds"] else "no"),
@@ -330,6 +329,14 @@ def markdown(rows: list[dict[str, Any]], header: dict[str, Any], columns: dict[s
     verdict = (f"Differences that hold after Holm's correction: better than {base}: "
                f"{', '.join(r['label'] for r in better) or 'none'}; worse: {', '.join(r['label'] for r in worse) or 'none'}.")
     return "\n".join([*header_lines(header, metric_label), "", *table, "", verdict, *failed])
+
+
+def _mean_cell(row: dict[str, Any], decimals: int) -> str:
+    """A row's mean ± std; where it has none, why: no run finished, or those that did have no value (a metric that
+    could not be computed)."""
+    if not math.isnan(row["mean"]):
+        return f"{row['mean']:.{decimals}f} ± {row['std']:.{decimals}f}"
+    return "no value" if row["values"] else "none finished"
 
 
 def _grid(head: list[str], body: list[list[str]]) -> list[str]:
@@ -355,7 +362,7 @@ def _failed_table(rows: list[dict[str, Any]], columns: dict[str, dict[str, str]]
                          for s in seeds) or "-"
 
     body = [[*(_cell(columns.get(r["label"], {}).get(k, "-")) for k in names),
-             f"{r['mean']:.{decimals}f} ± {r['std']:.{decimals}f}" if not math.isnan(r["mean"]) else "none finished",
+             _mean_cell(r, decimals),
              f"{r['trained']} / {r['stalled']} / {r['diverged']}", runs(r, "trained"), runs(r, "stalled"),
              runs(r, "diverged")] for r in failed]
     return ["", "Rows with a stalled or diverged run (not findings; outside Holm's family):", "", *_grid(head, body)]

@@ -109,6 +109,17 @@ def _package_missing() -> str | None:
     return None
 
 
+def unavailable(metric: str) -> str | None:
+    """Why :func:`score` could not compute ``metric`` (one of :data:`METRICS`) on this machine, before any caption
+    is made: pycocoevalcap not installed, or (METEOR, SPICE) no java; None where nothing is missing that can be
+    known beforehand (a metric can still fail on its input: CIDEr-D of one image, a jar that dies)."""
+    names = {m.lower(): m for m in METRICS}
+    if metric.lower() not in names:
+        raise ValueError(f"unknown metric {metric!r}; known: {', '.join(METRICS)}")
+    java = names[metric.lower()] in ("METEOR", "SPICE")
+    return _package_missing() or (_java_missing() if java else None)
+
+
 def tokenize(captions: Mapping[Hashable, Sequence[str]]) -> Tokenized:
     """Each id's captions tokenised as the COCO toolkit does (the module docstring): its PTBTokenizer where java
     and pycocoevalcap are there, else :func:`approximate_ptb`, marked and warned about."""

@@ -190,6 +190,12 @@ class CaptionTask(Task):
         run_dir.write_json(Path(cfg.out) / "summary.json", summary)
         return summary
 
+    def check_scorable(self, cfg: Any) -> None:
+        """compare's and sweep's metric, the test CIDEr, needs pycocoevalcap: refused before anything trains."""
+        why = coco_eval.unavailable("CIDEr")
+        if why:
+            raise ValueError(f"captioning runs are compared by their test CIDEr, which cannot be computed here: {why}")
+
     def data_name(self, cfg: Any) -> str:
         """The folder of ``reproduce --data-root`` the data are in: fashion-mnist (the scenes' images) or coco."""
         return "fashion-mnist" if cfg.dataset else "coco"

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
     for v in variants:  # a bad combination fails before any run
         dataclasses.replace(base, **v.changes)
     budgets.check(spec, base, budget)
+    spec.check_scorable(base)  # e.g. a metric whose package is not installed: said before any run trains
     root = Path(base.out)
     block_kinds(base, variants, seed_list)  # blocks of two kinds of machine: refused before anything is written
     root.mkdir(parents=True, exist_ok=True)
@@ -110,8 +112,12 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
             conf = run_dir.read_json(out / "config.json") if (out / "config.json").is_file() else {}
             stored.setdefault(v.label, conf)
             steps = summary.get("steps")
+            value = summary.get(spec.metric)
+            if isinstance(value, str):  # a metric that could not be computed says why in its place
+                warnings.warn(f"{v.label} seed {seed}: no {spec.metric_label}: {value}", stacklevel=2)
+                value = None
             records.append(blocks.RunRecord(
-                v.label, seed, summary["status"], summary.get(spec.metric), tuple(run_dir.machines(conf)),
+                v.label, seed, summary["status"], value, tuple(run_dir.machines(conf)),
                 " + ".join(run_dir.codes(conf)) if conf else None,  # a run resumed on other code names both
                 summary["train_time_s"] / steps if summary["status"] == "finished" and steps else None,
                 {"loss_spikes": summary.get("loss_spikes"), "max_grad_norm": summary.get("max_grad_norm")},

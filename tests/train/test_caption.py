@@ -356,6 +356,50 @@ def test_compare_caption_ranks_designs_by_cider(scenes_dir, tmp_path, capsys, co
     assert len(summaries) == 2 and all(isinstance(s["test_cider"], float) for s in summaries)
 
 
+def test_compare_caption_without_the_metrics_package_says_so_before_training(scenes_dir, tmp_path, capsys,
+                                                                            monkeypatch):
+    from skiplab.interop import coco_eval
+
+    monkeypatch.setattr(coco_eval, "_package_missing", lambda: coco_eval.INSTALL)
+    out = tmp_path / "cmp"
+    args = scene_args(scenes_dir, out)[2:]
+    assert main(["compare", "caption", "--connections", "PostLN,SAS", *args, "--seeds", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["skiplab: error: captioning runs are compared by their test CIDEr, which cannot be computed here: "
+                   "pycocoevalcap is not installed: pip install skiplab[caption]"]
+    assert not out.exists()  # nothing written, nothing trained
+
+
+def test_what_each_metric_needs_is_told_before_scoring(monkeypatch):
+    from skiplab.interop import coco_eval
+
+    monkeypatch.setattr(coco_eval, "_package_missing", lambda: None)
+    monkeypatch.setattr(coco_eval, "_java_missing", lambda: "no java on PATH")
+    assert [coco_eval.unavailable(m) for m in ("BLEU", "ROUGE_L", "CIDEr", "meteor", "SPICE")] == [
+        None, None, None, "no java on PATH", "no java on PATH"]
+    monkeypatch.setattr(coco_eval, "_java_missing", lambda: None)
+    assert coco_eval.unavailable("METEOR") is None
+    monkeypatch.setattr(coco_eval, "_package_missing", lambda: coco_eval.INSTALL)
+    assert {coco_eval.unavailable(m) for m in coco_eval.METRICS} == {coco_eval.INSTALL}
+    with pytest.raises(ValueError, match="unknown metric 'BLEU-5'; known: BLEU, METEOR"):
+        coco_eval.unavailable("BLEU-5")
+
+
+def test_a_run_whose_cider_cannot_be_computed_is_named_and_left_out_of_the_mean(scenes_dir, tmp_path, capsys):
+    """CIDEr-D of one test image is refused by the scorer (a string saying why in the summary): compare names the run
+    and tables the rest rather than averaging the string."""
+    out = tmp_path / "cmp"
+    args = scene_args(scenes_dir, out)[2:]
+    args[args.index("--test-scenes") + 1] = "1"
+    args[args.index("--max-steps") + 1] = "2"
+    assert main(["compare", "caption", "--connections", "PostLN,SAS", *args, "--seeds", "1"]) == 0
+    said = [line for line in capsys.readouterr().err.splitlines() if "no CIDEr" in line]
+    assert [line.split(":")[2].strip() for line in said] == ["PostLN seed 1", "SAS seed 1"]  # skiplab: warning: ...
+    assert all("CIDEr-D needs at least two images" in line for line in said)
+    rows = [line for line in (out / "table.md").read_text().splitlines() if line.startswith(("| PostLN", "| SAS"))]
+    assert len(rows) == 2 and all("| no value " in row and "| 1 / 0 / 0 " in row for row in rows)
+
+
 def test_a_coco_file_is_told_from_karpathys_by_its_keys_not_its_first_bytes(tmp_path):
     """captions_train2014.json lists its images first; its "annotations" key comes megabytes in."""
     coco = write_coco(tmp_path / "coco")
