@@ -7,7 +7,9 @@
 # Usage: experiments/card_torch_check.sh VENV OUT [TORCH] [TRANSFORMERS]
 #   TORCH default torch==2.11.0 (the cards' image: 2.11.0+cu130; its CUDA build runs on a CPU, no card needed);
 #   TRANSFORMERS default "transformers==5.17.0 huggingface-hub==1.33.0 tokenizers==0.23.2" (the same image's).
-#   TESTS overrides the test files (default below). Exit status: pytest's.
+#   TESTS overrides the test files (default below); EXTRA names more packages to install for them (e.g.
+#   TESTS="tests/connections tests/models tests/train" EXTRA="pycocoevalcap==1.2": the captioning tests score with
+#   it); LOG=NAME writes pytest-NAME.log rather than pytest.log. Exit status: pytest's.
 set -euo pipefail
 venv=$1 out=$2
 torch_req=${3:-torch==2.11.0}
@@ -21,7 +23,7 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 # shellcheck disable=SC2086  # the requirements are words
 "$venv/bin/pip" install -q "$torch_req" numpy matplotlib tqdm sentencepiece sacrebleu sacremoses scipy pytest \
-    pytest-timeout $hf_req safetensors tiktoken
+    pytest-timeout $hf_req safetensors tiktoken ${EXTRA:-}
 "$venv/bin/pip" install -q --no-deps -e "$root"
 "$venv/bin/python" -c "import torch, transformers, tokenizers; print('torch', torch.__version__, 'cuda', \
 torch.version.cuda, '| transformers', transformers.__version__, '| tokenizers', tokenizers.__version__)" \
@@ -33,7 +35,7 @@ cd "$root"
 # its own caches: the kernels and inductor's code are built for this torch, apart from the suite's
 # shellcheck disable=SC2086
 PATH=$venv/bin:$PATH SKIPLAB_KERNEL_CACHE=$out/.kernels TORCHINDUCTOR_CACHE_DIR=$out/.inductor \
-    "$venv/bin/python" -m pytest -q -p no:cacheprovider $tests 2>&1 | tee "$out/pytest.log"
+    "$venv/bin/python" -m pytest -q -p no:cacheprovider $tests 2>&1 | tee "$out/pytest${LOG:+-$LOG}.log"
 status=${PIPESTATUS[0]}
 rm -rf "$out/.kernels" "$out/.inductor"
 exit "$status"
