@@ -1,8 +1,49 @@
+import os
+
 import pytest
 import torch
 from torch import nn
 
 DIM = 6
+
+# Optional packages. A test that needs one the test extras install (a reference implementation, a tokenizer, the
+# COCO metrics) takes it with pytest.importorskip, so that an environment without it runs the rest. Under `make
+# test` (SKIPLAB_REQUIRE_EXTRAS=1, as CI runs it) every one is there to be had, and a skip for a package that could
+# not be imported fails the run, naming the tests: a reference that is gone is a check lost, not a skip.
+REQUIRE_EXTRAS = "SKIPLAB_REQUIRE_EXTRAS"
+_missing: list[str] = []
+
+
+def _note_missing(report) -> None:
+    if not report.skipped:
+        return
+    reason = str(report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr)
+    if "could not import" in reason:
+        _missing.append(f"{report.nodeid}: {reason.removeprefix('Skipped: ')}")
+
+
+def pytest_collectreport(report):
+    _note_missing(report)
+
+
+def pytest_runtest_logreport(report):
+    _note_missing(report)
+
+
+def _required() -> bool:
+    return os.environ.get(REQUIRE_EXTRAS) == "1"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _missing and _required() and exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if _missing and _required():
+        terminalreporter.section(f"optional packages missing ({REQUIRE_EXTRAS}=1: a failure)", red=True)
+        for line in _missing:
+            terminalreporter.line(line)
 
 
 def make_input(layout: str, dim: int = DIM, seed: int = 0) -> torch.Tensor:

@@ -89,6 +89,7 @@ def smoke(tmp_path_factory):
 
 
 def test_every_table_runs_at_smoke_scale_with_the_paper_column_filled(smoke):
+    pytest.importorskip("pycocoevalcap")  # the captioning table's cells are scored with it
     assert set(smoke["results"]) == set(TABLES)
     for tid, t in TABLES.items():
         folder = smoke["out"] / "smoke" / tid

@@ -227,7 +227,7 @@ def liger_forward_parameters() -> list[str]:
     source (importing it needs Triton, which a CPU machine lacks)."""
     spec = importlib.util.find_spec("liger_kernel")
     if spec is None:
-        pytest.skip("liger-kernel is not installed (make test installs it)")
+        pytest.skip("could not import 'liger_kernel': not installed (make test installs it)")
     source = Path(spec.submodule_search_locations[0]) / "ops" / "fused_linear_cross_entropy.py"
     for node in ast.walk(ast.parse(source.read_text())):
         if isinstance(node, ast.ClassDef) and node.name == "LigerFusedLinearCrossEntropyFunction":

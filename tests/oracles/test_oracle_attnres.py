@@ -13,12 +13,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn.functional as F
-from x_transformers.x_transformers import AttentionResidual
 
 from skiplab.connections import parse_spec
 from skiplab.connections.across import AttnRes, Stack, attn_res
 from skiplab.models import GPT, GPTConfig
 from tests.conftest import randomise_affine
+
+AttentionResidual = pytest.importorskip("x_transformers.x_transformers").AttentionResidual
 
 X_TRANSFORMERS_VERSION = "2.31.10"
 EPS = 1e-5  # skiplab's norm eps (the models' default norm_eps)

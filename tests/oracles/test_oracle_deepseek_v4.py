@@ -27,13 +27,14 @@ import importlib.metadata
 import pytest
 import torch
 from torch import nn
-from transformers import DeepseekV4Config
-from transformers.models.deepseek_v4 import modeling_deepseek_v4 as ds
 
 import skiplab
 from skiplab import Place
 from skiplab.connections import hyper
 from skiplab.connections.hyper import PHI_STD
+
+DeepseekV4Config = pytest.importorskip("transformers").DeepseekV4Config
+ds = pytest.importorskip("transformers.models.deepseek_v4.modeling_deepseek_v4")
 
 TRANSFORMERS_VERSION = "5.24.0"  # the version this mapping was checked against
 D, N = 64, 4

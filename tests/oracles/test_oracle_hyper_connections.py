@@ -28,15 +28,18 @@ import math
 
 import pytest
 import torch
-from einops import rearrange
-from hyper_connections.hyper_connections import HyperConnections, get_expand_reduce_stream_functions
-from hyper_connections.manifold_constrained_hyper_connections import ManifoldConstrainedHyperConnections, sinkhorn_knopps
 
 import skiplab
 from skiplab import Place
 from skiplab.connections import hyper
 from skiplab.connections.hyper import sinkhorn
 from tests.noise import assert_within_noise, noise
+
+rearrange = pytest.importorskip("einops").rearrange
+_hc = pytest.importorskip("hyper_connections.hyper_connections")
+_mhc = pytest.importorskip("hyper_connections.manifold_constrained_hyper_connections")
+HyperConnections, get_expand_reduce_stream_functions = _hc.HyperConnections, _hc.get_expand_reduce_stream_functions
+ManifoldConstrainedHyperConnections, sinkhorn_knopps = _mhc.ManifoldConstrainedHyperConnections, _mhc.sinkhorn_knopps
 
 HYPER_CONNECTIONS_VERSION = "0.4.11"  # the version these mappings were checked against
 D, N = 64, 4

@@ -20,11 +20,12 @@ import importlib.metadata
 import pytest
 import torch
 from torch import nn
-from transformers.models.gemma3n.configuration_gemma3n import Gemma3nTextConfig
-from transformers.models.gemma3n.modeling_gemma3n import Gemma3nTextLaurelBlock
 
 import skiplab
 from skiplab.connections import laurel, norms
+
+Gemma3nTextConfig = pytest.importorskip("transformers.models.gemma3n.configuration_gemma3n").Gemma3nTextConfig
+Gemma3nTextLaurelBlock = pytest.importorskip("transformers.models.gemma3n.modeling_gemma3n").Gemma3nTextLaurelBlock
 
 TRANSFORMERS_VERSION = "5.24.0"  # the version this mapping was checked against
 D, RANK = 64, 8

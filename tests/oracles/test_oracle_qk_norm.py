@@ -21,13 +21,16 @@ import importlib.metadata
 
 import pytest
 import torch
-from transformers.models.olmo2.configuration_olmo2 import Olmo2Config
-from transformers.models.olmo2.modeling_olmo2 import Olmo2Attention, Olmo2RotaryEmbedding
-from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
-from transformers.models.qwen3.modeling_qwen3 import Qwen3Attention, Qwen3RotaryEmbedding
 
 from skiplab.models import GPT, GPTConfig
 from skiplab.models import attention
+
+Olmo2Config = pytest.importorskip("transformers.models.olmo2.configuration_olmo2").Olmo2Config
+_olmo2 = pytest.importorskip("transformers.models.olmo2.modeling_olmo2")
+Qwen3Config = pytest.importorskip("transformers.models.qwen3.configuration_qwen3").Qwen3Config
+_qwen3 = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
+Olmo2Attention, Olmo2RotaryEmbedding = _olmo2.Olmo2Attention, _olmo2.Olmo2RotaryEmbedding
+Qwen3Attention, Qwen3RotaryEmbedding = _qwen3.Qwen3Attention, _qwen3.Qwen3RotaryEmbedding
 
 TRANSFORMERS_VERSION = "5.24.0"  # the version this mapping was checked against
 D, HEADS, T, BASE, EPS = 64, 4, 9, 500.0, 1e-6

@@ -74,6 +74,7 @@ def _import_torchscale():
     return config, decoder, encoder, encoder_decoder
 
 
+pytest.importorskip("torchscale")
 ts_config, ts_decoder, ts_encoder, ts_encoder_decoder = _import_torchscale()
 DecoderConfig, EncoderConfig, EncoderDecoderConfig = (ts_config.DecoderConfig, ts_config.EncoderConfig,
                                                       ts_config.EncoderDecoderConfig)

@@ -36,6 +36,7 @@ def scene_args(fashion: Path, out: Path, *extra: str) -> list[str]:
 
 
 def test_train_decode_and_score_on_fashion_mnist_scenes(scenes_dir, tmp_path, capsys):
+    pytest.importorskip("pycocoevalcap")  # scored with it
     out = tmp_path / "run"
     assert main(scene_args(scenes_dir, out, "--decoder-connection", "SAS")) == 0
     assert {"checkpoint_2.pt", "checkpoint_4.pt", "last.pt", "summary.json"} <= {p.name for p in out.iterdir()}
@@ -191,6 +192,7 @@ def write_coco(root: Path, size: int = 32) -> dict[str, Path]:
 
 
 def test_coco_and_karpathy_files_load_and_train_a_step(tmp_path, capsys):
+    pytest.importorskip("pycocoevalcap")  # scored with it
     coco = write_coco(tmp_path / "coco")
     pixels = "captioner-small(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,trunk_width=4,channels=3,image_size=32)"
     common = ["--dataset", "", "--min-count", "1", "--batch-size", "10", "--max-steps", "1", "--warmup", "1",
@@ -346,6 +348,7 @@ def test_the_constant_schedule_warms_up_then_holds():
 
 @pytest.mark.parametrize("command", [["compare", "caption", "--connections", "PostLN,SAS"], ["demo", "caption"]])
 def test_compare_caption_ranks_designs_by_cider(scenes_dir, tmp_path, capsys, command):
+    pytest.importorskip("pycocoevalcap")  # scored with it
     out = tmp_path / "cmp"
     args = scene_args(scenes_dir, out)[2:]  # the options without "train caption"
     args[args.index("--max-steps") + 1] = "2"
@@ -388,6 +391,7 @@ def test_what_each_metric_needs_is_told_before_scoring(monkeypatch):
 def test_a_run_whose_cider_cannot_be_computed_is_named_and_left_out_of_the_mean(scenes_dir, tmp_path, capsys):
     """CIDEr-D of one test image is refused by the scorer (a string saying why in the summary): compare names the run
     and tables the rest rather than averaging the string."""
+    pytest.importorskip("pycocoevalcap")  # scored with it
     out = tmp_path / "cmp"
     args = scene_args(scenes_dir, out)[2:]
     args[args.index("--test-scenes") + 1] = "1"
