@@ -174,7 +174,12 @@ class LMTask(Task):
         return dataclasses.replace(base, data_dir=str(tokenised_once(base, root, progress)))
 
     def check_scorable(self, cfg: Any) -> None:
-        if not cfg.corpus and not cfg.test_file:
+        """The final model is scored on the test split: a prepared folder must have one (one line naming what it
+        has), and text files need ``--test-file`` (with ``--corpus ''``)."""
+        prep = lm_data.prepared(cfg)
+        if prep is not None:
+            prep.split("test")
+        elif not cfg.corpus and not cfg.test_file:
             raise ValueError("the final model is scored on the test split: give --test-file (with --corpus '')")
 
     def data_name(self, cfg: Any) -> str:

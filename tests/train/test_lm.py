@@ -193,6 +193,35 @@ def test_top_k_and_top_p_keep_the_right_tokens():
     assert torch.isfinite(filter_logits(logits, top_p=0.5)).tolist() == [True, False, False, False, False]
 
 
+def test_compare_lm_without_a_test_split_says_so_before_training(text, tmp_path, capsys, monkeypatch):
+    """compare's metric is the test split's bits per byte: text files without --test-file, or a prepared folder
+    without a test split, are one line before anything is prepared or trained; a prepared folder with one is
+    taken without --test-file."""
+    from skiplab import tasks
+
+    monkeypatch.setattr(tasks.TASKS["lm"], "train", lambda *a, **k: pytest.fail("trained"))
+    argv = args(text, tmp_path / "cmp", "--connections", "PreLN,PostLN", "--seeds", "1")[2:]
+    i = argv.index("--test-file")
+    no_test = argv[:i] + argv[i + 2:]
+    assert run(["compare", "lm", *no_test]) == 2
+    err = capsys.readouterr().err
+    assert err == "skiplab: error: the final model is scored on the test split: give --test-file (with --corpus '')\n"
+    assert not (tmp_path / "cmp").exists()
+    for name, files in (("two", ["--valid-file", text / "valid.jsonl"]),
+                        ("three", ["--valid-file", text / "valid.jsonl", "--test-file", text / "test.jsonl"])):
+        assert run(["prepare", "lm", "--corpus", "", "--train-file", text / "train.jsonl", *files, "--tokenizer",
+                    "bytes", "--out", tmp_path / name]) == 0
+    capsys.readouterr()
+    j = no_test.index("--train-file")
+    on_folder = no_test[:j] + no_test[j + 4:] + ["--tokenizer", "bytes"]  # no --train-file, --valid-file
+    assert run(["compare", "lm", *on_folder, "--data-dir", tmp_path / "two"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("skiplab: error: ") and err.endswith("no test split (it has train, valid)\n")
+    assert not (tmp_path / "cmp").exists()
+    with pytest.raises(pytest.fail.Exception, match="trained"):  # past the check: it goes on to train
+        run(["compare", "lm", *on_folder, "--data-dir", tmp_path / "three"])
+
+
 def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
     out = tmp_path / "cmp"
     argv = args(text, out, "--connections", "PreLN,PostLN", "--seeds", "1")[2:]  # drop "train lm"
