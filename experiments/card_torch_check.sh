@@ -25,9 +25,14 @@ fi
 "$venv/bin/pip" install -q "$torch_req" numpy matplotlib tqdm sentencepiece sacrebleu sacremoses scipy pytest \
     pytest-timeout $hf_req safetensors tiktoken ${EXTRA:-}
 "$venv/bin/pip" install -q --no-deps -e "$root"
-"$venv/bin/python" -c "import torch, transformers, tokenizers; print('torch', torch.__version__, 'cuda', \
-torch.version.cuda, '| transformers', transformers.__version__, '| tokenizers', tokenizers.__version__)" \
-    | tee "$out/versions.txt"
+"$venv/bin/python" -c "import importlib.metadata as m, torch
+def v(name):
+    try:
+        return m.version(name)
+    except m.PackageNotFoundError:
+        return 'not installed'
+print('torch', torch.__version__, 'cuda', torch.version.cuda, '| transformers', v('transformers'), '| tokenizers',
+      v('tokenizers'))" | tee "$out/versions.txt"
 cd "$root"
 { echo "code $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (changed)')"
   "$venv/bin/python" -c "from skiplab.bench.suite import machine_name; print('machine', machine_name())"
