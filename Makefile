@@ -3,7 +3,7 @@
 #   make test   create .venv, install skiplab with test extras, run the test suite (a test skipped for a
 #               package it could not import fails the run there: tests/conftest.py)
 # A GPU user picks another PyTorch build, e.g.
-#   make test TORCH="torch==2.5.1" TORCH_INDEX="--index-url https://download.pytorch.org/whl/cu124"
+#   make test TORCH="torch==2.11.0"   (torch >= 2.6; --fsdp >= 2.10: README.md)
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0

@@ -35,14 +35,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.torch_version import TorchVersion
 
 from .. import distributed, run_dir
 
 DCP_DIR = "dcp"  # RUN/dcp/step_<n>/: the sharded model and optimizer of last.pt
+# The oldest torch whose sharded runs make the updates of one process (tests/train/test_fsdp.py, run under each
+# version: docs/results/card-torch/older-torch-on-amd-epyc-2026-11-30/): 2.6 lacks fully_shard's ignored_params;
+# under 2.7-2.9 the runs train, but their gradient norm differs between the ranks and their updates from one process's.
+FSDP_TORCH = "2.10"
 
 
 def check(cfg: Any, group: distributed.Group) -> None:
-    """Refuse ``--fsdp`` where it cannot shard: a run not started by torchrun (one line, before anything is written)."""
+    """Refuse ``--fsdp`` where it cannot shard as it should: a torch older than :data:`FSDP_TORCH`, or a run not
+    started by torchrun (one line, before anything is written)."""
+    if getattr(cfg, "fsdp", False) and TorchVersion(torch.__version__) < FSDP_TORCH:
+        raise ValueError(f"--fsdp needs torch >= {FSDP_TORCH} (on older versions a sharded run does not make the "
+                         f"updates of one process); this is torch {torch.__version__}")
     if getattr(cfg, "fsdp", False) and not group.active:
         raise ValueError("--fsdp shards over torchrun's processes; start the run with torchrun --nproc_per_node N "
                          "(or leave --fsdp out)")

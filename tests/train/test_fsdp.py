@@ -237,6 +237,21 @@ def test_fsdp_needs_torchrun_and_says_so_in_one_line(text, tmp_path, capsys):  #
     assert not out.exists()  # refused before anything is written
 
 
+@pytest.mark.parametrize("version, refused", [("2.9.1+cu128", True), ("2.6.0", True), ("2.10.0", False),
+                                              ("2.11.0+cu130", False)])
+def test_fsdp_on_an_older_torch_is_refused_in_one_line(text, tmp_path, capsys, monkeypatch, version, refused):  # noqa: F811
+    monkeypatch.setattr(torch, "__version__", version)  # a str, as an older torch's would compare: "2.10" > "2.9"
+    out = tmp_path / "old"
+    assert run(args(text, out, *FSDP)) == 2
+    err = capsys.readouterr().err
+    if refused:
+        assert err == (f"skiplab: error: --fsdp needs torch >= 2.10 (on older versions a sharded run does not make "
+                       f"the updates of one process); this is torch {version}\n")
+    else:  # past the version: the next check (not under torchrun here)
+        assert err.startswith("skiplab: error: --fsdp shards over torchrun's processes")
+    assert not out.exists()
+
+
 def test_a_sharded_run_resumes_only_under_torchrun(clipped, capsys):
     two, _ = clipped
     assert run(["train", "lm", "--resume", "--out", two, "--max-steps", "9"]) == 2
