@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import shutil
 import sys
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,9 +132,17 @@ def shard(net: nn.Module, model: nn.Module, group: distributed.Group, amp: bool)
         fully_shard(layer, mesh=mesh, mp_policy=policy, ignored_params=scalars)
     fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=scalars)
     sharded = Sharded(net, model, group)
+    ref = weakref.ref(sharded)
+
+    def average(param: nn.Parameter) -> None:
+        # a weak reference: a hook is kept by the tensor's C++ side, out of the garbage collector's sight, so a bound
+        # method here would keep the model, its FSDP states and their process group alive to the interpreter's exit
+        if (live := ref()) is not None:
+            live.average(param)
+
     for p in scalars:
         if p.requires_grad:
-            p.register_post_accumulate_grad_hook(sharded.average)
+            p.register_post_accumulate_grad_hook(average)
     return sharded
 
 

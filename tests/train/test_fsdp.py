@@ -5,6 +5,7 @@ Every run here is the tiny GPT of tests/train/test_lm.py (d_model 32, 2 layers, 
 its processes started by the test (``python -m torch.distributed.run --standalone``), one thread each.
 """
 
+import gc
 import json
 import os
 import signal
@@ -12,13 +13,17 @@ import subprocess
 import sys
 import textwrap
 import time
+import weakref
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
+from skiplab import distributed
 from skiplab.models import GPT, GPTConfig
-from skiplab.train.sharded import units
+from skiplab.train.sharded import shard, units
 from tests.train.test_distributed import ROOT, ok, one_thread, torchrun
 from tests.train.test_lm import STORY, args, run, text  # noqa: F401 - text: the fixture
 
@@ -285,3 +290,59 @@ def test_per_layer_telemetry_of_a_sharded_run_is_that_of_the_full_parameters(tex
         for name, quantities in b["layers"].items():
             for q, v in quantities.items():
                 assert a["layers"][name][q] == pytest.approx(v, rel=1e-4, abs=1e-9), (a["step"], name, q)
+
+
+@contextmanager
+def group_of_one():
+    """A gloo process group of this process alone, left again after the test."""
+    from skiplab.bench.engine import _free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:
+        yield distributed.Group(0, 1, 0, "gloo", "cpu")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def test_nothing_the_sharding_adds_keeps_the_model_alive():
+    """The hook that averages a replicated parameter's gradient (ReZero's α) holds its Sharded weakly: a hook is
+    kept by the tensor's C++ side, out of the garbage collector's sight, so a bound method there kept the model, its
+    FSDP states and their process group alive to the interpreter's exit, where they were freed after the group had
+    been destroyed (the order in which freeing them can abort the process)."""
+    with group_of_one() as group:
+        model = GPT(GPTConfig(vocab_size=20, d_model=16, heads=2, layers=2, ffn_dim=32, context=8,
+                              connection="ReZero"))
+        net = shard(model, model, group, amp=False)
+        net(torch.randint(0, 20, (2, 8))).sum().backward()
+        alphas = [p for p in model.parameters() if p.dim() == 0]
+        assert alphas and all(p.grad is not None for p in alphas)  # the hook ran (over one rank: unchanged)
+        gone = weakref.ref(model)
+        del model, net, alphas
+        gc.collect()
+        assert gone() is None
+
+
+def test_leaving_the_group_first_frees_what_still_holds_it(monkeypatch):
+    """distributed.shutdown collects the garbage before it destroys the group: what sits in a reference cycle with
+    its model (FSDP2's states, DDP's reducer) lets go of the group while it is registered."""
+
+    class Holder:  # stands for an FSDP state: in a cycle, nothing else refers to it
+        def __init__(self):
+            self.me = self
+
+    freed_first = []
+    with group_of_one():
+        destroy = dist.destroy_process_group
+        monkeypatch.setattr(dist, "destroy_process_group", lambda: (freed_first.append(held() is None), destroy()))
+        enabled = gc.isenabled()
+        gc.disable()  # no automatic pass in between: only shutdown's own can free the cycle
+        try:
+            held = weakref.ref(Holder())
+            assert held() is not None
+            distributed.shutdown()
+        finally:
+            if enabled:
+                gc.enable()
+        assert not dist.is_initialized()
+    assert freed_first == [True]
