@@ -88,14 +88,15 @@ def cmd_corpus(args: argparse.Namespace) -> None:
 
 
 def cmd_connections(args: argparse.Namespace) -> None:
+    if args.spec:  # what one spec builds (a bad one: one line, nothing else)
+        conn = connection(args.spec, args.dim)
+        print(f"{args.spec} -> {conn.spec}: {parse_spec(args.spec)}\n{conn}")
+        return
     table = available_connections()
     width = max(map(len, table))
     print("Spec grammar: [number]name[+NORM][(key=value, ...)]   NORM: LN | BN | RMS   (case-sensitive)\n")
     for spec, formula in table.items():
         print(f"  {spec.ljust(width)}  {formula}")
-    if args.spec:
-        conn = connection(args.spec, args.dim)
-        print(f"\n{args.spec} -> {conn.spec}: {parse_spec(args.spec)}\n{conn}")
 
 
 def cmd_gradient_flow(args: argparse.Namespace) -> None:
@@ -258,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("connections", help="list every design with its formula")
-    p.add_argument("spec", nargs="?", help="also parse this spec and show the module it builds")
+    p.add_argument("spec", nargs="?", help="parse this spec and show the module it builds (instead of the list)")
     p.add_argument("--dim", type=config.count(1), default=8, help="feature count for the module shown (default: 8)")
     p.set_defaults(func=cmd_connections)
 

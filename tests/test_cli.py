@@ -16,7 +16,16 @@ def test_connections_lists_every_design(capsys):
 
 def test_connections_shows_a_parsed_spec(capsys):
     assert main(["connections", "PostLN", "--dim", "4"]) == 0
-    assert "PostLN -> 1xSkip+LN" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert out.startswith("PostLN -> 1xSkip+LN: Spec(") and "LayerNorm((4,)" in out
+    assert "krSkip+LN" not in out  # the spec asked about, not the whole list
+
+
+def test_connections_with_a_bad_spec_prints_one_line_and_nothing_else(capsys):
+    assert main(["connections", "0xSkip"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert err.startswith("skiplab: error: bad connection spec '0xSkip': λ of xSkip must be a finite number > 0")
 
 
 def test_bad_spec_is_one_line_on_stderr_with_exit_code_2(capsys, tmp_path):
