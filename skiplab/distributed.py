@@ -142,9 +142,9 @@ def shutdown() -> None:
     GIL to do so; one still at it when the interpreter exits aborts the process ("terminate called without an
     active exception": 4 of 72 two-process FSDP runs here). destroy_process_group joins those threads, but only
     where nothing else holds the group: so first the garbage collector frees what still holds it (FSDP2's states
-    and DDP's reducer sit in reference cycles with their model, freed at the collector's next pass, which may come
-    only at the interpreter's exit), then a pause, the GIL released, in which the threads finish (no abort in 100
-    such runs since)."""
+    sit in reference cycles with their model, freed at the collector's next pass, which may come only at the
+    interpreter's exit), then a pause, the GIL released, in which the threads finish (no abort in 100 such runs
+    since)."""
     if dist.is_available() and dist.is_initialized():
         gc.collect()
         if dist.get_backend() == "gloo":

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,13 +83,31 @@ def units(model: nn.Module) -> list[nn.Module]:
     return kept
 
 
+class Replicated:
+    """The ranks' average of the gradients of the parameters left whole on every rank (:func:`shard`), as a hook
+    of each: it holds no model, since a tensor's hooks are kept by its C++ side, out of the garbage collector's
+    sight (a hook that held the model kept it, its FSDP states and their process group alive to the interpreter's
+    exit, freed after the group had been destroyed)."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.sync = True  # whether this backward pass ends the update (its gradients are averaged over the ranks)
+
+    def __call__(self, param: nn.Parameter) -> None:
+        """``param``'s gradient averaged over the ranks once the update's last backward pass has accumulated it,
+        as FSDP averages the shards' (sum, then / N)."""
+        if self.sync and param.grad is not None:
+            dist.all_reduce(param.grad)
+            param.grad.div_(self.world_size)
+
+
 class Sharded:
     """What the training loop calls in place of DDP's wrapper: ``net`` (the model, or its compiled form) forward,
     and :meth:`no_sync` for the micro-batches before a rank's last."""
 
     def __init__(self, net: nn.Module, model: nn.Module, group: distributed.Group) -> None:
         self.net, self.model, self.group = net, model, group
-        self.sync = True  # whether this backward pass ends the update (its gradients are averaged over the ranks)
+        self.replicated = Replicated(group.world_size)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.net(*args, **kwargs)
@@ -99,19 +116,12 @@ class Sharded:
     def no_sync(self) -> Iterator[None]:
         """Backward passes that keep their (unsharded) gradients on this rank: no reduce-scatter until the last."""
         self.model.set_requires_gradient_sync(False)
-        self.sync = False
+        self.replicated.sync = False
         try:
             yield
         finally:
             self.model.set_requires_gradient_sync(True)
-            self.sync = True
-
-    def average(self, param: nn.Parameter) -> None:
-        """A replicated (0-dim) parameter's gradient averaged over the ranks once the update's last backward pass
-        has accumulated it, as FSDP averages the shards' (sum, then / N)."""
-        if self.sync and param.grad is not None:
-            dist.all_reduce(param.grad)
-            param.grad.div_(self.group.world_size)
+            self.replicated.sync = True
 
 
 def shard(net: nn.Module, model: nn.Module, group: distributed.Group, amp: bool) -> Sharded:
@@ -119,8 +129,8 @@ def shard(net: nn.Module, model: nn.Module, group: distributed.Group, amp: bool)
     ``net`` is ``model`` or its compiled form. Make the optimizer after: it steps the shards.
 
     ``fully_shard`` refuses 0-dim parameters (ReZero's and SkipInit's α, PreDyT's α, HC's scalars): those stay
-    whole on every rank (``ignored_params``), and a hook averages their gradients over the ranks as FSDP does the
-    others'; the gradient norm sums both kinds (``clip_grad_norm_`` takes the mixed list)."""
+    whole on every rank (``ignored_params``), and a hook (:class:`Replicated`) averages their gradients over the
+    ranks as FSDP does the others'; the gradient norm sums both kinds (``clip_grad_norm_`` takes the mixed list)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -132,17 +142,9 @@ def shard(net: nn.Module, model: nn.Module, group: distributed.Group, amp: bool)
         fully_shard(layer, mesh=mesh, mp_policy=policy, ignored_params=scalars)
     fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=scalars)
     sharded = Sharded(net, model, group)
-    ref = weakref.ref(sharded)
-
-    def average(param: nn.Parameter) -> None:
-        # a weak reference: a hook is kept by the tensor's C++ side, out of the garbage collector's sight, so a bound
-        # method here would keep the model, its FSDP states and their process group alive to the interpreter's exit
-        if (live := ref()) is not None:
-            live.average(param)
-
     for p in scalars:
         if p.requires_grad:
-            p.register_post_accumulate_grad_hook(average)
+            p.register_post_accumulate_grad_hook(sharded.replicated)
     return sharded
 
 

@@ -306,21 +306,50 @@ def group_of_one():
 
 
 def test_nothing_the_sharding_adds_keeps_the_model_alive():
-    """The hook that averages a replicated parameter's gradient (ReZero's α) holds its Sharded weakly: a hook is
-    kept by the tensor's C++ side, out of the garbage collector's sight, so a bound method there kept the model, its
-    FSDP states and their process group alive to the interpreter's exit, where they were freed after the group had
-    been destroyed (the order in which freeing them can abort the process)."""
+    """The hook that averages a replicated parameter's gradient (ReZero's α) holds no model: a tensor's hooks are
+    kept by its C++ side, out of the garbage collector's sight, so a hook holding the sharding (a bound method of
+    it) kept the model, its FSDP states and their process group alive to the interpreter's exit, where they were
+    freed after the group had been destroyed (the order in which freeing them can abort the process)."""
     with group_of_one() as group:
         model = GPT(GPTConfig(vocab_size=20, d_model=16, heads=2, layers=2, ffn_dim=32, context=8,
                               connection="ReZero"))
         net = shard(model, model, group, amp=False)
         net(torch.randint(0, 20, (2, 8))).sum().backward()
         alphas = [p for p in model.parameters() if p.dim() == 0]
-        assert alphas and all(p.grad is not None for p in alphas)  # the hook ran (over one rank: unchanged)
+        assert alphas and all(p.grad is not None for p in alphas)
         gone = weakref.ref(model)
         del model, net, alphas
         gc.collect()
         assert gone() is None
+
+
+def test_the_replicated_parameters_are_averaged_at_the_last_backward_pass_only(monkeypatch):
+    """The hook sums a replicated parameter's gradient over the ranks and divides by their number, at the update's
+    last backward pass (not under no_sync), whether or not the sharding object is still referred to."""
+    reduced = []
+
+    def all_reduce(t):  # stands for a second rank whose gradient is 3 times this one's
+        reduced.append(t.clone())
+        t.mul_(4)
+
+    with group_of_one() as group:
+        model = GPT(GPTConfig(vocab_size=20, d_model=16, heads=2, layers=2, ffn_dim=32, context=8,
+                              connection="ReZero"))
+        net = shard(model, model, group, amp=False)
+        net.replicated.world_size = 2  # as if that rank had joined
+        monkeypatch.setattr(dist, "all_reduce", all_reduce)
+        x = torch.randint(0, 20, (2, 8))
+        alphas = [p for p in model.parameters() if p.dim() == 0]  # one a layer, tied across its sub-layers
+        with net.no_sync():
+            net(x).sum().backward()
+        assert reduced == [] and len(alphas) == 2  # accumulated on the rank, not averaged
+        first = [a.grad.clone() for a in alphas]
+        del net  # the training loop's object gone: the hook still averages
+        gc.collect()
+        model(x).sum().backward()  # the update's last pass: the same gradient again
+        assert len(reduced) == 2
+        for a, g in zip(alphas, first):
+            torch.testing.assert_close(a.grad, (2 * g + 3 * 2 * g) / 2, rtol=1e-6, atol=0)
 
 
 def test_leaving_the_group_first_frees_what_still_holds_it(monkeypatch):
