@@ -354,7 +354,7 @@ def test_the_replicated_parameters_are_averaged_at_the_last_backward_pass_only(m
 
 def test_leaving_the_group_first_frees_what_still_holds_it(monkeypatch):
     """distributed.shutdown collects the garbage before it destroys the group: what sits in a reference cycle with
-    its model (FSDP2's states, DDP's reducer) lets go of the group while it is registered."""
+    its model (FSDP2's states) lets go of the group while it is registered."""
 
     class Holder:  # stands for an FSDP state: in a cycle, nothing else refers to it
         def __init__(self):
