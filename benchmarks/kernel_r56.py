@@ -11,8 +11,9 @@ Two measurements, on the CPU:
 
 With ``--before FILE`` (an older ``add_group_norm.c`` with the same C functions, e.g. written out by
 ``git show COMMIT:skiplab/connections/kernels/add_group_norm.c > /tmp/add_group_norm_before.c``) that file is built
-here as well and timed beside the current kernel: a ``before (ms)`` column in the chain rows, and a ``2rSkip+LN
-before`` step in the same interleaved rounds, so that a change to the kernel is read from one run.
+here as well and timed beside the current kernel: a ``before (ms)`` column in the chain rows (its calls and the
+kernel's taking turns), and a ``2rSkip+LN before`` step in the same interleaved rounds, so that a change to the
+kernel is read from one run.
 
 glibc's malloc keeps what a step frees for the next step, as in a skiplab run (``skiplab.host.keep_freed_memory``;
 ``--system-malloc``: glibc's defaults); recorded.
@@ -63,6 +64,21 @@ def fastest(fn, reps: int) -> float:
     return min(times)
 
 
+def fastest_turns(fns, reps: int) -> list[float]:
+    """The fastest of ``reps`` calls of each of ``fns``, their calls taking turns (the order reversed every other
+    round), so that a drift of the machine, or what the caches hold after the call before, reaches each alike (the
+    kernel timed before its older build, not in turns, read 0.1-0.2 ms slower at the first stage in two runs)."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for rep in range(reps):
+        for i in (range(len(fns)) if rep % 2 == 0 else reversed(range(len(fns)))):
+            t = time.perf_counter()
+            fns[i]()
+            times[i].append(time.perf_counter() - t)
+    return [min(ts) for ts in times]
+
+
 def build_before(source: Path, folder: Path) -> ctypes.CDLL:
     """The older kernel ``source`` compiled as the current one is (for this processor, with OpenMP) into ``folder``,
     typed as the current one; ValueError naming what failed."""
@@ -111,12 +127,18 @@ def chain_rows(small: bool, reps: int, before: ctypes.CDLL | None = None) -> lis
             b = (0.1 * torch.randn(k, shape[1], generator=g)).requires_grad_()
             eager = lambda: torch.autograd.grad(agn.reference(s, f, w, b, lam), (s, f, w, b), dy)  # noqa: E731
             kernel = lambda: torch.autograd.grad(agn.add_group_norm(s, f, w, b, lam)[0], (s, f, w, b), dy)  # noqa: E731
-            t_eager, t_kernel = fastest(eager, reps), fastest(kernel, reps)
+            t_eager = fastest(eager, reps)
+            if before is None:
+                t_kernel = fastest(kernel, reps)
+            else:
+                def older(kernel=kernel):
+                    with using(before):
+                        kernel()
+                t_kernel, t_before = fastest_turns([kernel, older], reps)
             row = {"design": design, "shape": list(shape), "eager_ms": t_eager * 1e3, "kernel_ms": t_kernel * 1e3,
                    "ratio": t_kernel / t_eager}
             if before is not None:
-                with using(before):
-                    row["before_ms"] = fastest(kernel, reps) * 1e3
+                row["before_ms"] = t_before * 1e3
             rows.append(row)
     return rows
 

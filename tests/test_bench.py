@@ -172,6 +172,24 @@ def test_the_kernel_benchmark_at_tiny_shapes(tmp_path, capsys):
         assert message in capsys.readouterr().err.strip().splitlines()[-1]
 
 
+def test_the_kernel_benchmark_times_the_older_kernel_in_turns_with_the_current_one(monkeypatch):
+    """fastest_turns: one warm-up call each, then rounds in turns, the order reversed every other round (so neither
+    always runs after the other), and the fastest call of each."""
+    bench = _benchmark("kernel_r56")
+    clock = iter(range(1000))
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(clock))
+    calls, pause = [], {"a": 1, "b": 0}
+
+    def timed(name):
+        def call():
+            calls.append(name)
+            for _ in range(pause[name]):  # a takes one tick longer than b
+                next(clock)
+        return call
+    assert bench.fastest_turns([timed("a"), timed("b")], 4) == [2, 1]
+    assert calls == ["a", "b", "a", "b", "b", "a", "a", "b", "b", "a"]
+
+
 def test_the_kernel_benchmark_times_an_older_kernel_beside_the_current_one(tmp_path, capsys, monkeypatch):
     """--before FILE: the file is built and its functions run in the ``before`` chain column and the ``2rSkip+LN
     before`` step (and only there), recorded with its hash; a missing, unbuildable or incomplete file is one line."""

@@ -45,7 +45,7 @@ def inputs(shape, k, dtype=torch.float64, seed=0):
 @needs_kernel
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-5)])
 @pytest.mark.parametrize("k,a,c", [(1, 1.0, 1.0), (1, 2.0, 0.5), (2, 1.0, 1.0), (3, 1.0, 1.0), (8, 1.5, 0.7)])
-@pytest.mark.parametrize("shape", [(5, 4, 3, 7), (6, 3, 10), (3, 16, 8, 8)])
+@pytest.mark.parametrize("shape", [(5, 4, 3, 7), (6, 3, 10), (3, 16, 8, 8), (2, 40, 5, 7)])  # the last: two flushes
 def test_kernel_equals_the_hand_chain_and_group_norm_outputs_and_gradients(dtype, tol, k, a, c, shape):
     s, f, w, b = inputs(shape, k, dtype)
     y, rstd = agn.add_group_norm(s, f, w, b, a, c, 1e-5)
@@ -114,12 +114,14 @@ def test_kernel_refuses_a_second_derivative_rather_than_give_a_wrong_one():
     ("s2 += d * d;", "s2 += d;"),                                              # a wrong variance
     ("hh[i + 1] = sv + ((hh[i]", "hh[i + 1] = ((hh[i]"),                      # the chain's recomputed h without s
     ("for (int i = k - 1; i > p; i--)", "for (int i = k - 1; i > p + 1; i--)"),  # a later norm's ∂h skipped
+    ("< FLUSH && ch + 1 < c) continue;", "< FLUSH) continue;"),                # the last channels' sums never added
+    ("s1v[u] = s2v[u] = (vreal){0};", ";"),                                    # a flushed block's sums added again
 ])
 def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_path):
     """The oracle above can fail: each mutation of the C source, built and run in its place, is caught."""
     lib = mutated("add_group_norm", agn.SIGNATURES, *mutation, tmp_path)
     monkeypatch.setattr(agn, "_kernel", lambda: lib)
-    s, f, w, b = inputs((5, 4, 3, 7), 2)
+    s, f, w, b = inputs((3, 40, 5, 7), 2)  # 1,400 positions an example: the moments flushed twice
     y = agn.add_group_norm(s, f, w, b)[0]
     want = agn.reference(s, f, w, b)
     got_grads = torch.autograd.grad(y.sin().sum(), (s, f, w, b))

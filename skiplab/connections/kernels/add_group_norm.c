@@ -14,9 +14,10 @@
    y is (h - mu) * (r w) + b, not h * (r w) + (b - mu r w): a mean large against the spread would make the second
    the difference of two large numbers.
 
-   Statistics: the sums of (h - p) and (h - p)^2 about a pivot p (the example's first h value), per channel in
-   REAL, across channels in double; var = (S2 - S1^2/m)/m. The pivot keeps the difference of the two sums from
-   cancelling when the mean is large against the spread.
+   Statistics: the sums of (h - p) and (h - p)^2 about a pivot p (the example's first h value), in REAL over a
+   channel (or over channels together until FLUSH positions, where channels are smaller), across those blocks in
+   double; var = (S2 - S1^2/m)/m. The pivot keeps the difference of the two sums from cancelling when the mean is
+   large against the spread.
 
    Compiled twice, with REAL = float and double (NAME appends _f32 / _f64). Threads split the examples. */
 #include <math.h>
@@ -91,6 +92,11 @@ CHAIN(REAL, s)
    wait for the previous one's addition (its latency), not for its loads. */
 #define ACC 4
 
+/* The moments are summed in REAL over a channel's positions, or over channels together until FLUSH positions where
+   channels are smaller (R-56's last stage: 64), then added into double: one vector reduction per FLUSH positions,
+   not per channel. */
+#define FLUSH 1024
+
 /* One vector of positions' share of the moments of h_p, about the pivot pv. */
 ALWAYS void moments_step(vreal *s1, vreal *s2, const REAL *sv, const REAL *fv, const consts_t *q, int p, REAL pv) {
     const vreal d = last_v(vload(sv), vload(fv), q, p) - pv;
@@ -116,11 +122,14 @@ ALWAYS void sums_step(vreal *sg, vreal *sgx, const REAL *sv, const REAL *fv, con
 typedef struct {
     const char *next[5];
     int reads, writes; /* the first `reads` of next are read, the `writes` after them written; 0, 0: no next example */
-    int64_t lines, done, steps, step;
+    int64_t done, due, per, rem, carry, steps;
 } ahead_t;
 
+/* `lines` lines spread over `steps` steps: by the end of step i, lines * i / steps of them (rounded down) are due,
+   counted as per = lines / steps a step and a carry of the remainder, so that a step needs no division. */
 static ahead_t ahead_start(const REAL *const *next, int reads, int writes, int64_t m, int64_t steps) {
-    ahead_t a = {.reads = reads, .writes = writes, .lines = (m * (int64_t)sizeof(REAL) + 63) / 64, .steps = steps};
+    const int64_t lines = (m * (int64_t)sizeof(REAL) + 63) / 64;
+    ahead_t a = {.reads = reads, .writes = writes, .per = lines / steps, .rem = lines % steps, .steps = steps};
     for (int i = 0; i < reads + writes; i++) a.next[i] = (const char *)next[i];
     return a;
 }
@@ -128,8 +137,12 @@ static ahead_t ahead_start(const REAL *const *next, int reads, int writes, int64
 /* One step of `steps`: the lines due by its end (into L2: locality 2; the outputs' lines for writing). */
 static inline void ahead_step(ahead_t *a) {
     if (a->reads + a->writes == 0) return;
-    const int64_t due = a->lines * ++a->step / a->steps;
-    for (; a->done < due; a->done++) {
+    a->due += a->per;
+    if ((a->carry += a->rem) >= a->steps) {
+        a->carry -= a->steps;
+        a->due++;
+    }
+    for (; a->done < a->due; a->done++) {
         for (int i = 0; i < a->reads; i++) __builtin_prefetch(a->next[i] + a->done * 64, 0, 2);
         for (int i = a->reads; i < a->reads + a->writes; i++) __builtin_prefetch(a->next[i] + a->done * 64, 1, 2);
     }
@@ -149,29 +162,34 @@ ALWAYS void forward_k(const job_t *t, int64_t ex, ahead_t *ah, const int k) {
         channel(t, 0, &q, p);
         const REAL pv = last_s(s[0], f[0], &q, p);
         moments_t mo = {0.0, 0.0, pv};
+        vreal s1v[ACC] = {{0}}, s2v[ACC] = {{0}};
+        REAL s1 = 0, s2 = 0; /* the positions past the last whole vector of each channel */
+        int64_t run = 0;     /* positions summed in REAL since the last flush into the double sums */
         for (int64_t ch = 0; ch < c; ch++) {
             if (p > 0) ahead_step(ah);
             channel(t, ch, &q, p);
             const REAL *sc = s + ch * hw, *fc = f + ch * hw;
-            vreal s1v[ACC] = {{0}}, s2v[ACC] = {{0}};
             int64_t j = 0;
             for (; j + ACC * VL <= hw; j += ACC * VL)
 #pragma GCC unroll 4
                 for (int u = 0; u < ACC; u++)
                     moments_step(s1v + u, s2v + u, sc + j + u * VL, fc + j + u * VL, &q, p, pv);
             for (; j + VL <= hw; j += VL) moments_step(s1v, s2v, sc + j, fc + j, &q, p, pv);
-            for (int u = 1; u < ACC; u++) {
-                s1v[0] += s1v[u];
-                s2v[0] += s2v[u];
-            }
-            REAL s1 = vsum(s1v[0]), s2 = vsum(s2v[0]);
             for (; j < hw; j++) {
                 const REAL d = last_s(sc[j], fc[j], &q, p) - pv;
                 s1 += d;
                 s2 += d * d;
             }
-            mo.s1 += s1;
-            mo.s2 += s2;
+            if ((run += hw) < FLUSH && ch + 1 < c) continue;
+            for (int u = 1; u < ACC; u++) {
+                s1v[0] += s1v[u];
+                s2v[0] += s2v[u];
+            }
+            mo.s1 += (double)vsum(s1v[0]) + s1;
+            mo.s2 += (double)vsum(s2v[0]) + s2;
+            for (int u = 0; u < ACC; u++) s1v[u] = s2v[u] = (vreal){0};
+            s1 = s2 = 0;
+            run = 0;
         }
         moments_end(&mo, m, t->eps, &q.mu[p], &q.r[p]);
         t->mean[p * n + ex] = q.mu[p];

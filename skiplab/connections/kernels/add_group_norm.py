@@ -40,14 +40,14 @@ def _kernel():
     return typed(load("add_group_norm"), SIGNATURES)
 
 
-def group_norm_params(norms) -> tuple[Tensor, Tensor, float] | None:
-    """``(w, b, ε)`` stacking the gains and biases of ``norms`` when every one is an affine ``nn.GroupNorm(1, C)``
-    with one ε, else None (another norm swapped in: the connection's eager formula handles it)."""
+def group_norm_params(norms) -> tuple[list[Tensor], list[Tensor], float] | None:
+    """``([w_1 .. w_k], [b_1 .. b_k], ε)`` of ``norms`` when every one is an affine ``nn.GroupNorm(1, C)`` with one
+    ε, else None (another norm swapped in: the connection's eager formula handles it)."""
     if not all(type(n) is nn.GroupNorm and n.num_groups == 1 and n.affine for n in norms):
         return None
     if len({n.eps for n in norms}) != 1:
         return None
-    return torch.stack([n.weight for n in norms]), torch.stack([n.bias for n in norms]), norms[0].eps
+    return [n.weight for n in norms], [n.bias for n in norms], norms[0].eps
 
 
 def usable(s: Tensor, f: Tensor, weight: Tensor, bias: Tensor) -> bool:
@@ -55,25 +55,35 @@ def usable(s: Tensor, f: Tensor, weight: Tensor, bias: Tensor) -> bool:
     (N, C, ...), w and b of shape (k, C); not while compiling (the compiler fuses the eager formula itself) nor
     under CPU autocast (the eager norms run in float32 there); at most ``MAX_K`` norms; and the kernel built on
     this machine."""
-    dtype = s.dtype
+    return (weight.dim() == 2 and weight.shape == bias.shape
+            and _usable(s, f, list(weight.unbind(0)), list(bias.unbind(0))))
+
+
+def _usable(s: Tensor, f: Tensor, weights: list[Tensor], biases: list[Tensor]) -> bool:
+    """:func:`usable` for the k gains and biases as separate tensors of shape (C,)."""
+    dtype, ch = s.dtype, s.shape[1] if s.dim() >= 3 else -1
     return (dtype in _SUFFIX and s.device.type == "cpu" and s.dim() >= 3 and f.shape == s.shape
-            and all(t.dtype == dtype and t.device.type == "cpu" for t in (f, weight, bias))
-            and weight.dim() == 2 and weight.shape == bias.shape and weight.shape[1] == s.shape[1]
-            and 1 <= weight.shape[0] <= MAX_K
+            and f.dtype == dtype and f.device.type == "cpu" and 1 <= len(weights) == len(biases) <= MAX_K
+            and all(t.dtype == dtype and t.device.type == "cpu" and t.shape == (ch,) for t in (*weights, *biases))
             and s.numel() > 0 and not torch.compiler.is_compiling()
             and not torch.is_autocast_enabled("cpu") and _kernel() is not None)
 
 
 class _AddGroupNorm(torch.autograd.Function):
+    """The chain over s, F and the k norms' gains and biases, passed one by one (``*params`` = w_1 .. w_k,
+    b_1 .. b_k): stacked for the kernel inside forward, and their gradients handed back as rows of one tensor, so
+    autograd records one node a call, not a stack and its backward besides."""
+
     @staticmethod
-    def forward(ctx, s: Tensor, f: Tensor, weight: Tensor, bias: Tensor, a: float, c: float, eps: float):
-        s, f, weight, bias = (t.contiguous() for t in (s, f, weight, bias))
-        n, ch, k = s.shape[0], s.shape[1], weight.shape[0]
-        hw = s[0, 0].numel()
+    def forward(ctx, s: Tensor, f: Tensor, a: float, c: float, eps: float, *params: Tensor):
+        k = len(params) // 2
+        s, f = s.contiguous(), f.contiguous()
+        weight, bias = torch.stack(params[:k]), torch.stack(params[k:])
+        n, ch = s.shape[0], s.shape[1]
         y = torch.empty_like(s)
-        mean, rstd = s.new_empty(k, n), s.new_empty(k, n)
+        mean, rstd = s.new_empty(k, n), s.new_empty(k, n)  # μ_i and 1/σ_i, one row per norm
         fn = getattr(_kernel(), f"forward_{_SUFFIX[s.dtype]}")
-        if fn(s.data_ptr(), f.data_ptr(), weight.data_ptr(), bias.data_ptr(), a, c, eps, n, ch, hw, k,
+        if fn(s.data_ptr(), f.data_ptr(), weight.data_ptr(), bias.data_ptr(), a, c, eps, n, ch, s[0, 0].numel(), k,
               y.data_ptr(), mean.data_ptr(), rstd.data_ptr(), torch.get_num_threads()):
             raise MemoryError("the add_group_norm kernel could not allocate its buffers")
         ctx.save_for_backward(s, f, weight, bias, mean, rstd)
@@ -88,14 +98,13 @@ class _AddGroupNorm(torch.autograd.Function):
         dy = dy.contiguous()
         (n, ch), k = s.shape[:2], weight.shape[0]
         ds, df = torch.empty_like(s), torch.empty_like(s)
-        dw = torch.zeros(k, ch, dtype=torch.float64)
-        db = torch.zeros_like(dw)
+        dwb = torch.zeros(2, k, ch, dtype=torch.float64)  # ∂w_i, ∂b_i, summed in double
         fn = getattr(_kernel(), f"backward_{_SUFFIX[s.dtype]}")
         if fn(s.data_ptr(), f.data_ptr(), weight.data_ptr(), bias.data_ptr(), ctx.a, ctx.c, dy.data_ptr(),
               mean.data_ptr(), rstd.data_ptr(), n, ch, s[0, 0].numel(), k, ds.data_ptr(), df.data_ptr(),
-              dw.data_ptr(), db.data_ptr(), torch.get_num_threads()):
+              dwb[0].data_ptr(), dwb[1].data_ptr(), torch.get_num_threads()):
             raise MemoryError("the add_group_norm kernel could not allocate its buffers")
-        return ds, df, dw.to(weight.dtype), db.to(bias.dtype), None, None, None
+        return ds, df, None, None, None, *dwb.to(weight.dtype).view(2 * k, ch).unbind(0)
 
 
 def add_group_norm(s: Tensor, f: Tensor, weight: Tensor, bias: Tensor, a: float = 1.0, c: float = 1.0,
@@ -103,7 +112,7 @@ def add_group_norm(s: Tensor, f: Tensor, weight: Tensor, bias: Tensor, a: float 
     """``(y, 1/σ)`` of the chain in the module docstring: y shaped like s, 1/σ of shape (k, N) (detached), one
     row per norm. ``weight`` and ``bias`` stack the k norms' gains and biases, shape (k, C). Call
     :func:`usable` first: this runs the kernel and nothing else."""
-    return _AddGroupNorm.apply(s, f, weight, bias, float(a), float(c), float(eps))
+    return _AddGroupNorm.apply(s, f, float(a), float(c), float(eps), *weight.unbind(0), *bias.unbind(0))
 
 
 def reference(s: Tensor, f: Tensor, weight: Tensor, bias: Tensor, a: float = 1.0, c: float = 1.0,
@@ -122,8 +131,8 @@ def fused_chain(norms, s: Tensor, f: Tensor, a: float = 1.0, c: float = 1.0) -> 
     if torch.compiler.is_compiling():  # before anything the compiler would have to trace
         return None
     params = group_norm_params(norms)
-    if params is None or not usable(s, f, params[0], params[1]):
+    if params is None or not _usable(s, f, params[0], params[1]):
         return None
-    y, rstd = add_group_norm(s, f, *params[:2], a, c, params[2])
-    shape = (s.shape[0], *([1] * (s.dim() - 1)))
-    return y, [r.view(shape) for r in rstd]
+    weights, biases, eps = params
+    y, rstd = _AddGroupNorm.apply(s, f, float(a), float(c), float(eps), *weights, *biases)
+    return y, list(rstd.view(len(weights), s.shape[0], *([1] * (s.dim() - 1))).unbind(0))

@@ -24,11 +24,28 @@ static inline vreal vload(const REAL *p) {
 static inline void vstore(REAL *p, vreal v) { memcpy(p, &v, sizeof v); }
 
 /* The sum of a vector's lanes, pairwise: the upper half added to the lower until one lane is left (log2 VL
-   dependent additions, not VL). */
+   dependent additions, not VL), the halves taken in registers (a 32- and a 16-byte vector type), not through
+   memory. */
+typedef REAL vreal32 __attribute__((vector_size(32)));
+typedef REAL vreal16 __attribute__((vector_size(16)));
+
 static inline REAL vsum(vreal v) {
-    REAL lanes[VL];
-    memcpy(lanes, &v, sizeof v);
-    for (int64_t w = VL / 2; w > 0; w /= 2)
+    vreal32 x;
+#if VBYTES == 64
+    vreal32 hi;
+    memcpy(&x, &v, 32);
+    memcpy(&hi, (const char *)&v + 32, 32);
+    x += hi;
+#else
+    memcpy(&x, &v, 32);
+#endif
+    vreal16 y, top;
+    memcpy(&y, &x, 16);
+    memcpy(&top, (const char *)&x + 16, 16);
+    y += top;
+    REAL lanes[16 / sizeof(REAL)];
+    memcpy(lanes, &y, sizeof y);
+    for (int64_t w = (int64_t)(16 / sizeof(REAL)) / 2; w > 0; w /= 2)
         for (int64_t l = 0; l < w; l++) lanes[l] += lanes[l + w];
     return lanes[0];
 }
