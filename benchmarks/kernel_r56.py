@@ -66,8 +66,7 @@ def fastest(fn, reps: int) -> float:
 
 def fastest_turns(fns, reps: int) -> list[float]:
     """The fastest of ``reps`` calls of each of ``fns``, their calls taking turns (the order reversed every other
-    round), so that a drift of the machine, or what the caches hold after the call before, reaches each alike (the
-    kernel timed before its older build, not in turns, read 0.1-0.2 ms slower at the first stage in two runs)."""
+    round), so that a drift of the machine, or what the caches hold after the call before, reaches each alike."""
     for fn in fns:
         fn()
     times = [[] for _ in fns]
