@@ -194,6 +194,30 @@ def test_connections_run_the_eager_formula_where_the_kernel_cannot(monkeypatch):
     assert not ran_kernel(conv_conn("2rSkip+LN", dtype=torch.float32)(x, branch))
 
 
+@needs_kernel
+def test_usable_only_for_what_the_kernel_takes():
+    s, f = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
+    w, b = torch.ones(2, 3), torch.zeros(2, 3)
+    assert agn.usable(s, f, w, b) and agn.usable(s.double(), f.double(), w.double(), b.double())
+    assert agn.usable(s, f, torch.ones(agn.MAX_K, 3), torch.zeros(agn.MAX_K, 3))
+    for args in ((s.bfloat16(), f.bfloat16(), w.bfloat16(), b.bfloat16()),  # a dtype it is not built for
+                 (s, f.double(), w, b), (s, f, w.double(), b), (s, f, w, b.double()),  # dtypes mixed
+                 (s, f[:, :, :3], w, b),  # s and F of two shapes
+                 (s, f, torch.ones(2, 4), torch.zeros(2, 4)),  # gains of another number of channels
+                 (s, f, w, torch.zeros(1, 3)),  # k gains, another number of biases
+                 (s, f, torch.ones(agn.MAX_K + 1, 3), torch.zeros(agn.MAX_K + 1, 3)),  # a chain too long
+                 (s, f, torch.ones(3), torch.zeros(3)),  # one norm's gains not stacked
+                 (s[:, :, 0, 0], f[:, :, 0, 0], w, b),  # no positions axis
+                 (s[:0], f[:0], w, b)):  # no examples
+        assert not agn.usable(*args)
+    norms = [nn.GroupNorm(1, 3), nn.GroupNorm(1, 3)]
+    weights, biases, eps = agn.group_norm_params(norms)
+    assert weights == [n.weight for n in norms] and biases == [n.bias for n in norms] and eps == 1e-5
+    assert agn.group_norm_params([nn.GroupNorm(1, 3), nn.GroupNorm(1, 3, eps=1e-6)]) is None
+    assert agn.group_norm_params([nn.GroupNorm(1, 3), nn.GroupNorm(1, 3, affine=False)]) is None
+    assert agn.group_norm_params([nn.GroupNorm(1, 3), nn.GroupNorm(3, 3)]) is None
+
+
 def test_a_machine_without_a_compiler_warns_once_and_runs_eager(monkeypatch, tmp_path):
     monkeypatch.setenv("SKIPLAB_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
