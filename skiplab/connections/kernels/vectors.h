@@ -24,8 +24,8 @@ static inline vreal vload(const REAL *p) {
 static inline void vstore(REAL *p, vreal v) { memcpy(p, &v, sizeof v); }
 
 /* The sum of a vector's lanes, pairwise: the upper half added to the lower until one lane is left (log2 VL
-   dependent additions, not VL), the halves taken in registers (a 32- and a 16-byte vector type), not through
-   memory. */
+   dependent additions, not VL), down to 16 bytes as additions of vector halves (a 32- and a 16-byte vector type),
+   not a loop over the lanes in memory. */
 typedef REAL vreal32 __attribute__((vector_size(32)));
 typedef REAL vreal16 __attribute__((vector_size(16)));
 
