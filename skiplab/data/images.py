@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 
 from . import cifar, idx
+from .download import DownloadError
 from .download import download as _download
 
 SYSTEM_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
@@ -176,7 +177,12 @@ def load_image_dataset(name: str, data_dir: str | os.PathLike | None = None, dow
         for remote in info.files:
             # A file the user has, gzipped or not, is kept: download() never overwrites.
             if not (target / remote.filename.removesuffix(".gz")).exists():
-                _download(remote.url, target / remote.filename, remote.md5)
+                try:
+                    _download(remote.url, target / remote.filename, remote.md5)
+                except DownloadError as err:  # offline: say the other way to get the files too, where there is one
+                    if not info.hint:
+                        raise
+                    raise DownloadError(f"{err}, {info.hint}") from None
         found = info.locate(target)
         if found is None:
             raise FileNotFoundError(_missing_message(info, [target], target))

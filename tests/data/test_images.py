@@ -123,6 +123,20 @@ def test_offline_download_says_what_to_put_where(tmp_path, monkeypatch, where):
     assert list((tmp_path / "c10").iterdir()) == []  # no partial file, not even a hidden one
 
 
+def test_offline_fashion_mnist_names_the_debian_package_too(tmp_path, monkeypatch):
+    """Offline, with the files nowhere: the one line says where to put the download and the package that has them."""
+    def urlopen(url, timeout=None):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    with pytest.raises(DownloadError, match="this machine seems offline") as err:
+        load_image_dataset("fashion-mnist", data_dir=tmp_path / "fm", download=True)
+    message = str(err.value)
+    assert str(tmp_path / "fm" / "train-images-idx3-ubyte.gz") in message and "\n" not in message
+    assert message.endswith("or run `apt-get install dataset-fashion-mnist` (puts them in "
+                            f"{IMAGE_DATASETS['fashion-mnist'].system_dirs[0]})")
+
+
 def test_checksum_mismatch_leaves_no_file(tmp_path, monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout=None: io.BytesIO(b"<html>moved</html>"))
     with pytest.raises(ValueError, match="checksum mismatch .* expected md5 f68b3c2dcbeaaa9fbdd348bbdeb94873, got"):
