@@ -235,8 +235,9 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
                                 data_stats={"mean": list(data.mean), "std": list(data.std)}), improved)
         bar.set_postfix(loss=f"{record['train_loss']:.3f}", test_err=f"{test_error:.2f}%", lr=f"{lr:g}")
     bar.close()
-    return run.finish(lambda last: {"epochs": cfg.epochs, "final_test_error": last["test_error"],
-                                    "final_test_loss": last["test_loss"], "best_test_error": best})
+    return run.finish(lambda last: {"steps": last["step"], "epochs": cfg.epochs,
+                                    "final_test_error": last["test_error"], "final_test_loss": last["test_loss"],
+                                    "best_test_error": best})
 
 
 def load_trained(path: str | Path):

@@ -22,6 +22,10 @@ def test_compare_writes_its_table_and_resumes(fashion_dir, tmp_path, capsys, mon
     rows = list(csv.DictReader((out / "table.csv").open()))
     assert [r["connection"] for r in rows] == ["1xSkip", "2rSkip+LN"]
     assert [(r["lambda"], r["G"]) for r in rows] == [("1", "-"), ("2", "LN")]
+    assert float(rows[0]["time_ratio"]) == 1.0 and float(rows[1]["time_ratio"]) > 0  # time per update, over 1xSkip's
+    lines = [[c.strip() for c in line.split("|")] for line in table.splitlines() if line.startswith("| ")]
+    column = lines[0].index("time × 1xSkip")
+    assert float(lines[2][column]) == pytest.approx(float(rows[1]["time_ratio"]), abs=1e-3)  # in the table, not "-"
     errors = [json.loads((out / "2rSkip+LN" / f"seed{k}" / "summary.json").read_text())["final_test_error"] for k in (1, 2)]
     assert float(rows[1]["mean"]) == pytest.approx(sum(errors) / 2)
     assert (out / "curves.png").read_bytes()[:4] == b"\x89PNG"

@@ -32,6 +32,7 @@ def test_cli_run_writes_config_metrics_checkpoints_and_summary(fashion_dir, tmp_
     assert (out / "last.pt").is_file() and (out / "best.pt").is_file()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "finished" and summary["final_test_error"] == record["test_error"]
+    assert summary["steps"] == record["step"] == 4  # ⌈200 / 64⌉ updates: what a comparison's time per update divides by
 
     capsys.readouterr()
     assert main(["eval", "image", "--checkpoint", str(out)]) == 0
