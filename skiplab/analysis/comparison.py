@@ -102,7 +102,7 @@ def draw_curves(axes: list[Any], curves: dict[str, list[list[dict[str, Any]]]], 
             ax.plot(epochs, m, label=spec, color=color, linestyle=style)
             ax.fill_between(epochs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=color, alpha=0.2)
         ax.set_xlabel(x)
-        ax.set_ylabel(key.replace("_", " "))
+        ax.set_ylabel(key.replace("_", " ") + (" (%)" if key.endswith("_error") else ""))  # errors are percentages
         if key.endswith("ppl"):  # perplexity spans orders of magnitude early in training
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)

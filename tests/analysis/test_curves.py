@@ -69,3 +69,18 @@ def test_bad_runs_and_keys_are_named(tmp_path, capsys):
     assert not (tmp_path / "x.png").exists()
     with pytest.raises(ValueError, match="at least one run"):
         curves.plot_runs([], tmp_path / "x.png")
+
+
+def test_curve_axes_name_their_key_and_an_error_its_percent():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from skiplab.analysis.comparison import draw_curves
+    runs = {"1xSkip": [[{"epoch": 1, "train_loss": 2.0, "test_error": 80.0}, {"epoch": 2, "train_loss": 1.0,
+                                                                               "test_error": 40.0}]]}
+    fig, axes = plt.subplots(1, 2)
+    draw_curves(list(axes), runs, ("train_loss", "test_error"))
+    assert [ax.get_ylabel() for ax in axes] == ["train loss", "test error (%)"]
+    assert [ax.get_xlabel() for ax in axes] == ["epoch", "epoch"]
+    plt.close(fig)
