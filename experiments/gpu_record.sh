@@ -12,6 +12,16 @@
 #   prepared shards and the runs (default /tmp); SMOKE=1 the block at smoke size on a CPU, CORPUS a pydocs-shaped folder
 set -uo pipefail
 results=$1 block=$2 corpus=$3 tiktoken=$4
+if [[ ${POOL:-1} != 0 && -z ${SMOKE:-} ]]; then  # the block's inputs checked before any card time is spent
+    if [[ ! -f $corpus/manifest.json ]]; then
+        echo "gpu_record.sh: $corpus is not a built debdocs corpus (no manifest.json; skiplab corpus debdocs)" >&2
+        exit 2
+    fi
+    if [[ ! -f $tiktoken ]]; then
+        echo "gpu_record.sh: no tokenizer file $tiktoken (experiments/gpt2_tokenizer.sh DIR writes DIR/gpt2.tiktoken)" >&2
+        exit 2
+    fi
+fi
 mkdir -p "$results"
 export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$results/card.txt"

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "pool_gpu.sh"
 SKIPLAB = str(Path(sys.executable).with_name("skiplab"))
 
@@ -61,6 +63,26 @@ def test_the_cards_record_script_packs_the_block(tmp_path):
         names = tar.getnames()
     assert "./table.md" in names and any(n.endswith("seed1/summary.json") for n in names)
     assert not any(n.endswith(".pt") for n in names)
+
+
+@pytest.mark.parametrize("missing", ["corpus", "tokenizer"])
+def test_gpu_record_checks_the_blocks_inputs_before_anything_runs(tmp_path, missing):
+    """A corpus folder without its manifest, or no tokenizer file: one line and exit 2, before the bench or the
+    card is touched (nothing written under RESULTS)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    if missing != "corpus":
+        (corpus / "manifest.json").write_text("{}")
+    ranks = tmp_path / "gpt2.tiktoken"
+    if missing != "tokenizer":
+        ranks.write_text("")
+    results = tmp_path / "results"
+    done = subprocess.run(["bash", str(SCRIPT.with_name("gpu_record.sh")), str(results), "1", str(corpus), str(ranks)],
+                          capture_output=True, text=True, timeout=60, cwd=SCRIPT.parents[1],
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert done.returncode == 2 and done.stdout == "" and len(done.stderr.strip().splitlines()) == 1
+    assert ("not a built debdocs corpus" if missing == "corpus" else "no tokenizer file") in done.stderr
+    assert not results.exists()
 
 
 def test_gpu_record_profiles_the_designs_the_bench_found_above_their_goal(tmp_path):
