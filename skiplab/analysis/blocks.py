@@ -314,11 +314,12 @@ def markdown(rows: list[dict[str, Any]], header: dict[str, Any], columns: dict[s
         col = columns.get(r["label"], {})
         interval = (f" [{_num(r['ci_low'], decimals, True)}, {_num(r['ci_high'], decimals, True)}]"
                     if r["ci_low"] is not None else "")
+        pairs = f" ({r['pairs']} pair{'' if r['pairs'] == 1 else 's'})"
         body.append([
             *(_cell(col.get(k, "-")) for k in names),
             _num(r["time_ratio"], 3) if r["time_ratio"] is not None else "-",
             _mean_cell(r, decimals),
-            "-" if r["label"] == base else _num(r["delta"], decimals, True) + interval + f" ({r['pairs']} pairs)",
+            "-" if r["label"] == base else _num(r["delta"], decimals, True) + interval + pairs,
             _p(r["p_paired"]), _p(r.get("p_wilcoxon")), _p(r["p_welch"]), _p(r["p_holm"]),
             "-" if r["label"] == base else ("yes" if r["holds"] else "no"),
             f"{r['trained']} / {r['stalled']} / {r['diverged']}"])

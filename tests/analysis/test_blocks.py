@@ -107,6 +107,13 @@ def test_markdown_says_which_differences_hold():
     assert "| -0.096 [" in table and "(5 pairs)" in table  # d = -0.10, -0.09, -0.11, -0.09, -0.09
 
 
+def test_one_block_is_one_pair():
+    records = [RunRecord(k, 1, "finished", v, ("m",)) for k, v in (("A", 2.70), ("B", 2.60))]
+    rows, header = summarise(records, ["A", "B"], "A")
+    table = markdown(rows, header, {k: {"connection": k} for k in "AB"}, "bits per byte", 3)
+    assert "| -0.100 (1 pair) " in table and "pairs)" not in table
+
+
 def test_exact_wilcoxon_by_hand_and_against_scipy(monkeypatch):
     """d = 1, −2, 3, 4, 5: ranks of |d| 1..5, W⁻ = 2, W⁺ = 13. Of the 2^5 = 32 equally likely sign patterns, those
     with W ≤ 2 on one side are the positive sets {}, {1}, {2}: 3, so p = 2 · 3/32 = 0.1875; all of one sign: the
