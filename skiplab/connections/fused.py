@@ -42,7 +42,8 @@ def _gate_grad(gate: Tensor, dy: Tensor, t: Tensor) -> Tensor:
     if gate.shape == t.shape:
         return dy * t
     rows = _rows(gate, t)
-    return torch.linalg.vecdot(dy.reshape(rows, -1), t.reshape(rows, -1)).view(gate.shape)
+    cols = t.numel() // rows if rows else 0  # written out: -1 cannot be inferred from an empty tensor
+    return torch.linalg.vecdot(dy.reshape(rows, cols), t.reshape(rows, cols)).view(gate.shape)
 
 
 class _GatedSum(torch.autograd.Function):
@@ -96,7 +97,7 @@ class _GatedNormSum(torch.autograd.Function):
         h = s + f
         if shape is None:  # GroupNorm with one group: over every axis but the first
             n_, c = h.shape[:2]
-            n, mean, rstd = torch.native_group_norm(h, weight, bias, n_, c, h[0, 0].numel(), 1, eps)
+            n, mean, rstd = torch.native_group_norm(h, weight, bias, n_, c, h.shape[2:].numel(), 1, eps)
         else:
             n, mean, rstd = torch.native_layer_norm(h, shape, weight, bias, eps)
         y = a * s
@@ -116,7 +117,7 @@ class _GatedNormSum(torch.autograd.Function):
         if ctx.shape is None:
             n_, c = h.shape[:2]
             dh, dw, dbias = torch.ops.aten.native_group_norm_backward(
-                dn, h, mean, rstd, weight, n_, c, h[0, 0].numel(), 1, mask)
+                dn, h, mean, rstd, weight, n_, c, h.shape[2:].numel(), 1, mask)
         else:
             dh, dw, dbias = torch.ops.aten.native_layer_norm_backward(dn, h, ctx.shape, mean, rstd, weight, bias, mask)
         da = _gate_grad(a, dy, s).to(a.dtype) if need[2] else None

@@ -332,7 +332,7 @@ class MHC(HC):
         # x̃ φ = (x φ) / rms(x), x the flattened streams (..., nC): one product, the normalised x̃ never written out
         # (hyper_mix.norm_project; φ's columns as rows, (2n + n², nC))
         proj = self._norm_project(h.reshape(-1, n * self.dim), self.phi.t(), False, torch.finfo(h.dtype).eps, slot)
-        proj = proj.view(*h.shape[:-2], -1)
+        proj = proj.view(*h.shape[:-2], proj.shape[-1])
         pre = torch.sigmoid(self.alpha[0] * proj[..., :n] + self.b_pre)
         post = POST_GAIN * torch.sigmoid(self.alpha[1] * proj[..., n : 2 * n] + self.b_post)
         res = sinkhorn(self.alpha[2] * proj[..., 2 * n :].unflatten(-1, (n, n)) + self.b_res, self.iters,

@@ -203,7 +203,7 @@ def normalize(norm: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
         return y, rstd.detach()
     if kind is nn.GroupNorm and norm.num_groups == 1:
         n, c = h.shape[:2]
-        y, _, rstd = torch.native_group_norm(h, norm.weight, norm.bias, n, c, h[0, 0].numel(), 1, norm.eps)
+        y, _, rstd = torch.native_group_norm(h, norm.weight, norm.bias, n, c, h.shape[2:].numel(), 1, norm.eps)
         return y, rstd.detach().view(n, *([1] * (h.dim() - 1)))
     if kind in (nn.RMSNorm, RMSNorm, ChannelRMSNorm):
         channel = kind is ChannelRMSNorm
@@ -211,7 +211,7 @@ def normalize(norm: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
         eps = norm.eps if norm.eps is not None else torch.finfo(h.dtype).eps
         w = norm.weight.view(-1, *([1] * (h.dim() - 2))) if channel else norm.weight
         return rms_norm(h, w, dims, eps)
-    if kind in (nn.BatchNorm2d, FeatureBatchNorm) and norm.track_running_stats and norm.training:
+    if kind in (nn.BatchNorm2d, FeatureBatchNorm) and norm.track_running_stats and norm.training and h.numel():
         flat = h.reshape(-1, h.shape[-1]) if kind is FeatureBatchNorm else h
         factor = 0.0 if norm.momentum is None else norm.momentum
         norm.num_batches_tracked.add_(1)
@@ -251,6 +251,8 @@ def norm_sigma(norm: nn.Module, h: Tensor) -> Tensor:
         axis = -1 if isinstance(norm, FeatureBatchNorm) else 1
         shape = [1] * h.dim()
         shape[axis] = -1
+        if not h.numel():  # an empty batch: torch's batch norm only scales and shifts it
+            return h.new_ones(h.shape[axis]).view(shape)
         if norm.training or norm.running_var is None:
             dims = tuple(d for d in range(h.dim()) if d != axis % h.dim())
             var = h.var(dims, unbiased=False)

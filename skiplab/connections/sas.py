@@ -24,7 +24,7 @@ def pool_features(t: Tensor, layout: str) -> Tensor:
 
     The mean is taken as a sum divided afterwards: the backward of a sum is a broadcast view, that of a
     mean a full-size division."""
-    return t if layout == "seq" else t.flatten(2).sum(-1) / t[0, 0].numel()
+    return t if layout == "seq" else t.flatten(2).sum(-1) / t.shape[2:].numel()
 
 
 def unpool(g: Tensor, layout: str, like: Tensor) -> Tensor:

@@ -75,6 +75,25 @@ def test_shape_gradients_and_round_trip(spec, layout):
 
 
 @pytest.mark.parametrize("spec", EXAMPLES)
+def test_an_empty_batch_gives_an_empty_output(spec, layout):
+    """No examples (a data loader's last, empty shard): an empty output of the input's shape and an empty gradient,
+    in training and evaluation, as torch's own layers give, not an index or size error."""
+    conn = build(spec, layout)
+    if conn is None:
+        return
+    full = make_input(layout)
+    x = full.detach()[:0].requires_grad_()
+    branch = make_branch(layout)
+    for training in (True, False):
+        conn.train(training)
+        y = call(conn, x, branch)
+        assert y.shape == x.shape
+        y.sum().backward()
+        assert x.grad.shape == x.shape
+        x.grad = None
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
 def test_stats_before_and_after_a_forward(spec, layout):
     conn = build(spec, layout)
     if conn is None:

@@ -83,7 +83,7 @@ class _AddGroupNorm(torch.autograd.Function):
         y = torch.empty_like(s)
         mean, rstd = s.new_empty(k, n), s.new_empty(k, n)  # μ_i and 1/σ_i, one row per norm
         fn = getattr(_kernel(), f"forward_{_SUFFIX[s.dtype]}")
-        if fn(s.data_ptr(), f.data_ptr(), weight.data_ptr(), bias.data_ptr(), a, c, eps, n, ch, s[0, 0].numel(), k,
+        if fn(s.data_ptr(), f.data_ptr(), weight.data_ptr(), bias.data_ptr(), a, c, eps, n, ch, s.shape[2:].numel(), k,
               y.data_ptr(), mean.data_ptr(), rstd.data_ptr(), torch.get_num_threads()):
             raise MemoryError("the add_group_norm kernel could not allocate its buffers")
         ctx.save_for_backward(s, f, weight, bias, mean, rstd)
@@ -101,7 +101,7 @@ class _AddGroupNorm(torch.autograd.Function):
         dwb = torch.zeros(2, k, ch, dtype=torch.float64)  # ∂w_i, ∂b_i, summed in double
         fn = getattr(_kernel(), f"backward_{_SUFFIX[s.dtype]}")
         if fn(s.data_ptr(), f.data_ptr(), weight.data_ptr(), bias.data_ptr(), ctx.a, ctx.c, dy.data_ptr(),
-              mean.data_ptr(), rstd.data_ptr(), n, ch, s[0, 0].numel(), k, ds.data_ptr(), df.data_ptr(),
+              mean.data_ptr(), rstd.data_ptr(), n, ch, s.shape[2:].numel(), k, ds.data_ptr(), df.data_ptr(),
               dwb[0].data_ptr(), dwb[1].data_ptr(), torch.get_num_threads()):
             raise MemoryError("the add_group_norm kernel could not allocate its buffers")
         return ds, df, None, None, None, *dwb.to(weight.dtype).view(2 * k, ch).unbind(0)
