@@ -52,16 +52,30 @@ class RunDirError(ValueError):
     """A run directory that cannot be used as asked."""
 
 
+STARTED = ".started"  # OUT/.started: written by a fresh run, removed with its config.json (:func:`write_config`)
+
+
+def failed_start(out: Path) -> bool:
+    """Whether ``out`` holds what a run wrote before it stopped short of its config.json (a tokenizer trained, then
+    bad data or a kill): only that run's files, which the next run in ``out`` replaces without being asked."""
+    return (out / STARTED).is_file() and not (out / "config.json").is_file()
+
+
 def _check(out: Path, resume: bool, overwrite: bool) -> bool:
     """Whether ``out`` may be used as asked (else a RunDirError); True where its files are to be replaced."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other")
     if resume:  # config.json alone: a run stopped before its first save, which starts again (Run.resume)
         if not ((out / "last.pt").is_file() or (out / "config.json").is_file()):
+            if failed_start(out):
+                raise RunDirError(f"nothing to resume in {out}: its run stopped before writing config.json; "
+                                  "start it again without --resume")
             raise RunDirError(f"nothing to resume in {out}: neither last.pt nor config.json there")
         return False
     if not (out.exists() and any(p.name != LOCK for p in out.iterdir())):
         return False
+    if failed_start(out):
+        return True
     if not overwrite:
         raise RunDirError(f"{out} already holds files; use --resume to continue that run or --overwrite to replace it")
     if not (out / "config.json").is_file():  # guard against wiping a directory that is not a run
@@ -71,8 +85,9 @@ def _check(out: Path, resume: bool, overwrite: bool) -> bool:
 
 def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> Path:
     """Make ``out`` ready for a run: fresh, resumed (it holds last.pt, or config.json alone: a run stopped before
-    its first save) or replaced (``overwrite``), and held by this process (:func:`hold`) until :func:`release`.
-    Checked before anything is written, and again once held (another process may have written there in between)."""
+    its first save) or replaced (``overwrite``, or where a run stopped before its config.json: :func:`failed_start`),
+    and held by this process (:func:`hold`) until :func:`release`. Checked before anything is written, and again once
+    held (another process may have written there in between)."""
     out = Path(out)
     _check(out, resume, overwrite)
     out.mkdir(parents=True, exist_ok=True)
@@ -80,10 +95,18 @@ def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> P
     try:
         if _check(out, resume, overwrite):
             clear(out)
+        if not (resume or (out / "config.json").is_file()):
+            (out / STARTED).touch()
     except BaseException:
         release(out)
         raise
     return out
+
+
+def write_config(out: Path, payload: dict[str, Any]) -> None:
+    """OUT/config.json of a fresh run: from now on ``out`` holds a run (:func:`failed_start` no longer)."""
+    write_json(out / "config.json", payload)
+    (out / STARTED).unlink(missing_ok=True)
 
 
 def clear(out: Path) -> None:

@@ -26,7 +26,9 @@ def train_config(cls, args: argparse.Namespace):
     try:
         stored = run_dir.read_json(Path(out) / "config.json")["config"]
     except FileNotFoundError:
-        raise run_dir.RunDirError(f"nothing to resume in {out}: no config.json there") from None
+        why = ("its run stopped before writing config.json; start it again without --resume"
+               if run_dir.failed_start(Path(out)) else "no config.json there")
+        raise run_dir.RunDirError(f"nothing to resume in {out}: {why}") from None
     stored = getattr(cls, "upgrade", dict)(stored)
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name) != f.default}
     given["out"] = out

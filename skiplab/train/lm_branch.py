@@ -73,8 +73,7 @@ def branch(source: str | Path, out: str | Path, overwrite: bool = False, max_ste
         print(f"{out}: a branch of {source} that has not saved since it was made; made again")
     run_dir.prepare(out, overwrite=True)  # held by this process (and the training that follows); its files removed
     step = ckpt["step"]
-    run_dir.write_json(out / "config.json", {**stored, "branched_from": {"checkpoint": str(source.resolve()),
-                                                                        "step": step}})
+    run_dir.write_config(out, {**stored, "branched_from": {"checkpoint": str(source.resolve()), "step": step}})
     for name in ("metrics.jsonl", run_dir.STEPS_FILE, run_dir.LAYERS_FILE):  # whole: the resume cuts them
         if (source.parent / name).is_file():
             shutil.copyfile(source.parent / name, out / name)

@@ -218,6 +218,12 @@ class MTSource:
         kept, dropped = filter_long(train_src, train_tgt, cfg.max_len)
         valid_src, valid_tgt = encode_parallel(tok, valid_data)
         valid_kept, _ = filter_long(valid_src, valid_tgt, cfg.max_len)
+        longest = max((max(len(src[i]), len(tgt[i])) + 1 for src, tgt, kept_ in ((train_src, train_tgt, kept),
+                       (valid_src, valid_tgt, valid_kept)) for i in kept_), default=0)  # with EOS/BOS
+        if longest > cfg.max_tokens:
+            raise ValueError(f"a pair kept has {longest} tokens a side (with EOS/BOS), more than a batch of "
+                             f"--max-tokens {cfg.max_tokens} holds; raise --max-tokens or set --max-len "
+                             f"{cfg.max_tokens} (pairs longer than --max-len are dropped)")
         example = torch.tensor([[Tokenizer.UNK, Tokenizer.EOS]])
         return Seq2SeqData(
             train_data.name, tok.vocab_size, tok.to_bytes(),

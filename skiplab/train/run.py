@@ -112,6 +112,7 @@ class Run:
                 run_dir.check_resumable(self.out, upgrade(stored) if upgrade else stored, self.config,
                                         extendable=extendable, defaults=defaults)
                 run_dir.clear(self.out)
+                (self.out / run_dir.STARTED).touch()  # a fresh run's from here, until its config.json
 
             self.group.on_main(restart)
             self.resuming = False
@@ -176,7 +177,7 @@ class Run:
         model = self.model
         built = admin.summary(model)  # Admin's ω per stack: closed form or profiled
         specs = sorted({c.spec for _, c in iter_connections(model)})  # as built, the model's norm resolved (MixLN+RMS)
-        self.group.on_main(lambda: run_dir.write_json(self.out / "config.json", {
+        self.group.on_main(lambda: run_dir.write_config(self.out, {
             "config": self.config, "model": {"class": type(model).__name__, **dataclasses.asdict(self.model_config)},
             "parameters": sum(p.numel() for p in model.parameters()), **({"connections": specs} if specs else {}),
             **({"admin": built} if built else {}), **extra,

@@ -398,3 +398,29 @@ def test_admin_profile_in_translation(corpus, tmp_path, capsys):
     built = json.loads((tmp_path / "auto" / "config.json").read_text())["admin"]
     assert {stack: (b["init"], b["built"]) for stack, b in built.items()} == {"encoder": ("auto", "closed"),
                                                                              "decoder": ("auto", "closed")}
+
+
+def test_a_start_that_fails_after_writing_its_tokenizer_leaves_a_folder_the_next_run_takes(corpus, tmp_path, capsys):
+    """Too small a batch for the corpus's pairs fails once the tokenizer is trained (its files already in OUT): one
+    line naming the flags, and the folder, holding only that start's files, is taken by the next run without
+    --overwrite; --resume there says why there is nothing to resume. A folder of someone else's stays refused."""
+    out = tmp_path / "run"
+    argv = tiny_args(corpus, out)
+    argv[argv.index("--max-tokens") + 1] = "8"
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--max-tokens 8" in err and "--max-len 8" in err, err
+    assert (out / "spm.model").is_file() and not (out / "config.json").exists()
+    assert main(tiny_args(corpus, out, "--resume")) == 2
+    assert "stopped before writing config.json; start it again without --resume" in capsys.readouterr().err
+    assert main(tiny_args(corpus, out)) == 0
+    assert json.loads((out / "summary.json").read_text())["status"] == "finished"
+    assert not (out / run_dir.STARTED).exists()
+    assert main(tiny_args(corpus, out)) == 2  # a run now: refused without a flag
+    assert "already holds files" in capsys.readouterr().err
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "spm.model").write_text("not skiplab's")
+    assert main(tiny_args(corpus, mine)) == 2
+    assert "already holds files" in capsys.readouterr().err
+    assert (mine / "spm.model").read_text() == "not skiplab's"

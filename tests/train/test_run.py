@@ -167,13 +167,14 @@ def test_a_lock_file_alone_is_not_a_run_and_overwrite_keeps_only_it(tmp_path):
     proc = holder(out, resume=False)  # a fresh start that ended before writing anything
     proc.stdin.close()
     proc.wait()
-    assert [p.name for p in out.iterdir()] == [run_dir.LOCK]
+    assert sorted(p.name for p in out.iterdir()) == [run_dir.LOCK, run_dir.STARTED]
+    (out / run_dir.STARTED).unlink()
     run, _ = started(Config(out=str(out)))  # not "already holds files"
     train_steps(run, [1])
     (run.out / "sub").mkdir()
     run.finish(lambda last: {})
     run_dir.prepare(out, overwrite=True)
-    assert [p.name for p in out.iterdir()] == [run_dir.LOCK]
+    assert sorted(p.name for p in out.iterdir()) == [run_dir.LOCK, run_dir.STARTED]  # a fresh start's, again
     run_dir.release(out)
 
 
@@ -192,3 +193,26 @@ def test_a_finished_run_leaves_no_lock_file_and_a_killed_ones_is_taken_over(tmp_
     run_dir.release(run.out)
     assert sorted(p.name for p in run.out.iterdir()) == ["best.pt", "checkpoint_1.pt", "config.json", "last.pt",
                                                          "metrics.jsonl", "summary.json"]
+
+
+def test_what_a_start_wrote_before_its_config_is_replaced_by_the_next_run_and_config_json_ends_that(tmp_path):
+    out = tmp_path / "run"
+    run_dir.prepare(out)
+    (out / "spm.model").write_text("a tokenizer trained before the data failed")
+    run_dir.release(out)
+    assert run_dir.failed_start(out)
+    with pytest.raises(run_dir.RunDirError, match="stopped before writing config.json"):
+        run_dir.prepare(out, resume=True)
+    run, _ = started(Config(out=str(out)))  # no flag needed: the start's own files, removed
+    assert not (out / "spm.model").exists() and not run_dir.failed_start(out)
+    assert not (out / run_dir.STARTED).exists()
+    train_steps(run, [1])
+    run.finish(lambda last: {})
+    with pytest.raises(run_dir.RunDirError, match="already holds files"):
+        run_dir.prepare(out)
+    stray = tmp_path / "stray"  # the marker's name alone with a config.json: a run, refused as any
+    stray.mkdir()
+    (stray / "config.json").write_text("{}")
+    (stray / run_dir.STARTED).touch()
+    with pytest.raises(run_dir.RunDirError, match="already holds files"):
+        run_dir.prepare(stray)
