@@ -70,6 +70,19 @@ def count(minimum: int = 1):
     return parse
 
 
+def at_least(minimum: float):
+    """An argparse type: a finite number >= ``minimum`` (a length penalty's exponent, a temperature, ...)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        if not (math.isfinite(value) and value >= minimum):
+            raise argparse.ArgumentTypeError(f"must be a finite number >= {minimum:g}, got {text}")
+        return value
+    return parse
+
+
 def parse_float_list(text: str) -> tuple[float, ...]:
     """An argparse type: ``"1.25, 1.5"`` -> ``(1.25, 1.5)``; anything but finite numbers is refused."""
     try:

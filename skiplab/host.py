@@ -112,17 +112,27 @@ def malloc_settings() -> dict[str, Any]:
     return {"kept": _kept, "env": env}
 
 
+def git_state(folder: Path) -> tuple[str, bool | None]:
+    """``(short commit, dirty)`` of the git checkout holding ``folder``: dirty where a tracked file under ``folder``
+    differs from that commit (files git does not track are not code it ran); ``("", None)`` outside git."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=folder, capture_output=True, text=True,
+                                timeout=5).stdout.strip()
+        if not commit:
+            return "", None
+        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "."], cwd=folder,
+                                capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "", None
+    return commit, (bool(status.stdout.strip()) if status.returncode == 0 else None)
+
+
 def environment() -> dict[str, Any]:
     """What produced a result: versions, the machine (CPU results depend on the processor's kernels: the
     instruction set torch's CPU kernels use is recorded), device, the CPU threads and how they were fixed
-    (:func:`thread_settings`), and the code's git commit where there is one."""
-    try:
-        here = Path(__file__).resolve().parent
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+    (:func:`thread_settings`), and the code's git commit where there is one, with ``git_dirty``: whether the
+    package's tracked files differ from that commit (a result of uncommitted code; None where git cannot say)."""
+    commit, dirty = git_state(Path(__file__).resolve().parent)
     return {
         "torch": torch.__version__,
         "python": platform.python_version(),
@@ -133,7 +143,15 @@ def environment() -> dict[str, Any]:
         "malloc": malloc_settings(),
         # a copy of the tree without its .git (a device's working copy) names its commit in SKIPLAB_GIT_COMMIT
         "git_commit": commit or os.environ.get("SKIPLAB_GIT_COMMIT") or None,
+        "git_dirty": dirty,
     }
+
+
+def code_name(env: dict[str, Any]) -> str:
+    """The code version an ``environment()`` record names: its commit, "+uncommitted" where the package differed from
+    it (``git_dirty``), "unknown" where none was recorded."""
+    commit = env.get("git_commit") or "unknown"
+    return f"{commit}+uncommitted" if env.get("git_dirty") else commit
 
 
 def machine_name(env: dict[str, Any]) -> str:

@@ -290,14 +290,13 @@ def note_machine(out: Path, at: int, device: str | None = None, amp: bool | None
     entry = {"at": at, "environment": now, **({"device": device, "amp": amp} if device is not None else {})}
     same_kind = device is None or host.machine_kind(now, device, bool(amp)) == _segments(stored)[-1]
     same_machine = host.machine_name(now) == host.machine_name(last)
-    if same_machine and now.get("git_commit") == last.get("git_commit") and same_kind \
+    if same_machine and host.code_name(now) == host.code_name(last) and same_kind \
             and now.get("threads") == last.get("threads", now.get("threads")):
         return ""
     write_json(out / "config.json", {**stored, "resumed_on": [*stored.get("resumed_on", []), entry]})
 
     def where(env: dict[str, Any]) -> str:
-        code = env.get("git_commit") or "unknown"
-        return f"{host.machine_name(env)}, threads {env.get('threads', '?')}, code {code}"
+        return f"{host.machine_name(env)}, threads {env.get('threads', '?')}, code {host.code_name(env)}"
     return f"{out}: resumed at {at} on {where(now)} (before: {where(last)}); config.json records it"
 
 
@@ -308,8 +307,8 @@ def machines(stored: dict[str, Any]) -> list[str]:
 
 def codes(stored: dict[str, Any]) -> list[str]:
     """Every code version (git commit) a run's config.json says it trained with, its start's then each resume's, in
-    order, none twice; "unknown" where none was recorded."""
-    return list(dict.fromkeys(e.get("git_commit") or "unknown" for e in _environments(stored)))
+    order, none twice; "unknown" where none was recorded, "+uncommitted" after one the package differed from."""
+    return list(dict.fromkeys(host.code_name(e) for e in _environments(stored)))
 
 
 def _environments(stored: dict[str, Any]) -> list[dict[str, Any]]:
@@ -433,6 +432,24 @@ def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor
         else:
             out[k] = states[-1][k].clone()
     return out
+
+
+def evaluation_stem(path: str | Path, split: str, beam: int, average: int = 0, extra: str = "") -> Path:
+    """Where an evaluation of ``path`` (a run directory, or a checkpoint file in one) writes its outputs, less their
+    suffix: ``<run>/<split>.beam<k>[<extra>][.avg<n>][.of-<file>]``, the checkpoint file named where it is not the
+    run's last.pt and ``extra`` naming settings off their defaults (``.alpha1``), so that evaluations of one run
+    with other checkpoints or settings keep each its own files."""
+    path = Path(path)
+    run = path if path.is_dir() else path.parent
+    of = f".of-{path.stem}" if not path.is_dir() and path.name != "last.pt" else ""
+    return run / f"{split}.beam{beam}{extra}{f'.avg{average}' if average > 1 else ''}{of}"
+
+
+def write_evaluation(stem: Path, report: dict[str, Any]) -> Path:
+    """``<stem>.json``: an evaluation's ``report`` with the environment it ran in (machine, torch, code version)."""
+    path = stem.with_name(stem.name + ".json")
+    write_json(path, {**report, "environment": host.environment()})
+    return path
 
 
 def averaged_over(out: Path, average: int, cache: Callable[[int], Path]) -> int:

@@ -266,8 +266,8 @@ def run_machines(dirs: list[Path]) -> dict[str, dict[str, Any]]:
             entry = seen.setdefault(name, {"runs": 0, "commits": []})
             entry["runs"] += 1
             for e in envs:
-                if host.machine_name(e) == name and e.get("git_commit") and e["git_commit"] not in entry["commits"]:
-                    entry["commits"].append(e["git_commit"])
+                if host.machine_name(e) == name and e.get("git_commit") and host.code_name(e) not in entry["commits"]:
+                    entry["commits"].append(host.code_name(e))
     return seen
 
 

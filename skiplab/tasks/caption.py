@@ -127,7 +127,9 @@ def evaluate_run(path: str | Path, split: str = "test", average: int = 0, beam: 
                  device: str = "auto", progress: bool = True, figure: str | Path = "", figure_images: int = 6,
                  compare: tuple[str, ...] = ()) -> dict[str, Any]:
     """A run's captions of ``split`` and their scores; the captions are written beside the run as
-    ``<split>.beam<k>[.avg<n>].captions.json`` ({image id: caption}). With ``figure``, also a figure of the split's
+    ``<split>.beam<k>[.avg<n>][.of-<checkpoint>].captions.json`` ({image id: caption}; a checkpoint other than the
+    run's last.pt named: :func:`~skiplab.run_dir.evaluation_stem`) and the report, with the machine and code version,
+    as ``....json``. With ``figure``, also a figure of the split's
     first ``figure_images`` images with a reference, this run's caption and those of the runs ``compare`` (decoded
     the same way), checked before anything is decoded."""
     model, vocab, ckpt = load_model(path, average, device)
@@ -137,12 +139,12 @@ def evaluate_run(path: str | Path, split: str = "test", average: int = 0, beam: 
     if figure and (not len(data) or data.load(0).dtype != np.uint8):
         raise ValueError(f"{path}: a caption figure needs images; this run reads region features")
     result = describe_split(model, vocab, config, split, beam, progress=progress, data=data)
-    run = Path(path) if Path(path).is_dir() else Path(path).parent
-    out = run / f"{split}.beam{beam}{f'.avg{average}' if average > 1 else ''}.captions.json"
+    stem = run_dir.evaluation_stem(path, split, beam, average)
+    out = stem.with_name(stem.name + ".captions.json")
     captions = result.pop("captions")
     run_dir.write_json(out, {str(k): v for k, v in captions.items()})
-    report = {"model": ckpt["config"]["model"], "step": ckpt["step"], "averaged": ckpt.get("averaged"), **result,
-              "captions": str(out)}
+    report = {"model": ckpt["config"]["model"], "checkpoint": str(path), "step": ckpt["step"],
+              "averaged": ckpt.get("averaged"), **result, "captions": str(out)}
     if figure:
         shown = list(range(min(figure_images, len(data))))
         images = [data.load(i) for i in shown]
@@ -156,6 +158,7 @@ def evaluate_run(path: str | Path, split: str = "test", average: int = 0, beam: 
         how = f"beam {beam}" + (f", the last {average} checkpoints averaged" if average > 1 else "")
         report["figure"] = str(draw_captions(images, [data.raw[i][0] for i in shown], rows, figure,
                                              f"{data.name}: the first {len(shown)} images, {how}"))
+    run_dir.write_evaluation(stem, report)
     return report
 
 

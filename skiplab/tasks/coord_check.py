@@ -74,7 +74,7 @@ def run(cases: list[CoordCheckConfig], tolerance: float, progress: bool = True) 
 def write(result: dict[str, Any], cases: list[CoordCheckConfig], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     env = result["environment"]
-    text = (f"Coordinate check on {host.machine_name(env)}, torch {env['torch']}, code {env['git_commit']}; "
+    text = (f"Coordinate check on {host.machine_name(env)}, torch {env['torch']}, code {host.code_name(env)}; "
             f"slopes of log2 q on log2 n at the last step with their 95% intervals, flat within "
             f"±{result['tolerance']:g}.\n\n{reading.table(result['summaries'])}\n")
     run_dir.write_json(out / "coord_check.json", result)

@@ -20,14 +20,14 @@ from torch import Tensor
 
 from .. import run_dir
 from ..analysis.trained import Examples, Trained
-from ..config import count
+from ..config import at_least, count
 from ..connections import connection
 from ..models import format_model_spec, model_config, parse_model_spec, seq2seq_families
 from ..corpora import encode_parallel, filter_long, load_split, make_batches
 from ..tokenization import Tokenizer
 from ..train import mt
 from ..translate.metrics import bleu_forms, paired_bootstrap, score_forms
-from ..translate.translator import Translator, evaluate_split, split_forms
+from ..translate.translator import ALPHA, Translator, evaluate_split, split_forms
 from .base import Task
 
 PAD = Tokenizer.PAD
@@ -80,8 +80,8 @@ def add_decoding_arguments(p: argparse.ArgumentParser, beam: int = 4, alpha: boo
                    help="average the run's last N step checkpoints (default: 0, off)")
     p.add_argument("--beam", type=count(1), default=beam, help=f"beam size; 1 is greedy search (default: {beam})")
     if alpha:
-        p.add_argument("--alpha", type=float, default=0.6,
-                       help="GNMT length penalty ((5+|y|)/6)^alpha (default: 0.6)")
+        p.add_argument("--alpha", type=at_least(0), default=ALPHA,
+                       help=f"GNMT length penalty ((5+|y|)/6)^alpha (default: {ALPHA:g})")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default: auto)")
 
 

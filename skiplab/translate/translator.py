@@ -21,6 +21,9 @@ from .metrics import BleuForms, bleu_forms, score_forms
 from ..decoding import beam_search
 
 
+ALPHA = 0.6  # the GNMT length penalty's exponent by default (Wu et al. 2016; the Transformer's)
+
+
 @dataclass
 class Translator:
     """A model in evaluation mode with its tokenizer and the run's config."""
@@ -46,7 +49,7 @@ class Translator:
         return cls(model.to(dev).eval(), tok, ckpt["config"], ckpt, dev)
 
     @torch.no_grad()
-    def translate(self, lines: list[str], beam: int = 4, alpha: float = 0.6, max_tokens: int = 4096,
+    def translate(self, lines: list[str], beam: int = 4, alpha: float = ALPHA, max_tokens: int = 4096,
                   max_len_b: int = 50, progress: bool = False) -> list[str]:
         """Translations of ``lines``, in order (beam 1 is greedy search), the subwords joined back into text.
 
@@ -73,7 +76,13 @@ class Translator:
         return out
 
     def describe(self) -> dict[str, Any]:
-        connection = getattr(self.model.cfg, "connection", None)
+        """The model, its connection (``{"encoder": ..., "decoder": ...}`` where the two stacks differ), the
+        checkpoint's step, and the model config."""
+        cfg = self.model.cfg
+        connection = getattr(cfg, "connection", None)
+        if hasattr(cfg, "stack_connection"):
+            stacks = {s: cfg.stack_connection(s) for s in ("encoder", "decoder")}
+            connection = stacks["encoder"] if stacks["encoder"] == stacks["decoder"] else stacks
         return {"model": self.config["model"], **({"connection": connection} if connection else {}),
                 "step": self.checkpoint["step"], "averaged": self.checkpoint.get("averaged"),
                 "model_config": dataclasses.asdict(self.model.cfg)}
@@ -92,7 +101,7 @@ def split_forms(config: Mapping[str, Any], split: str, hyps: list[str], data_dir
     return bleu_forms(hyps, data.tgt, data.tokenized, config["tgt"])
 
 
-def evaluate_split(path: str | Path, split: str = "test", average: int = 0, beam: int = 4, alpha: float = 0.6,
+def evaluate_split(path: str | Path, split: str = "test", average: int = 0, beam: int = 4, alpha: float = ALPHA,
                    data_dir: str = "", device: str = "auto", progress: bool = True) -> dict[str, Any]:
     """Translate a split of the run's corpus and score it in both forms (:func:`~.metrics.score_forms`).
 
@@ -100,23 +109,26 @@ def evaluate_split(path: str | Path, split: str = "test", average: int = 0, beam
     Moses-tokenised corpus (WMT'14, IWSLT'15) hypotheses and references go through the ``detokenizer``
     first. ``bleu_tok`` is tokenised case-sensitive BLEU as the papers report it (multi-bleu.perl style);
     for a raw corpus (Multi30k) both sides are Moses-tokenised for it. The model's translations are
-    written beside the run, ``<run>/<split>.beam<k>[.avg<n>].hyp``, and, when detokenising changed them,
-    the detokenised ones as ``....detok.hyp`` (``hypotheses_detok``; None otherwise).
+    written beside the run, ``<run>/<split>.beam<k>[.alpha<a>][.avg<n>][.of-<checkpoint>].hyp``
+    (:func:`~skiplab.run_dir.evaluation_stem`: a length penalty other than 0.6 and a checkpoint other than last.pt
+    named), and, when detokenising changed them, the detokenised ones as ``....detok.hyp`` (``hypotheses_detok``; None
+    otherwise); the report, with the machine and code version, as ``....json``.
     """
     tr = Translator.load(path, average, device)
     data = load_split({**tr.config, **({"data_dir": data_dir} if data_dir else {})}, split)
     hyps = tr.translate(data.src, beam=beam, alpha=alpha, progress=progress)
     forms = bleu_forms(hyps, data.tgt, data.tokenized, tr.config["tgt"])
-    run = Path(path) if Path(path).is_dir() else Path(path).parent
-    stem = f"{split}.beam{beam}{f'.avg{average}' if average > 1 else ''}"
-    hyp_file = run / f"{stem}.hyp"
+    stem = run_dir.evaluation_stem(path, split, beam, average, f".alpha{alpha:g}" if alpha != ALPHA else "")
+    hyp_file = stem.with_name(stem.name + ".hyp")
     hyp_file.write_text("".join(h + "\n" for h in hyps))
-    detok_file = run / f"{stem}.detok.hyp"
+    detok_file = stem.with_name(stem.name + ".detok.hyp")
     if forms.detokenizer is not None and forms.detok_hyps != hyps:
         detok_file.write_text("".join(h + "\n" for h in forms.detok_hyps))
     else:
         detok_file.unlink(missing_ok=True)  # not one left from an earlier evaluation
         detok_file = None
-    return {**tr.describe(), "split": data.name, "sentences": len(hyps), "beam": beam, "alpha": alpha,
-            **score_forms(forms), "hypotheses": str(hyp_file),
-            "hypotheses_detok": str(detok_file) if detok_file else None}
+    report = {**tr.describe(), "checkpoint": str(path), "split": data.name, "sentences": len(hyps), "beam": beam,
+              "alpha": alpha, **score_forms(forms), "hypotheses": str(hyp_file),
+              "hypotheses_detok": str(detok_file) if detok_file else None}
+    run_dir.write_evaluation(stem, report)
+    return report

@@ -88,3 +88,7 @@ def test_a_run_resumed_on_another_machine_records_it(tmp_path, monkeypatch):
                                                    {"at": 400, "environment": {**first, "git_commit": None}}]}) \
         == ["abc1234", "def5678", "unknown"]
     assert run_dir.note_machine(tmp_path, 400) == ""  # still there: nothing new
+    assert run_dir.codes({**stored, "resumed_on": [{"at": 300, "environment": {**first, "git_dirty": True}}]}) \
+        == ["abc1234", "abc1234+uncommitted"]
+    monkeypatch.setattr(host, "environment", lambda: {**other, "git_dirty": True})  # same commit, changed code
+    assert "code abc1234+uncommitted (before: " in run_dir.note_machine(tmp_path, 500)

@@ -57,6 +57,12 @@ def test_train_decode_and_score_on_fashion_mnist_scenes(scenes_dir, tmp_path, ca
     result = json.loads(capsys.readouterr().out)
     assert result["images"] == 8 and result["beam"] == 1
     assert set(json.loads(Path(result["captions"]).read_text())) == {str(i) for i in range(8)}
+    assert json.loads((out / "valid.beam1.json").read_text())["CIDEr"] == result["CIDEr"]  # the report, kept
+    assert main(["eval", "caption", "--checkpoint", str(out / "checkpoint_2.pt"), "--beam", "1", "--split",
+                 "valid"]) == 0  # another checkpoint: its own files, the last one's kept
+    other = json.loads(capsys.readouterr().out)
+    assert Path(other["captions"]).name == "valid.beam1.of-checkpoint_2.captions.json" and other["step"] == 2
+    assert (out / "valid.beam1.captions.json").is_file() and (out / "valid.beam1.of-checkpoint_2.json").is_file()
     # the model the task loads for the analyses reads the same examples the loop trained on
     trained = load_trained(out)
     ex = next(trained.examples("valid", 3, batch=15))

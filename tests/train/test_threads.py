@@ -72,3 +72,23 @@ def test_a_resume_on_another_number_of_threads_is_said_and_recorded(tmp_path, mo
     old = {k: v for k, v in first.items() if k != "threads"}  # a record without its threads: nothing to compare
     run_dir.write_json(tmp_path / "config.json", {"config": {}, "environment": old})
     assert run_dir.note_machine(tmp_path, 10) == ""
+
+
+def test_git_state_names_the_commit_and_whether_tracked_code_differs_from_it(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    assert host.git_state(repo / "pkg") == ("", None)  # not a checkout
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / "pkg" / "code.py").write_text("x = 1\n")
+    (repo / "notes.md").write_text("a\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert host.git_state(repo / "pkg") == (head, False)
+    (repo / "pkg" / "scratch.py").write_text("untracked\n")
+    (repo / "notes.md").write_text("b\n")  # tracked, but outside the folder
+    assert host.git_state(repo / "pkg") == (head, False)
+    (repo / "pkg" / "code.py").write_text("x = 2\n")
+    assert host.git_state(repo / "pkg") == (head, True)
+    assert host.environment()["git_dirty"] in (True, False, None)

@@ -1,5 +1,7 @@
 """evaluate_split and split_forms on a tiny trained model (tests/fixtures) and test-written WMT'14 / Multi30k files."""
 
+import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -121,3 +123,29 @@ def test_split_forms_reads_the_run_config_and_the_data_dir_override(tmp_path, wm
     assert forms.detok_hyps[0] == 'Das Fahrrad "eines" Mannes.' and forms.tok_hyps == hyps
     with pytest.raises(ValueError, match="refs=3.*hyps=2"):
         split_forms(config, "valid", hyps[:2], data_dir=str(wmt14))
+
+
+def test_evaluations_with_other_checkpoints_or_alpha_keep_their_own_files_and_a_report(tmp_path, multi30k):
+    """The run's last.pt, a step checkpoint file of it and another length penalty each write their own .hyp and
+    .json (the report, with the checkpoint, machine and code version): none replaces another's."""
+    run = run_on(tmp_path, "multi30k")
+    (run / "checkpoint_3.pt").write_bytes((run / "last.pt").read_bytes())
+    common = dict(beam=1, data_dir=str(multi30k), device="cpu", progress=False)
+    results = [evaluate_split(run, "test", **common), evaluate_split(run / "checkpoint_3.pt", "test", **common),
+               evaluate_split(run / "last.pt", "test", alpha=1.0, **common)]
+    names = [Path(r["hypotheses"]).name for r in results]
+    assert names == ["test.beam1.hyp", "test.beam1.of-checkpoint_3.hyp", "test.beam1.alpha1.hyp"]
+    for result, name in zip(results, names):
+        report = json.loads((run / name.replace(".hyp", ".json")).read_text())
+        assert report["checkpoint"] == result["checkpoint"] and report["bleu"] == result["bleu"]
+        assert report["environment"]["torch"] == torch.__version__ and "git_commit" in report["environment"]
+    assert json.loads((run / "test.beam1.alpha1.json").read_text())["alpha"] == 1.0
+
+
+def test_a_model_whose_stacks_differ_reports_each_stacks_connection(tmp_path):
+    ckpt = torch.load(FIXTURES / "transformer_pre_shell.pt", weights_only=True)
+    tr = Translator.load(run_on(tmp_path, "multi30k"), device="cpu")
+    assert tr.describe()["connection"] == tr.model.cfg.connection  # one design: one name
+    tr.model.cfg = dataclasses.replace(tr.model.cfg, encoder_connection="2rSkip+LN", decoder_connection="SAS")
+    assert tr.describe()["connection"] == {"encoder": "2rSkip+LN", "decoder": "SAS"}
+    assert ckpt["config"]["model"] == tr.describe()["model"]
