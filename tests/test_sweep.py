@@ -63,7 +63,7 @@ def test_every_point_is_one_run_and_the_rows_are_its_runs_numbers(swept):
         assert f"connection={r['connection']}" in config["model"] and f"layers={r['depth']}" in config["model"]
         assert r["status"] == ("diverged" if r["lr"] == HUGE else "finished")
 
-    code = host.environment()["git_commit"] or "unknown"  # every run started and ended on this code
+    code = host.code_name(host.environment())  # every run started and ended on this code
     assert all(r["code"] == [code] for r in records) and result["pairing"]["codes"] == {code: 8}
     assert f"Code: {code} (8 runs)." in (swept / "sweep.md").read_text()
 

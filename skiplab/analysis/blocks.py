@@ -36,7 +36,9 @@ kind is its baseline run's; a table pools blocks of one kind only (:func:`one_ki
 task's stated margin of the context-free reference: the unigram model for a language model, chance for a
 classifier; it trained without learning much), or ``trained``. **Failures are not findings**: a row with any
 stalled or diverged run is ``failed``; it is reported apart (its runs listed by status), and its paired p leaves
-Holm's family, so that "worse than the baseline" is never a claim about a run that did not train.
+Holm's family, so that "worse than the baseline" is never a claim about a run that did not train. The baseline's
+row likewise; and a block whose baseline run stalled or diverged pairs no row ("better than the baseline" is no
+claim either where the baseline did not train).
 """
 
 from __future__ import annotations
@@ -192,6 +194,8 @@ def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_
     kind = one_kind({b.seed: b.runs[baseline].kind for b in by_block
                      if baseline in b.runs and b.runs[baseline].kinds})
     unpaired: list[str] = []
+    base_failed = [b.seed for b in by_block if baseline in b.runs
+                   and status(b.runs[baseline], reference, margin, higher_is_better) in ("stalled", "diverged")]
     rows = []
     for label in order:
         mine = [r for r in records if r.label == label]
@@ -201,7 +205,7 @@ def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_
         diffs, ratios = [], []
         for b in by_block:
             run, base = b.runs.get(label), b.runs.get(baseline)
-            if run is None or base is None or label == baseline:
+            if run is None or base is None or label == baseline or b.seed in base_failed:
                 continue
             if run.machine != base.machine:
                 unpaired.append(f"{label} seed {b.seed} ({run.machine}; its baseline: {base.machine})")
@@ -222,7 +226,7 @@ def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_
         rows.append({
             "label": label, "runs": len(mine), "trained": states.count("trained"),
             "stalled": states.count("stalled"), "diverged": states.count("diverged"), "seeds": by_status,
-            "failed": label != baseline and bool(by_status["stalled"] or by_status["diverged"]),
+            "failed": bool(by_status["stalled"] or by_status["diverged"]),
             "mean": mean, "std": std, "values": {r.seed: r.value for r in mine if r.status == "finished"},
             "pairs": len(diffs), "delta": delta, "ci_low": lo, "ci_high": hi,
             "p_paired": paired_p(diffs) if label != baseline else None,
@@ -236,7 +240,7 @@ def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_
         r["holds"] = p is not None and p < alpha
     header = {
         "baseline": baseline, "alpha": alpha, "holm_m": sum(p is not None for p in adjusted), "kind": kind,
-        "failed": [r["label"] for r in rows if r["failed"]],
+        "failed": [r["label"] for r in rows if r["failed"]], "baseline_failed": base_failed,
         "blocks": [{"seed": b.seed, "machines": b.machines, "commits": b.commits, "runs": len(b.runs),
                     "baseline": baseline in b.runs} for b in by_block],
         "unpaired": unpaired, "mixed": any(len(b.machines) > 1 for b in by_block),
@@ -289,6 +293,10 @@ def header_lines(header: dict[str, Any], metric_label: str) -> list[str]:
     if header.get("failed"):
         out.append(f"Failures are not findings: {', '.join(header['failed'])} had a stalled or diverged run; listed "
                    "apart below the table, outside Holm's family.")
+    if header.get("baseline_failed"):
+        seeds = header["baseline_failed"]
+        out.append(f"The baseline {base} stalled or diverged in block{'s' if len(seeds) > 1 else ''} seed "
+                   f"{', '.join(map(str, seeds))}: no row is paired there.")
     for b in header["blocks"]:
         if len(b["machines"]) > 1:
             out.append(f"WARNING: block seed{b['seed']} mixes machines ({', '.join(b['machines'])}).")

@@ -105,7 +105,8 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
                      f"correction over the {pairing['holm_m']} rows that have one and no failed run; stalled: "
                      "finished within the task's margin of the context-free reference (skiplab.analysis.blocks).")
         if pairing.get("failed"):
-            parts.append("Failures are not findings: a row with a stalled or diverged run is outside Holm's family: "
+            parts.append("Failures are not findings: a row with a stalled or diverged run is outside Holm's family, "
+                         "and where the baseline's run stalled or diverged no row is paired: "
                          + "; ".join(pairing["failed"]) + ".")
         if pairing["unpaired"]:
             parts.append("WARNING: no same-machine baseline, left out of Δ: " + "; ".join(pairing["unpaired"]))

@@ -198,3 +198,24 @@ def test_holm_counts_one_experiment_once():
     assert holm_once(ps, keys) == [pytest.approx(0.02)] * 2 + [pytest.approx(0.04)] * 2 + [None]
     assert holm(ps) == [pytest.approx(0.04)] * 2 + [pytest.approx(0.08)] * 2 + [None]  # each copy counted
     assert holm_once(ps, list(range(5))) == holm(ps)  # distinct experiments: plain Holm
+
+
+def test_a_block_whose_baseline_stalled_pairs_no_row_and_the_baseline_is_listed_apart():
+    """A stalls in block 2 (2.98 within 0.05 of the reference 3.0; every other run is 0.09 or more below it): B, C and
+    D have no pair there (four, not five), A's row is a failure like any other, and the header names the block."""
+    values = {label: list(seeds) for label, seeds in VALUES.items()}
+    values["A"][1] = 2.98
+    rows, header = summarise(_table(values), list(values), "A", reference=3.0, margin=0.05)
+    by = {r["label"]: r for r in rows}
+    assert header["failed"] == ["A"] and header["baseline_failed"] == [2] and by["A"]["failed"]
+    kept = [0, 2, 3, 4]  # seeds 1, 3, 4, 5
+    for label in "BCD":
+        mine, base = [values[label][i] for i in kept], [values["A"][i] for i in kept]
+        assert by[label]["pairs"] == 4 and not by[label]["failed"]
+        assert by[label]["delta"] == pytest.approx(sum(m - b for m, b in zip(mine, base)) / 4)
+        assert by[label]["p_paired"] == pytest.approx(stats.ttest_rel(mine, base).pvalue)
+    assert header["holm_m"] == 3
+    table = markdown(rows, header, {k: {"connection": k} for k in values}, "bits per byte", 3)
+    assert "The baseline A stalled or diverged in block seed 2: no row is paired there." in table
+    main, _, apart = table.partition("Rows with a stalled or diverged run")
+    assert "| A " not in main and "| A " in apart
