@@ -131,10 +131,13 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 
 def cmd_average(args: argparse.Namespace) -> None:
-    state, files = run_dir.average_checkpoints(args.checkpoint, args.last)
     out = Path(args.out)
+    if out.is_dir():
+        raise run_dir.RunDirError(f"{out} is a folder; --out names the averaged checkpoint's file")
     if out.exists() and not args.overwrite:
         raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
+    state, files = run_dir.average_checkpoints(args.checkpoint, args.last, kind=None)  # the run's own task
+    out.parent.mkdir(parents=True, exist_ok=True)
     run_dir.save_checkpoint(out, state)
     print(f"averaged {', '.join(f.name for f in files)} into {out}")
 

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import platform
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -361,6 +363,9 @@ def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+TASK_KINDS = ("image", "mt", "caption", "lm")  # the tasks whose runs save checkpoints
+
+
 def load_checkpoint(path: str | Path, kind: str | tuple[str, ...]) -> dict[str, Any]:
     """Read a checkpoint with ``weights_only=True``; ``path`` may be the file or its run directory.
 
@@ -372,9 +377,18 @@ def load_checkpoint(path: str | Path, kind: str | tuple[str, ...]) -> dict[str, 
         raise FileNotFoundError(f"no checkpoint at {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # corrupt, truncated, or holding objects that are not plain data
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise RunDirError(f"{path}: not a readable checkpoint ({first})") from None
+    except Exception as err:  # objects that are not plain data (never unpickled); corrupt, truncated, not a torch file
+        found = re.search(r"Unsupported global: GLOBAL (\S+)", str(err))
+        if isinstance(err, pickle.UnpicklingError) and found:
+            raise RunDirError(f"{path}: not a readable checkpoint (it holds {found.group(1)}, not only tensors and "
+                              "plain data; skiplab reads checkpoints with weights_only=True and never runs a file's "
+                              "code)") from None
+        if isinstance(err, pickle.UnpicklingError):
+            raise RunDirError(f"{path}: not a readable checkpoint (not a file torch.save wrote, or cut short)") from None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        why = f"{type(err).__name__}: {first}" if first else type(err).__name__
+        raise RunDirError(f"{path}: not a readable checkpoint (not a file torch.save wrote, or cut short; "
+                          f"{why[:120]})") from None
     kinds = (kind,) if isinstance(kind, str) else kind
     if not isinstance(state, dict) or state.get("kind") not in kinds:
         found = state.get("kind") if isinstance(state, dict) else type(state).__name__
@@ -400,14 +414,20 @@ def step_checkpoints(run: Path) -> list[Path]:
     return sorted(run.glob("checkpoint_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
 
 
-def average_checkpoints(run: str | Path, last: int, kind: str = "mt") -> tuple[dict[str, Any], list[Path]]:
-    """A checkpoint whose model is the mean of the last ``last`` step checkpoints of ``run``."""
+def average_checkpoints(run: str | Path, last: int, kind: str | None = "mt") -> tuple[dict[str, Any], list[Path]]:
+    """A checkpoint whose model is the mean of the last ``last`` step checkpoints of ``run``, of task ``kind``
+    (None: the task of the run's newest one, whichever it is)."""
     if last < 1:
         raise ValueError(f"the number of checkpoints to average must be >= 1, got {last}")
     run = Path(run)
-    files = step_checkpoints(run)[-last:] if run.is_dir() else []
+    if not run.is_dir():
+        raise ValueError(f"{run}: no such run directory" if not run.exists() else
+                         f"{run}: a file; give the run directory whose step checkpoints are to be averaged")
+    files = step_checkpoints(run)[-last:]
     if len(files) < last:
         raise ValueError(f"{run}: {last} step checkpoints asked to average, {len(files)} found")
+    if kind is None:
+        kind = str(load_checkpoint(files[-1], kind=TASK_KINDS).get("kind"))
     states = [load_checkpoint(f, kind=kind) for f in files]
     if any(s["model_config"] != states[-1]["model_config"] for s in states):
         raise ValueError(f"{run}: the checkpoints to average hold different models")

@@ -133,8 +133,10 @@ def test_bad_checkpoints_give_one_line_errors(fashion_dir, tmp_path, capsys):
             return (print, ("pwned",))
 
     torch.save({"kind": "image", "x": Evil()}, tmp_path / "evil.pt")
-    for path, message in [("other.pt", "does not match the model"), ("garbage.pt", "not a readable checkpoint"),
-                          ("mt.pt", "not a skiplab image checkpoint"), ("evil.pt", "not a readable checkpoint")]:
+    for path, message in [("other.pt", "does not match the model"),
+                          ("garbage.pt", "not a readable checkpoint (not a file torch.save wrote, or cut short"),
+                          ("mt.pt", "not a skiplab image checkpoint"),
+                          ("evil.pt", "not a readable checkpoint (it holds print, not only tensors")]:
         assert main(["eval", "image", "--checkpoint", str(tmp_path / path)]) == 2
         err = capsys.readouterr()
         assert message in err.err and err.err.count("\n") == 1, (path, err.err)
