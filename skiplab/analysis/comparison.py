@@ -88,14 +88,15 @@ def plot_curves(curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, 
 
 def draw_curves(axes: list[Any], curves: dict[str, list[list[dict[str, Any]]]], keys: tuple[str, ...],
                 x: str = "epoch") -> None:
-    """:func:`plot_curves`'s panels, one key an axis of ``axes``."""
+    """:func:`plot_curves`'s panels, one key an axis of ``axes``: each group's runs at the values of ``x`` that every
+    one of them recorded (seeds evaluated at other steps are not averaged across them)."""
     for ax, key in zip(axes, keys):
         for i, (spec, runs) in enumerate(curves.items()):
-            length = min((len(r) for r in runs), default=0)
-            if not length:
+            at = [{r[x]: r for r in run} for run in runs]  # a step recorded twice (a resumed run): its last record
+            epochs = sorted(set.intersection(*(set(a) for a in at))) if at else []
+            if not epochs:
                 continue
-            stats = [mean_std([r[e][key] for r in runs]) for e in range(length)]
-            epochs = [runs[0][e][x] for e in range(length)]
+            stats = [mean_std([a[e][key] for a in at]) for e in epochs]
             m = [s[0] for s in stats]
             sd = [s[1] for s in stats]
             color, style = f"C{i % 10}", ("-", "--", ":")[i // 10 % 3]  # past ten designs: the colours again, dashed

@@ -4,9 +4,12 @@ Where every run has per-step lines (``steps.jsonl``, :mod:`skiplab.train.telemet
 second row shows the loss and the gradient norm before clipping at every logged update (log scale), mean ± std
 over seeds, each run's loss spikes marked ``x``.
 
-Runs are grouped by their connection (image) or model spec (MT) (from ``config.json``) unless labels are given; a group of
-several seeds is drawn as mean ± std, as in ``compare``. Translation runs are plotted against the
-update step, image runs against the epoch.
+Runs are named by their connection (from ``config.json``: the blocks' connection of an image run, the connections a
+translation or language model was built with, else its model spec) unless labels are given. Runs of one name and one
+config but their seeds are seeds of one setting, drawn as mean ± std as in ``compare``, at the steps (epochs) every one
+of them recorded; runs of one name that differ in anything else (a learning rate, a budget) are lines of their own,
+their names given the settings that differ. Translation and language-model runs are plotted against the update step,
+image runs against the epoch.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from .comparison import draw_curves, plot_curves
 DEFAULT_KEYS = {"step": ("train_loss", "valid_loss", "valid_ppl"), "epoch": ("train_loss", "test_error")}
 
 
-def read_run(path: str | Path) -> tuple[str, list[dict[str, Any]]]:
-    """(connection, metric records) of the run directory ``path``."""
+def read_run(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, Any]]:
+    """(name, metric records, setting) of the run directory ``path``: its setting is its config less the seed and
+    where it ran (:data:`skiplab.run_dir.PLACE`), what seeds of one setting share."""
     path = Path(path)
     if not (path / "metrics.jsonl").is_file():
         raise FileNotFoundError(f"{path} is not a run directory: no metrics.jsonl there")
@@ -31,11 +35,33 @@ def read_run(path: str | Path) -> tuple[str, list[dict[str, Any]]]:
         raise ValueError(f"{path} has no metrics yet")
     try:
         stored = run_dir.read_json(path / "config.json")
-        # image runs are named by their blocks' connection, MT runs by their model spec
-        label = stored["model"]["connection"] if "dataset" in stored["config"] else stored["config"]["model"]
+        config = stored["config"]
+        if "dataset" in config:  # image runs: their blocks' connection
+            label = stored["model"]["connection"]
+        else:  # the connections as built (a preset's own one named), else the model spec
+            label = " / ".join(stored.get("connections") or []) or config["model"]
+        setting = {k: v for k, v in config.items() if k not in ("seed", *run_dir.PLACE)}
     except (FileNotFoundError, KeyError, TypeError, AttributeError):
-        label = path.name
-    return label, records
+        label, setting = path.name, {"run": str(path)}
+    return label, records, setting
+
+
+def names(runs: list[tuple[str, list[dict[str, Any]], dict[str, Any]]]) -> list[str]:
+    """Each run's line: its name, and where runs of that name differ in more than their seed, the settings in
+    which they differ (``PreLN (lr=0.003)``), so that only seeds of one setting share a line."""
+    by_name: dict[str, list[dict[str, Any]]] = {}
+    for name, _, setting in runs:
+        by_name.setdefault(name, []).append(setting)
+    out = []
+    for name, _, setting in runs:
+        others = by_name[name]
+        keys = sorted({k for s in others for k in s if any(o.get(k) != s.get(k) for o in others)})
+        out.append(f"{name} ({', '.join(f'{k}={_short(setting.get(k))}' for k in keys)})" if keys else name)
+    return out
+
+
+def _short(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def plot_runs(paths: list[str], out: str | Path, keys: tuple[str, ...] = (), labels: tuple[str, ...] = (),
@@ -49,14 +75,15 @@ def plot_runs(paths: list[str], out: str | Path, keys: tuple[str, ...] = (), lab
     x = "step" if all("step" in r[1][0] for r in runs) else "epoch"
     given = bool(keys)
     keys = tuple(keys) or DEFAULT_KEYS[x]
-    for path, (_, records) in zip(paths, runs):
+    for path, (_, records, _) in zip(paths, runs):
         missing = [k for k in keys if any(k not in rec for rec in records)]
         if missing:
             raise ValueError(f"{path} has no {', '.join(missing)} in its metrics; it has: "
                              f"{', '.join(sorted(records[0]))}")
+    lines = list(labels) if labels else names(runs)
     groups: dict[str, list[list[dict[str, Any]]]] = {}
-    for i, (label, records) in enumerate(runs):
-        groups.setdefault(labels[i] if labels else label, []).append(records)
+    for line, (_, records, _) in zip(lines, runs):
+        groups.setdefault(line, []).append(records)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     title = title or ", ".join(_name(Path(p)) for p in paths)
@@ -64,7 +91,7 @@ def plot_runs(paths: list[str], out: str | Path, keys: tuple[str, ...] = (), lab
     if given or not all(steps):
         plot_curves(groups, keys, out, title, x=x)
         return out
-    _with_steps(groups, keys, x, steps, [labels[i] if labels else r[0] for i, r in enumerate(runs)], out, title)
+    _with_steps(groups, keys, x, steps, lines, out, title)
     return out
 
 

@@ -84,3 +84,42 @@ def test_curve_axes_name_their_key_and_an_error_its_percent():
     assert [ax.get_ylabel() for ax in axes] == ["train loss", "test error (%)"]
     assert [ax.get_xlabel() for ax in axes] == ["epoch", "epoch"]
     plt.close(fig)
+
+
+def lm_run(path, lr, seed, steps, connections=("PreLN",)):
+    """A language-model run as training writes it: the preset's model spec names no connection, config.json's
+    "connections" the ones built."""
+    path.mkdir(parents=True)
+    run_dir.write_json(path / "config.json", {"config": {"model": "gpt-mini(context=64)", "lr": lr, "seed": seed,
+                                                         "out": str(path), "max_steps": 30},
+                                              "connections": list(connections)})
+    for s in steps:
+        run_dir.append_metrics(path, {"step": s, "train_loss": lr * 1000 / s + seed, "valid_loss": 1.0,
+                                      "valid_ppl": 2.0})
+    return str(path)
+
+
+def test_only_seeds_of_one_setting_share_a_line_named_by_its_connection(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(curves, "plot_curves", lambda groups, keys, path, title, x: seen.update(groups=groups))
+    runs = [lm_run(tmp_path / "s1", 1e-3, 1, (10, 20, 30)), lm_run(tmp_path / "s2", 1e-3, 2, (10, 20, 30)),
+            lm_run(tmp_path / "fast", 3e-3, 1, (10, 20, 30)), lm_run(tmp_path / "rs", 1e-3, 1, (10, 20),
+                                                                     connections=("2rSkip+LN",))]
+    curves.plot_runs(runs, tmp_path / "f.png", keys=("train_loss",))
+    assert list(seen["groups"]) == ["PreLN (lr=0.001)", "PreLN (lr=0.003)", "2rSkip+LN"]
+    assert [len(v) for v in seen["groups"].values()] == [2, 1, 1]
+
+
+def test_seeds_are_averaged_at_the_steps_every_one_recorded_not_by_position():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from skiplab.analysis.comparison import draw_curves
+    every_10 = [{"step": s, "train_loss": float(s)} for s in (10, 20, 30)]
+    every_20 = [{"step": s, "train_loss": float(s) + 2} for s in (20, 40)]
+    fig, ax = plt.subplots()
+    draw_curves([ax], {"PreLN": [every_10, every_20]}, ("train_loss",), "step")
+    line = ax.get_lines()[0]
+    assert list(line.get_xdata()) == [20] and list(line.get_ydata()) == [21.0]  # (20 + 22) / 2 at step 20 alone
+    plt.close(fig)
