@@ -64,8 +64,9 @@ def _one_line(err: BaseException) -> str:
     return " ".join(str(err).split()) or type(err).__name__
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """``out`` may be written: absent or empty, or (``overwrite``) a folder holding a config.json."""
+def check_out(out: Path, overwrite: bool, run: bool = True) -> None:
+    """``out`` may be written: absent or empty, or (``overwrite``) a folder holding a config.json; where what is
+    written is not a run (``run`` False: an export), not a run's folder (its last.pt), whose checkpoints would go."""
     if not (out.exists() and (not out.is_dir() or any(out.iterdir()))):
         return
     if not overwrite:
@@ -73,17 +74,30 @@ def check_out(out: Path, overwrite: bool) -> None:
     if not (out / "config.json").is_file():
         raise run_dir.RunDirError(f"{out} holds no config.json (neither a run nor a model folder); refusing to "
                                   "overwrite it")
+    if not run and (out / "last.pt").is_file():
+        raise run_dir.RunDirError(f"{out} holds a run (its last.pt); an export does not replace a run's "
+                                  "checkpoints: give another --out")
 
 
-def write_atomically(out: Path, overwrite: bool, fill: Callable[[Path], None]) -> None:
-    """``fill`` a temporary folder beside ``out``, then put it in ``out``'s place: a failure leaves ``out`` as
-    it was, and nothing else behind."""
-    check_out(out, overwrite)
+def _usual_modes(folder: Path) -> None:
+    """``folder`` and everything in it given the modes ``mkdir`` and ``open`` would have given them here."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def write_atomically(out: Path, overwrite: bool, fill: Callable[[Path], None], run: bool = True) -> None:
+    """``fill`` a temporary folder beside ``out``, then put it in ``out``'s place (:func:`check_out` with ``run``):
+    a failure leaves ``out`` as it was, and nothing else behind. The folder and its files get the modes a new
+    folder and file get here (the process's umask), not the temporary folder's owner-only one."""
+    check_out(out, overwrite, run)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         fill(stage)
-        check_out(out, overwrite)  # again: another process may have written there meanwhile
+        _usual_modes(stage)
+        check_out(out, overwrite, run)  # again: another process may have written there meanwhile
         if not out.exists():
             os.replace(stage, out)
             return
@@ -297,7 +311,7 @@ def export_hf(run: str | Path, out: str | Path, average: int = 0, overwrite: boo
     Face folder ``out`` that ``from_pretrained`` loads, with its tokenizer as a tokenizer.json where it can be
     one (:func:`tokenizer_files`)."""
     out = Path(out)
-    check_out(out, overwrite)
+    check_out(out, overwrite, run=False)
     _, model, tok = lm.load_run(run, average)
     extra = {"eos_token_id": tok.eot} if tok is not None else {}
     model = hf.hf_model(model, **extra)  # a design the classes cannot express fails here, before any write
@@ -308,7 +322,7 @@ def export_hf(run: str | Path, out: str | Path, average: int = 0, overwrite: boo
         for name, data in files.items():
             (stage / name).write_bytes(data)
 
-    write_atomically(out, overwrite, fill)
+    write_atomically(out, overwrite, fill, run=False)
     if tok is not None and not files:
         print(f"{out}: the run's tokenizer ({type(tok).__name__}) is not a Hugging Face tokenizer.json; none written")
     return out

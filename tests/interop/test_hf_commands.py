@@ -202,7 +202,18 @@ def test_an_existing_out_is_refused_unless_overwrite(text, tmp_path, capsys):
         assert run(["import", "hf", folder, "--out", tmp_path / "run", "--overwrite", *data(text)]) == 0
         assert run(["export", "hf", tmp_path / "run", "--out", other]) == 2
         one_line_error(capsys, r"other already exists")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "other", "run"]
+        assert run(["import", "hf", folder, "--out", tmp_path / "run2", *data(text)]) == 0
+        before = sorted(p.name for p in (tmp_path / "run2").iterdir())
+        assert run(["export", "hf", tmp_path / "run", "--out", tmp_path / "run2", "--overwrite"]) == 2
+        one_line_error(capsys, r"run2 holds a run \(its last\.pt\); an export does not replace a run's checkpoints")
+        assert sorted(p.name for p in (tmp_path / "run2").iterdir()) == before and "last.pt" in before
+        assert run(["export", "hf", tmp_path / "run", "--out", tmp_path / "exported"]) == 0
+    made = tmp_path / "made"
+    made.mkdir()
+    (made / "f").write_text("")
+    for path in [tmp_path / "exported", *(tmp_path / "exported").iterdir()]:  # the modes of any new folder / file
+        assert path.stat().st_mode & 0o777 == (made if path.is_dir() else made / "f").stat().st_mode & 0o777, path
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "hf", "made", "other", "run", "run2"]
 
 
 def test_a_design_hf_cannot_hold_is_one_line_and_writes_nothing(text, tmp_path, capsys):
