@@ -46,15 +46,13 @@ def analyze(name: str, trained: list[Trained], overwrite: bool = False, progress
     overlay = trained[0].path / "analysis" / f"{name}_compare.png"
     if len(trained) > 1 and overlay.exists() and not overwrite:
         raise run_dir.RunDirError(f"{overlay} exists; use --overwrite to replace it")
-    results = []
-    for t, f in zip(trained, files):
-        result = compute(t, progress=progress, **options)
+    results = [compute(t, progress=progress, **options) for t in trained]  # every run's, before any file is written
+    for t, f, result in zip(trained, files, results):
         fig = figure([result])
         write(f, result, table(result), fig)
         pyplot().close(fig)
         print(f"{t.path} ({result['label']}): {name}, {result['examples']} {result['split']} examples, "
               f"{result['mode']} mode\n{table(result)}\nwrote {', '.join(str(p) for p in f.values())}")
-        results.append(result)
     if len(results) > 1:
         fig = figure(results)
         fig.savefig(overlay, dpi=120)

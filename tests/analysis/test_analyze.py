@@ -150,6 +150,11 @@ def test_cli_writes_files_refuses_to_overwrite_and_names_missing_quantities(runs
     err = capsys.readouterr().err
     assert "1xSkip has no gates to analyze" in err and err.count("\n") == 1
     assert not (runs / "1xSkip" / "analysis").exists()
+    kept = (runs / "Highway" / "analysis" / "gates.json").read_bytes()  # written as the first command's --compare
+    assert main(["analyze", "gates", str(runs / "Highway"), "--examples", "10", "--compare", str(runs / "1xSkip"),
+                 "--overwrite"]) == 2  # the second run fails: the first one's files are not replaced before it
+    assert "1xSkip has no gates to analyze" in capsys.readouterr().err
+    assert (runs / "Highway" / "analysis" / "gates.json").read_bytes() == kept
     assert main(["analyze", "ratios", str(runs / "SAS"), "--examples", "10"]) == 2
     assert "SAS has no ratios to analyze" in capsys.readouterr().err
     assert main(["analyze", "gradients", str(runs)]) == 2  # not a run
