@@ -184,7 +184,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
         takes = "connection" in options_of(family_of(base.model))
         connections = () if args.models or not takes else args.default_connections
     compare(task.name, base, task.variants(base.model, args.models, connections), args.seeds, jobs=args.jobs,
-            budget=args.budget, mixed_blocks=args.mixed_blocks, baseline_updates=args.baseline_updates)
+            budget=args.budget, mixed_blocks=args.mixed_blocks, baseline_updates=args.baseline_updates,
+            overwrite=args.overwrite)
 
 
 def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
@@ -212,6 +213,9 @@ def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[s
     p.add_argument("--mixed-blocks", action="store_true",
                    help="train into a block begun on another machine (its rows then lack a same-machine baseline, "
                         "which the table names); refused by default")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the table in --out where it holds designs or seeds this comparison lacks (the runs "
+                        "stay); refused by default")
     p.set_defaults(func=cmd_compare, task=task, seed=1, default_connections=connections, **defaults)
     return p
 
@@ -221,7 +225,7 @@ def cmd_sweep(args: argparse.Namespace) -> None:
     base = config.from_arguments(task.config, args)
     base = dataclasses.replace(base, model=arguments.with_model_options(base.model, args))
     sweep(task.name, base, args.connections, args.depths, args.lrs, seeds=args.seeds, jobs=args.jobs,
-          argv=args.argv[1:], runs_dir=args.runs)
+          argv=args.argv[1:], runs_dir=args.runs, overwrite=args.overwrite)
 
 
 def _add_sweep(sub, task: tasks.Task):
@@ -246,6 +250,9 @@ def _add_sweep(sub, task: tasks.Task):
                    help="runs trained side by side, each with cores/jobs threads (default: 1)")
     p.add_argument("--runs", default="", metavar="DIR",
                    help="where the runs live (default: OUT/runs); sweeps given one DIR share the runs they both need")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the table in --out where it holds designs, depths, lrs or seeds this sweep lacks "
+                        "(the runs stay); refused by default")
     p.set_defaults(func=cmd_sweep, task=task.name, seed=1, lr=lr, out=f"runs/sweep-{task.name}")
     return p
 

@@ -454,6 +454,18 @@ def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor
     return out
 
 
+def check_table_kept(path: Path, before: dict[str, list[Any]], now: dict[str, list[Any]], overwrite: bool) -> None:
+    """The table ``path`` (compare.json, sweep.json) was written over the axes ``before`` (designs, seeds, ...): the
+    one of axes ``now`` replaces it only where it keeps every value of every axis (a design or a seed added), or
+    with ``overwrite``; else one line naming what would go. The runs are never touched."""
+    lost = {axis: [v for v in values if v not in now.get(axis, [])] for axis, values in before.items()}
+    said = "; ".join(f"{axis} {', '.join(f'{x:g}' if isinstance(x, float) else str(x) for x in v)}"
+                     for axis, v in lost.items() if v)
+    if said and not overwrite:
+        raise RunDirError(f"{path.parent} holds the table of another comparison, with {said}, which this one lacks; "
+                          "give another --out, or --overwrite to replace that table (its runs stay)")
+
+
 def evaluation_stem(path: str | Path, split: str, beam: int, average: int = 0, extra: str = "") -> Path:
     """Where an evaluation of ``path`` (a run directory, or a checkpoint file in one) writes its outputs, less their
     suffix: ``<run>/<split>.beam<k>[<extra>][.avg<n>][.of-<file>]``, the checkpoint file named where it is not the

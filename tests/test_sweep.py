@@ -264,3 +264,19 @@ def test_the_reference_is_drawn_inside_the_axes_or_named_off_them():
     _reference_line(ax, {"reference": None})
     assert len(ax.lines) == 3
     plt.close(fig)
+
+
+def test_a_sweep_that_would_drop_part_of_the_table_in_its_out_is_refused_unless_overwrite(swept, text, tmp_path,  # noqa: F811
+                                                                                          capsys):
+    out = tmp_path / "again"
+    out.mkdir()
+    (out / "sweep.json").write_bytes((swept / "sweep.json").read_bytes())  # the whole sweep's table, its runs shared
+    smaller = sweep_args(text, out, connections="PostLN", depths="2", lrs=f"{STABLE:g}", runs=swept / "runs")
+    capsys.readouterr()
+    assert run(smaller) == 2
+    err = capsys.readouterr().err
+    assert "holds the table of another comparison, with connections PreLN; depths 1; lrs 1e+06" in err, err
+    assert err.count("\n") == 1 and (out / "sweep.json").read_bytes() == (swept / "sweep.json").read_bytes()
+    assert run([*smaller, "--overwrite"]) == 0
+    assert len(load(out / "sweep.json")["rows"]) == 1
+    assert run(sweep_args(text, out, connections="PostLN", depths="2", lrs=f"{STABLE:g}", runs=swept / "runs")) == 0

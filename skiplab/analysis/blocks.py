@@ -205,13 +205,15 @@ def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_
         diffs, ratios = [], []
         for b in by_block:
             run, base = b.runs.get(label), b.runs.get(baseline)
-            if run is None or base is None or label == baseline or b.seed in base_failed:
+            if run is None or base is None or label == baseline:
                 continue
             if run.machine != base.machine:
                 unpaired.append(f"{label} seed {b.seed} ({run.machine}; its baseline: {base.machine})")
                 continue
             if run.kind != base.kind:  # one machine, another device or precision
                 unpaired.append(f"{label} seed {b.seed} ({run.kind}; its baseline: {base.kind})")
+                continue
+            if b.seed in base_failed:  # a baseline that did not train pairs nothing
                 continue
             if run.status == "finished" and base.status == "finished" and None not in (run.value, base.value):
                 diffs.append(run.value - base.value)

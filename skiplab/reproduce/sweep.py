@@ -46,6 +46,7 @@ the exact Wilcoxon p beside the t-test's, and a cell with a stalled or diverged 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import shlex
 import time
@@ -291,16 +292,24 @@ def stability(rows: list[dict[str, Any]], higher_is_better: bool = False) -> lis
 # ---- the command ------------------------------------------------------------------------------------------
 def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any, ...], lrs: tuple[Any, ...] = (),
           seeds: int = 2, jobs: int = 1, progress: bool = True, argv: list[str] | None = None,
-          runs_dir: str = "") -> dict[str, Any]:
+          runs_dir: str = "", overwrite: bool = False) -> dict[str, Any]:
     """Train what the sweep needs under ``base.out`` (missing runs only, ``jobs`` side by side), score the finished
     runs, write sweep.json, .md, .csv and the figures, print the table; return what sweep.json holds. The runs
-    live in ``runs_dir`` (default ``OUT/runs``): two sweeps given one share the runs they both need."""
+    live in ``runs_dir`` (default ``OUT/runs``): two sweeps given one share the runs they both need. A sweep.json
+    there already is replaced only by a sweep that keeps each of its designs, depths, lrs and seeds, or with
+    ``overwrite`` (:func:`skiplab.run_dir.check_table_kept`)."""
     spec = get_task(task)
     if seeds < 1 or jobs < 1:
         raise ValueError(f"--seeds and --jobs must be >= 1, got {seeds} and {jobs}")
     out = Path(base.out)
     root = Path(runs_dir) if runs_dir else out / "runs"
-    check_kinds(task, base, plan(task, base, connections, depths, lrs)[0], seeds, root)  # before the data are made
+    points, axes = plan(task, base, connections, depths, lrs)
+    if (out / "sweep.json").is_file():  # a sweep's table there: kept unless this one holds all it holds
+        stored = json.loads(json.dumps(run_dir.read_json(out / "sweep.json").get("axes", {})))
+        seeded = lambda a: {**a, "seeds": list(range(1, a.get("seeds", 0) + 1))}  # noqa: E731
+        run_dir.check_table_kept(out / "sweep.json", seeded(stored), json.loads(json.dumps(seeded({**axes,
+                                 "seeds": seeds}))), overwrite)
+    check_kinds(task, base, points, seeds, root)  # before the data are made
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
     points, axes = plan(task, base, connections, depths, lrs)
     check_kinds(task, base, points, seeds, root)

@@ -50,11 +50,13 @@ from .variants import Variant, baseline_lengths, run_name
 
 def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ...], progress: bool = True,
             jobs: int = 1, budget: str = "updates", mixed_blocks: bool = False,
-            baseline_updates: tuple[float, ...] = ()) -> list[dict[str, Any]]:
+            baseline_updates: tuple[float, ...] = (), overwrite: bool = False) -> list[dict[str, Any]]:
     """Train ``base`` once per variant and seed (``seeds``: 1..N, or the seeds listed) under ``base.out``, block by
     block (``jobs`` runs side by side), each variant given ``budget`` (:mod:`skiplab.tasks.budget`); print and write
     the table. ``baseline_updates``: the baseline also trained at these multiples of its updates in every block,
-    and each design's effective compute read off them (``effective.md``, :mod:`skiplab.analysis.effective`)."""
+    and each design's effective compute read off them (``effective.md``, :mod:`skiplab.analysis.effective`).
+    ``base.out`` is refused where it is a training run's folder, or (without ``overwrite``) holds the table of a
+    comparison with a design or seed this one lacks (:func:`skiplab.run_dir.check_table_kept`)."""
     if baseline_updates and budget != "updates":
         raise ValueError("--baseline-updates lengthens the baseline itself; give it with --budget updates")
     variants = baseline_lengths(variants, base, tuple(baseline_updates))
@@ -67,6 +69,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
     budgets.check(spec, base, budget)
     spec.check_scorable(base)  # e.g. a metric whose package is not installed: said before any run trains
     root = Path(base.out)
+    _check_root(root, [v.label for v in variants], seed_list, overwrite)
     block_kinds(base, variants, seed_list)  # blocks of two kinds of machine: refused before anything is written
     root.mkdir(parents=True, exist_ok=True)
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
@@ -155,6 +158,18 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
     print(table)
     print(f"wrote {root / 'table.md'}, {root / 'table.csv'}, {root / 'curves.png'}")
     return rows
+
+
+def _check_root(root: Path, labels: list[str], seeds: tuple[int, ...], overwrite: bool) -> None:
+    """``root`` may hold this comparison: not a training run's folder; its table kept unless ``overwrite``."""
+    if (root / "last.pt").is_file() or (root / "config.json").is_file():
+        raise run_dir.RunDirError(f"{root} is a training run's folder; a comparison writes its runs and table in a "
+                                  "folder of its own: give another --out")
+    if (root / "compare.json").is_file():
+        stored = run_dir.read_json(root / "compare.json")
+        before = {"designs": [v["label"] for v in stored.get("variants", [])],
+                  "seeds": stored.get("seed_list") or list(range(1, stored.get("seeds", 0) + 1))}
+        run_dir.check_table_kept(root / "compare.json", before, {"designs": labels, "seeds": list(seeds)}, overwrite)
 
 
 def _seeds_text(seeds: tuple[int, ...]) -> str:

@@ -253,6 +253,20 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
            "baseline: " in table
     assert json.loads((out / "compare.json").read_text())["rows"][1]["pairs"] == 0
     assert "| bits per byte (mean ± std) |" in table  # the metric's name, not a variant's
+    # a comparison that would drop a design of the table there is refused, in one line, unless --overwrite
+    kept = (out / "table.md").read_bytes()
+    fewer = args(text, out, "--connections", "PreLN", "--seeds", "1")[2:]
+    capsys.readouterr()
+    assert run(["compare", "lm", *fewer]) == 2
+    err = capsys.readouterr().err
+    assert "holds the table of another comparison, with designs PreLN, PostLN, which this one lacks" in err
+    assert err.count("\n") == 1 and (out / "table.md").read_bytes() == kept
+    with one_thread():
+        assert run(["compare", "lm", *fewer, "--overwrite"]) == 0
+    assert "PostLN" not in (out / "table.md").read_text() and (out / "PostLN" / "seed1" / "summary.json").is_file()
+    assert run(["compare", "lm", *args(text, out / "PreLN" / "seed1", "--connections", "PreLN", "--seeds", "1")[2:]]) == 2
+    assert "is a training run's folder; a comparison writes its runs and table in a folder of its own" in \
+        capsys.readouterr().err
 
 
 def test_compare_scores_each_run_as_it_ends_and_names_an_unscorable_run(text, tmp_path, capsys, monkeypatch):
