@@ -443,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         return 130
     finally:
+        run_dir.let_go()  # a run that failed or was interrupted: its lock removed, an empty start's folder too
         distributed.shutdown()
     return 0
 

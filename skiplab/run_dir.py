@@ -92,6 +92,8 @@ def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> P
     held (another process may have written there in between)."""
     out = Path(out)
     _check(out, resume, overwrite)
+    if not out.exists():
+        _made.add(out.resolve())
     out.mkdir(parents=True, exist_ok=True)
     hold(out)
     try:
@@ -125,6 +127,7 @@ def clear(out: Path) -> None:
 # -- one process a run directory ---------------------------------------------------------------------------
 LOCK = ".lock"  # OUT/.lock: held (flock) by the process training OUT; it says who, for the error of another
 _held: dict[Path, IO[str]] = {}
+_made: set[Path] = set()  # run directories this process made (prepare), which let_go removes where left empty
 
 
 def hold(out: Path) -> None:
@@ -162,6 +165,19 @@ def hold(out: Path) -> None:
     handle.write(f"pid {os.getpid()} on {platform.node() or 'this machine'}, since {stamp}\n")
     handle.flush()
     _held[key] = handle
+
+
+def let_go() -> None:
+    """Every run directory this process still holds (a command that failed or was interrupted), let go: its lock
+    removed, and a start that wrote nothing but its marker leaves nothing behind (the folder too, where this process
+    made it). A start that wrote more (a tokenizer) stays a :func:`failed_start`, which the next run takes."""
+    for key in list(_held):
+        release(key)
+        if failed_start(key) and {p.name for p in key.iterdir()} <= {STARTED}:
+            (key / STARTED).unlink(missing_ok=True)
+            if key in _made:
+                key.rmdir()
+    _made.clear()
 
 
 def release(out: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from skiplab import host
+from skiplab import host, run_dir
 from skiplab.cli import main
 from skiplab.models import GPT, GPTConfig
 from skiplab.models.generate import filter_logits, generate
@@ -619,3 +619,20 @@ def test_a_chunked_head_loss_trains_as_the_eager_head_and_liger_is_refused_on_a_
     assert run(args(text, tmp_path / "other", "--head-loss", "fused")) == 2
     assert "unknown --head-loss 'fused'; known: eager, chunked, liger" in capsys.readouterr().err
     assert not (tmp_path / "liger").exists() and not (tmp_path / "other").exists()
+
+
+def test_a_refused_start_leaves_no_folder_and_a_refused_resume_no_lock(text, tmp_path, capsys):
+    """Bad data is found after the run's folder is made and held: the folder it made goes with it. A resume refused
+    for its config, and a run that fails in its first steps, leave their folders as they were, but no lock."""
+    out = tmp_path / "deep" / "run"
+    argv = args(text, out)
+    argv[argv.index("--train-file") + 1] = tmp_path / "nowhere.jsonl"
+    assert run(argv) == 2
+    assert "nowhere.jsonl" in capsys.readouterr().err and not out.exists()
+    with one_thread():
+        assert run(args(text, out)) == 0
+    files = sorted(p.name for p in out.iterdir())
+    capsys.readouterr()
+    assert run(args(text, out, "--batch-size", "4", "--resume")) == 2
+    assert "holds a run with another config (different batch_size)" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == files and run_dir.LOCK not in files
