@@ -336,16 +336,17 @@ def check_prepared(prep: Prepared, corpus: str, tokenizer: str, vocab_size: int)
     tokenizer trained at preparation) may read ``prep``: the run's config then says what it trained on. A
     pretrained tokenizer's file may have moved: its kind, encoding and end-of-text token must agree."""
     meta = prep.meta
+    other = "a training run gives {}; an evaluation, a --data-dir prepared for its run"
     if meta["corpus"] != corpus:
         given = f"--corpus {meta['corpus']}" if meta["corpus"] else "--corpus ''"
         raise ValueError(f"{prep.sidecar}: prepared from {meta['corpus'] or 'files'}, not {corpus or 'files'}; "
-                         f"give {given}")
+                         f"{other.format(given)}")
     ours, theirs = parse_pretrained(tokenizer), parse_pretrained(meta["tokenizer"])
     same = tokenizer == meta["tokenizer"] or (ours and theirs and (ours.kind, ours.encoding, ours.eot)
                                               == (theirs.kind, theirs.encoding, theirs.eot))
     if not same:
         raise ValueError(f"{prep.sidecar}: prepared with --tokenizer {meta['tokenizer']}, not {tokenizer}; "
-                         f"give --tokenizer {meta['tokenizer']}")
+                         f"{other.format('--tokenizer ' + meta['tokenizer'])}")
     if tokenizer in MODEL_TYPES and vocab_size != prep.vocab_size:
         raise ValueError(f"{prep.sidecar}: prepared with --vocab-size {prep.vocab_size}, not {vocab_size}; "
-                         f"give --vocab-size {prep.vocab_size}")
+                         f"{other.format(f'--vocab-size {prep.vocab_size}')}")

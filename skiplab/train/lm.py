@@ -282,6 +282,8 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", average: int = 0,
     """A trained run on a split of its corpus, in the field's units (:func:`evaluate`): bits per byte, per-token
     perplexity of the run's tokenizer, word perplexity (lm-evaluation-harness's ``word_perplexity``), each with
     its count, and ``covers``, what text the counts are of."""
+    if data_dir and not Path(data_dir).is_dir():
+        raise FileNotFoundError(f"--data-dir {data_dir}: no such folder")
     ckpt, model, tok = load_run(path, average)
     where = {**ckpt["config"], **({"data_dir": data_dir} if data_dir else {})}
     dev = pick_device(device)

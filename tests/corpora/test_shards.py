@@ -213,14 +213,15 @@ def test_bad_folders_are_one_line_naming_the_file(pydocs, tmp_path):
         (lambda c, m: (c / "tokenizer.bin").write_bytes(b"other"), "tokenizer.bin: not the tokenizer"),
         (lambda c, m: m.update(version=2), "prepared.json: sidecar version 2"),
         (lambda c, m: m.pop("eot"), "prepared.json: a sidecar missing or mangling a field"),
-        (lambda c, m: m.update(corpus="enwik8"), "prepared from enwik8, not pydocs; give --corpus enwik8"),
+        (lambda c, m: m.update(corpus="enwik8"), "prepared from enwik8, not pydocs; a training run gives --corpus enwik8; an evaluation, a --data-dir prepared"),
     ]
     for edit, message in cases:
         bad = broken(edit)
         with pytest.raises((ValueError, FileNotFoundError), match=message):
             tok = ByteTokenizer() if "tokenizer.bin" in message else None
             stream(bad, "valid", tok)
-    with pytest.raises(ValueError, match="prepared with --tokenizer bytes, not bpe; give --tokenizer bytes"):
+    with pytest.raises(ValueError, match="prepared with --tokenizer bytes, not bpe; a training run gives --tokenizer bytes; an evaluation, a "
+                                         "--data-dir prepared for its run"):
         stream(LMTrainConfig(model=TINY, data_dir=str(out), tokenizer="bpe"), "valid", None)
     (tmp_path / "j").mkdir()
     (tmp_path / "j" / SIDECAR).write_text("{")

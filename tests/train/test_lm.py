@@ -636,3 +636,5 @@ def test_a_refused_start_leaves_no_folder_and_a_refused_resume_no_lock(text, tmp
     assert run(args(text, out, "--batch-size", "4", "--resume")) == 2
     assert "holds a run with another config (different batch_size)" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == files and run_dir.LOCK not in files
+    assert run(["eval", "lm", "--checkpoint", out, "--split", "valid", "--data-dir", tmp_path / "nonexist"]) == 2
+    assert "--data-dir " + str(tmp_path / "nonexist") + ": no such folder" in capsys.readouterr().err
