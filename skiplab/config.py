@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import typing
 from typing import Any, TypeVar
 
@@ -147,9 +148,17 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         )
 
 
+ABSOLUTE = ("data_dir",)  # folders a config names, made absolute: its run is read later from anywhere
+
+
 def from_arguments(cls: type[T], args: argparse.Namespace) -> T:
-    """The ``cls`` instance holding the parsed values of its fields."""
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    """The ``cls`` instance holding the parsed values of its fields; a relative :data:`ABSOLUTE` folder made
+    absolute, so that a run's config names its data wherever the run is evaluated or analysed from."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+    for name in ABSOLUTE:
+        if isinstance(values.get(name), str) and values[name]:
+            values[name] = os.path.abspath(os.path.expanduser(values[name]))
+    return cls(**values)
 
 
 def to_json(cfg: Any) -> str:

@@ -638,3 +638,13 @@ def test_a_refused_start_leaves_no_folder_and_a_refused_resume_no_lock(text, tmp
     assert sorted(p.name for p in out.iterdir()) == files and run_dir.LOCK not in files
     assert run(["eval", "lm", "--checkpoint", out, "--split", "valid", "--data-dir", tmp_path / "nonexist"]) == 2
     assert "--data-dir " + str(tmp_path / "nonexist") + ": no such folder" in capsys.readouterr().err
+
+
+def test_a_relative_data_dir_is_recorded_absolute(text, tmp_path, monkeypatch):
+    """config.json names the data wherever the run is later evaluated from: --data-dir given relative to the
+    folder the command ran in is recorded as that folder's absolute path."""
+    monkeypatch.chdir(tmp_path)
+    with one_thread():
+        assert run(args(text, tmp_path / "run", "--data-dir", "data/here", "--max-steps", "2")) == 0
+    stored = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert stored["data_dir"] == str(tmp_path / "data" / "here")
