@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -255,7 +256,8 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     """``skiplab generate``'s options (:func:`sample_text`'s arguments)."""
     p.add_argument("--checkpoint", required=True, help="a run directory (its last.pt) or a .pt file")
     p.add_argument("--prompt", default="", help="the text to continue (default: none, a new document)")
-    p.add_argument("--max-new-tokens", type=count(1), default=200, help="tokens to add (default: 200)")
+    p.add_argument("--max-new-tokens", type=count(1), default=None,
+                   help="tokens to add (default: 200, or as many as the model's context leaves after the prompt)")
     p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 is greedy (default: 1)")
     p.add_argument("--top-k", type=count(0), default=0, help="sample from the k likeliest (default: 0, all)")
     p.add_argument("--top-p", type=float, default=1.0, help="sample from the nucleus of mass p (default: 1, all)")
@@ -264,13 +266,25 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="average the run's last N step checkpoints (default: 0, off)")
 
 
-def sample_text(path: str, prompt: str, max_new: int = 200, temperature: float = 1.0, top_k: int = 0,
+def sample_text(path: str, prompt: str, max_new: int | None = None, temperature: float = 1.0, top_k: int = 0,
                 top_p: float = 1.0, seed: int = 0, average: int = 0) -> str:
-    """``skiplab generate``: the text a trained run continues ``prompt`` with."""
+    """``skiplab generate``: the text a trained run continues ``prompt`` with, ``max_new`` tokens at most (None: 200,
+    or what the context leaves after the prompt). A prompt that leaves no room in the model's context is cut from
+    its start, with a warning: the model reads its last tokens, as it would read them in a longer document."""
     _, model, tok = lm.load_run(path, average)
     if tok is None:
         raise ValueError(f"{path}: the run was trained on token files and holds no tokenizer to read a prompt with")
     ids = [tok.eot] + tok.encode(prompt)  # a document starts after an end of text, as in training
+    context = model.cfg.context
+    if max_new is None:
+        max_new = max(1, min(200, context - len(ids)))
+    if max_new >= context:
+        raise ValueError(f"--max-new-tokens {max_new} leaves no room for a prompt in the model's context ({context})")
+    if len(ids) + max_new > context:
+        cut = len(ids) + max_new - context
+        warnings.warn(f"the prompt's first {cut} of {len(ids)} tokens cut: the model's context holds {context}, "
+                      f"{max_new} of them for the new tokens", stacklevel=2)
+        ids = ids[cut:]
     gen = torch.Generator().manual_seed(seed)
     new = generate(model, ids, max_new, tok.eot, temperature, top_k, top_p, gen)
     return tok.decode(new)

@@ -139,6 +139,13 @@ def test_eval_generate_and_analyze_a_run(text, tmp_path, capsys):
         assert run(["generate", "--checkpoint", out, "--prompt", "the cat", "--max-new-tokens", "10",
                     "--temperature", "0"]) == 0
         assert first.startswith("the cat") and capsys.readouterr().out == first  # greedy: the same every time
+        assert run(["generate", "--checkpoint", out, "--prompt", "the cat", "--temperature", "0"]) == 0  # context 32
+        assert len(capsys.readouterr().out.removesuffix("\n")) <= 32 - 1  # what the context leaves: 32 - eot
+        assert run(["generate", "--checkpoint", out, "--prompt", "x" * 40, "--max-new-tokens", "5"]) == 0
+        err = capsys.readouterr().err
+        assert "the prompt's first 14 of 41 tokens cut: the model's context holds 32, 5 of them" in err, err
+        assert run(["generate", "--checkpoint", out, "--max-new-tokens", "32"]) == 2
+        assert "--max-new-tokens 32 leaves no room for a prompt in the model's context (32)" in capsys.readouterr().err
         assert run(["eval", "lm", "--checkpoint", out, "--stride", "33"]) == 2
         assert "--stride must be in 1..context (32), got 33" in capsys.readouterr().err
         assert run(["analyze", "gradients", str(out), "--examples", "8", "--split", "valid"]) == 0
