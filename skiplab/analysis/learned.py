@@ -171,9 +171,12 @@ def table(result: dict[str, Any]) -> str:
                 f"the paper: {result['paper']['ratio']} ({result['paper']['where']})")
     numbered = {k: None for r in rows for k in r if k.startswith(PARAM_FAMILIES)}
     keys = [k for k in (*GATES, *PARAMS, *numbered, *_across_keys(rows)) if any(k in r for r in rows)]
-    head = ["connection", "spec"] + [f"{k} (mean ± std)" if k in GATES else k for k in keys]
-    body = [[r["connection"], r["spec"]] + [(f"{r[k]:.4f} ± {r[k + '_std']:.4f}" if k in GATES else r[k])
-                                            if k in r else "-" for k in keys] for r in rows]
+    # one mechanism across the layers (the value residual's) is one connection name: its rows told apart by block
+    where = ["block"] if len({r["connection"] for r in rows}) < len(rows) else []
+    head = ["connection", *where, "spec"] + [f"{k} (mean ± std)" if k in GATES else k for k in keys]
+    body = [[r["connection"], *(r.get(w, "-") for w in where), r["spec"]]
+            + [(f"{r[k]:.4f} ± {r[k + '_std']:.4f}" if k in GATES else r[k]) if k in r else "-" for k in keys]
+            for r in rows]
     return markdown(head, body)
 
 

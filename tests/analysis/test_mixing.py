@@ -91,3 +91,21 @@ def test_gates_read_the_newer_connections_learned_values(text, tmp_path, spec, k
         for key in keys:
             assert row[key] == pytest.approx(stats[key])
     assert all(k in (out / "analysis" / "gates.md").read_text() for k in keys)
+
+
+def test_the_gates_table_tells_one_mechanisms_rows_apart_by_block(text, tmp_path):  # noqa: F811
+    """The value residual is one module (across.ValueRes) with a row per layer that reads it: the table names each
+    row's block, not the same connection name twice."""
+    out = tmp_path / "vr"
+    with one_thread():
+        argv = args(text, out, "--connection", "PreLN+ValueRes")
+        argv[argv.index("--model") + 1] = argv[argv.index("--model") + 1].replace("layers=2", "layers=4")
+        assert run(argv) == 0
+        assert run(["analyze", "gates", out, "--examples", "4", "--split", "valid"]) == 0
+    rows = [r for r in _gates(out)["connections"] if r["connection"].startswith("across.")]
+    assert len(rows) == 3 and len({r["block"] for r in rows}) == 3  # layers 1-3 read layer 0's values
+    table = " ".join((out / "analysis" / "gates.md").read_text().split(" "))
+    squeeze = lambda t: " ".join(t.split())  # noqa: E731
+    assert "| connection | block | spec |" in squeeze(table)
+    for r in rows:
+        assert f"| {r['connection']} | {r['block']} |" in squeeze(table)
