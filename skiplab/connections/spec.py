@@ -149,10 +149,14 @@ def _options(cls: type, name: str, text: str | None, fail: Callable[[str], SpecE
     (:data:`DYT_OPTIONS`) where the design's norm is DyT (``dyt``)."""
     declared = options_of(cls, dyt)
     options = {key: opt.default for key, opt in declared.items()}
+    given: set[str] = set()
     for item in filter(None, (text or "").split(",")):
         key, eq, value = item.partition("=")
         if not eq or not key or not value:
             raise fail(f"option {item!r} is not key=value")
+        if key in given:
+            raise fail(f"option {key} is given twice")
+        given.add(key)
         if key in DYT_OPTIONS and key not in declared:
             raise fail(f"{key} sets DyT's initial α and {name} builds no DyT here: write +DyT")
         if key not in declared:
@@ -169,8 +173,9 @@ def parse(text: str, registry: dict[str, type], known: str, across: dict[str, ty
     """Parse ``text`` against the classes in ``registry`` (and ``across``, the designs that may follow the
     connection after a ``+``); raise :class:`SpecError` naming the problem."""
 
-    def fail(problem: str) -> SpecError:
-        return SpecError(f"bad connection spec {text!r}: {problem}. Known: {known}")
+    def fail(problem: str, names: bool = False) -> SpecError:
+        """The one-line error; the known names listed only where the name itself is the problem."""
+        return SpecError(f"bad connection spec {text!r}: {problem}" + (f". Known: {known}" if names else ""))
 
     if not isinstance(text, str):
         raise SpecError(f"a connection spec must be a string, got {type(text).__name__}. Known: {known}")
@@ -185,13 +190,14 @@ def parse(text: str, registry: dict[str, type], known: str, across: dict[str, ty
     spec = ALIASES.get(spec, spec)
     m = _SPEC_RE.match(spec)
     if m is None:
-        raise fail("not of the form [number]name[+NORM][(key=value, ...)]")
+        raise fail("not of the form [number]name[+NORM][(key=value, ...)]", names=True)
     name, norm = m["name"], m["norm"]
     if name not in registry:
         close = difflib.get_close_matches(name, list(registry) + list(ALIASES), n=1, cutoff=0.6)
         lower = {k.lower(): k for k in list(registry) + list(ALIASES)}
         hint = lower.get(name.lower()) or (close[0] if close else None)
-        raise fail(f"unknown name {name!r}" + (f" (did you mean {hint!r}? names are case-sensitive)" if hint else ""))
+        raise fail(f"unknown name {name!r}" + (f" (did you mean {hint!r}? names are case-sensitive)" if hint else ""),
+                   names=True)
     cls = registry[name]
 
     number = None
