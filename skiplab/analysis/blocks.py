@@ -346,6 +346,8 @@ def _mean_cell(row: dict[str, Any], decimals: int) -> str:
     """A row's mean ± std; where it has none, why: no run finished, or those that did have no value (a metric that
     could not be computed)."""
     if not math.isnan(row["mean"]):
+        if sum(v is not None for v in row["values"].values()) == 1:  # no spread to state: one run
+            return f"{row['mean']:.{decimals}f} (one run)"
         return f"{row['mean']:.{decimals}f} ± {row['std']:.{decimals}f}"
     return "no value" if row["values"] else "none finished"
 

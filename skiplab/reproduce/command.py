@@ -233,7 +233,7 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         if curves:
             task = get_task(next(r.task for r in resolved if r.config is not None))
             comparison.plot_curves(curves, task.curves, table_dir / "curves.png",
-                                   f"{t.id} at {sc.name} scale, seeds 1-{seeds}", x=task.x)
+                                   f"{t.id} at {sc.name} scale, {report.seeds_text(seeds)}", x=task.x)
             figures.append(table_dir / "curves.png")
         print(report.markdown(result, brief=True))
         print(f"wrote {', '.join(str(p) for p in [table_dir / 'table.md', table_dir / 'table.csv', table_dir / 'table.json', *figures])}")

@@ -94,7 +94,7 @@ def scale_line(result: dict[str, Any]) -> str:
     whose runs trained on a GPU says so)."""
     kinds = result.get("run_kinds") or {}
     where = "; ".join(f"{k} ({v['runs']} runs)" for k, v in kinds.items())
-    seeds = f"seeds 1-{result['seeds']}"
+    seeds = seeds_text(result['seeds'])
     if any(v.get("gpu") for v in kinds.values()):
         return (f"Scale `{result['scale']}`: its settings (models, data, updates), trained on {where}, not on the "
                 f"machine the scale is sized for; {seeds}.")
@@ -171,6 +171,11 @@ def train_command(task: str, cfg: Any) -> str:
         args += ["--" + f.name.replace("_", "-"), shlex.quote(text)]
     out = shlex.quote(str(Path(cfg.out).parent / "seed")) + "K"
     return " ".join(["skiplab", "train", task, *args, "--seed", "K", "--out", out])
+
+
+def seeds_text(n: int) -> str:
+    """"seeds 1-N", or "seed 1" for one."""
+    return "seed 1" if n == 1 else f"seeds 1-{n}"
 
 
 def duration(seconds: float) -> str:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..analysis.comparison import mean_std
 from ..analysis.report import pyplot
-from .report import _md_table, duration
+from .report import _md_table, duration, seeds_text
 
 COLUMNS = ("connection", "depth", "lr", "runs", "finished", "diverged", "stalled", "n", "mean", "std", "valid_mean",
            "s_per_update", "loss_spikes", "max_grad_norm", "delta", "ci_low", "ci_high", "pairs", "p_paired", "p_wilcoxon", "failed", "p_holm")
@@ -63,7 +63,7 @@ def _delta_cell(row: dict[str, Any], base: str, digits: int) -> str:
 
 
 def title(result: dict[str, Any]) -> str:
-    return (f"{result['model']} on {result['data']}, {result['length']}, seeds 1-{result['axes']['seeds']}")
+    return f"{result['model']} on {result['data']}, {result['length']}, {seeds_text(result['axes']['seeds'])}"
 
 
 def markdown(result: dict[str, Any], brief: bool = False) -> str:

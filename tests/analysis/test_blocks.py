@@ -112,6 +112,7 @@ def test_one_block_is_one_pair():
     rows, header = summarise(records, ["A", "B"], "A")
     table = markdown(rows, header, {k: {"connection": k} for k in "AB"}, "bits per byte", 3)
     assert "| -0.100 (1 pair) " in table and "pairs)" not in table
+    assert "| 2.600 (one run) " in table and "± 0.000" not in table  # one run has no spread to state
 
 
 def test_exact_wilcoxon_by_hand_and_against_scipy(monkeypatch):
