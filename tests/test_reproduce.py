@@ -336,6 +336,17 @@ def test_deltas_figure_draws_no_bar_for_a_row_not_run(tmp_path, monkeypatch):
     assert [b.get_height() for b in paper] == [1.0, -0.5]  # the paper's bars: both rows other than the baseline
     assert [b.get_height() for b in ours] == [1.5]  # ours: only the row that ran, with its error bar
     assert [t.get_text().strip() for t in ax.texts] == ["not run"]
+    assert ax.get_title() == "c"  # no config: the paper's column alone
+    for c in cells:
+        c["config"] = {"dataset": "fashion-mnist"}
+    cells[0]["column"] = cells[1]["column"] = cells[2]["column"] = "CIFAR-10"
+    figures.clear()
+    assert report.deltas_figure(result, tmp_path / "e.png")
+    assert figures[0].axes[0].get_title() == "CIFAR-10 (paper); ours: fashion-mnist"  # the data the bars came from
+    for c in cells:
+        c["config"] = {"dataset": "cifar10"}
+    figures.clear()
+    assert report.deltas_figure(result, tmp_path / "f.png") and figures[0].axes[0].get_title() == "CIFAR-10"
 
 
 def test_the_table_names_the_machines_its_runs_trained_on(smoke, tmp_path):

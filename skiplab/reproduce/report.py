@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv as _csv
 import dataclasses
 import io
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -197,6 +198,17 @@ def gpu_estimate(resolved: list[Any], seeds: int) -> str:
     return f"~{sum(seen.values()) * seeds:,.0f} GPU-hours (estimate)"
 
 
+def _panel_title(column: str, cells: list[dict[str, Any]]) -> str:
+    """The paper's column, and the data ours trained on where the scale put other data in its place (Fashion-MNIST
+    for CIFAR-10 on a CPU): a panel never names data its bars did not come from."""
+    ours = sorted({str(c["config"].get("dataset") or c["config"].get("corpus") or "") for c in cells
+                   if c.get("config")} - {""})
+    plain = lambda s: re.sub(r"[^a-z0-9]", "", s.lower())  # noqa: E731
+    if not ours or [plain(o) for o in ours] == [plain(column)]:
+        return column
+    return f"{column} (paper); ours: {', '.join(ours)}"
+
+
 def deltas_figure(result: dict[str, Any], path: Path) -> bool:
     """Per column, each row's difference to its baseline: the paper's (a bar) beside ours (mean ± std over seeds).
 
@@ -236,7 +248,7 @@ def deltas_figure(result: dict[str, Any], path: Path) -> bool:
         ax.set_xticklabels([c["row"] for c in cells], rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(f"Δ {'paper: ' if _units_differ(result) else ''}{result['metric']} vs "
                       f"{cells[0]['baseline'] if cells else ''}")
-        ax.set_title(col, fontsize=9)
+        ax.set_title(_panel_title(col, cells), fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
     better = "higher" if result["higher_is_better"] else "lower"
