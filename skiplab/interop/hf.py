@@ -92,7 +92,9 @@ def architecture(cfg: GPTConfig) -> str:
     wrong = [f"{k}={_text(getattr(cfg, k))}" for k, v in SHAPES[kind].items() if getattr(cfg, k) != v]
     if wrong:
         need = ", ".join(f"{k}={_text(v)}" for k, v in SHAPES[kind].items())
-        raise ValueError(f"{spec.name} maps to {CLASSES[kind]}, which needs {need}; this model has {', '.join(wrong)}")
+        raise ValueError(f"{spec.name} maps to {CLASSES[kind]}, which needs {need}; this model has {', '.join(wrong)} "
+                         f"(a model to export is trained with them: --model '{PRESET[kind]}', or the options "
+                         f"{', '.join(f'--{k} {_text(v)}' for k, v in SHAPES[kind].items())})")
     if cfg.qk_norm != "none":
         raise ValueError(f"qk_norm={cfg.qk_norm} has no Hugging Face counterpart here: {CLASSES[kind]} normalises no "
                          "queries or keys")

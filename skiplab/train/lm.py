@@ -300,8 +300,7 @@ def coverage(data: Stream, context: int, stride: int = 0) -> str:
     windows = (f"sliding windows of {context} tokens, each scoring its last {stride}" if stride and stride < context
                else f"windows of {context} tokens that do not overlap")
     text = ("bytes and words: the documents' text, separators aside" if data.n_words else
-            "bytes: as the token files' sidecars or the prepared folder record them; words unknown "
-            "(no word perplexity)")
+            "bytes: as the token files' sidecars record them; words unknown (no word perplexity)")
     return (f"{data.name}: its documents, each followed by the end-of-text token, in one stream of {len(data)} tokens; "
             f"NLL over every token but the stream's first ({len(data) - 1} targets, end-of-text tokens included), "
             f"each once, in {windows}; {text}")
