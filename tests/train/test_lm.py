@@ -647,11 +647,14 @@ def test_a_refused_start_leaves_no_folder_and_a_refused_resume_no_lock(text, tmp
     assert "--data-dir " + str(tmp_path / "nonexist") + ": no such folder" in capsys.readouterr().err
 
 
-def test_a_relative_data_dir_is_recorded_absolute(text, tmp_path, monkeypatch):
+def test_a_relative_data_dir_is_recorded_absolute(text, tmp_path, monkeypatch, capsys):
     """config.json names the data wherever the run is later evaluated from: --data-dir given relative to the
-    folder the command ran in is recorded as that folder's absolute path."""
+    folder the command ran in is recorded as that folder's absolute path. (Two updates with four of warm-up: the
+    learning rate never reaches --lr, which a warning says.)"""
     monkeypatch.chdir(tmp_path)
     with one_thread():
-        assert run(args(text, tmp_path / "run", "--data-dir", "data/here", "--max-steps", "2")) == 0
+        assert run(args(text, tmp_path / "run", "--data-dir", "data/here", "--max-steps", "2", "--warmup", "4")) == 0
     stored = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
     assert stored["data_dir"] == str(tmp_path / "data" / "here")
+    assert "--warmup 4 is more than --max-steps 2: the learning rate rises to 0.0015 at most, never to --lr 0.003" \
+        in capsys.readouterr().err
