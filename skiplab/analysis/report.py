@@ -16,7 +16,8 @@ from typing import Any
 from torch import Tensor
 
 from .. import run_dir
-from ..models import parse_model_spec
+from ..config import show_value
+from ..models import model_config, parse_model_spec
 
 SUFFIXES = (".json", ".md", ".png")
 
@@ -90,7 +91,19 @@ def legend_labels(results: list[dict[str, Any]]) -> list[str]:
     differ = [k for k in keys if len({options.get(k) for _, options in specs}) > 1]
     if len({name for name, _ in specs}) > 1 or not differ:
         return [r["label"] for r in results]
-    return [", ".join(o.get(k, "-") if k == "connection" else f"{k}={o.get(k, '-')}" for k in differ) for _, o in specs]
+    return [", ".join(_option(r["label"], o, k) for k in differ) for r, (_, o) in zip(results, specs)]
+
+
+def _option(spec: str, options: dict[str, str], key: str) -> str:
+    """One differing option of a legend entry: the connection by its spec, others as key=value; an option the spec
+    leaves to its preset named by the preset's value (``PreLN``), not a dash."""
+    value = options.get(key)
+    if value is None:
+        try:
+            value = show_value(getattr(model_config(spec), key))
+        except (ValueError, KeyError, AttributeError):
+            value = "-"
+    return value if key == "connection" else f"{key}={value}"
 
 
 def integer_ticks(*axes, y: bool = False) -> None:

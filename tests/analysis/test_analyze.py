@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from skiplab.analysis.gradients import gradient_norms
 from skiplab.analysis.learned import learned, table
-from skiplab.analysis.report import per_position
+from skiplab.analysis.report import legend_labels, per_position
 from skiplab.tasks import load_trained
 from skiplab.cli import main
 from skiplab.connections import iter_connections
@@ -222,3 +222,10 @@ def test_linearity_on_a_strided_image_block(runs, capsys):
     assert type(tr.model.blocks[3]).__name__ == "PreActBlock"  # put back
     assert main(["analyze", "gradients", str(runs / "1xSkip"), "--compare", str(runs.parent)]) == 2
     assert "no checkpoint at" in capsys.readouterr().err
+
+
+def test_legend_entries_say_only_what_differs_and_name_a_presets_own_connection():
+    assert legend_labels([{"label": "gpt-mini(context=64)"}, {"label": "gpt-mini(connection=2rSkip+LN,context=64)"}]) \
+        == ["PreLN", "2rSkip+LN"]  # gpt-mini's own connection, not "-"
+    assert legend_labels([{"label": "gpt-mini(layers=4)"}, {"label": "gpt-mini(layers=8)"}]) == ["layers=4", "layers=8"]
+    assert legend_labels([{"label": "SAS"}, {"label": "Highway"}]) == ["SAS", "Highway"]  # not model specs
