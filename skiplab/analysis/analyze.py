@@ -9,7 +9,8 @@
     norms         hidden-state and sub-layer output RMS per layer, massive activations (skiplab.analysis.norms)
     saturation    DyT layers' share of inputs in tanh's flat range, per kept checkpoint (skiplab.analysis.saturation)
 
-Each run gets ``analysis/<name>.json``, ``.md`` and ``.png``; with ``--compare`` the first run's
+Each run gets ``analysis/<name>.json`` (with the checkpoint read: its step, and the machine and code version that
+made it), ``.md`` and ``.png``; with ``--compare`` the first run's
 ``analysis/<name>_compare.png`` overlays them all. Nothing is overwritten without ``overwrite``.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import run_dir
+from .. import host, run_dir
 from . import activations, gradients, learned, linearity, norms, redundancy, saturation
 from .report import outputs, pyplot, write
 from .trained import Trained
@@ -47,9 +48,12 @@ def analyze(name: str, trained: list[Trained], overwrite: bool = False, progress
     if len(trained) > 1 and overlay.exists() and not overwrite:
         raise run_dir.RunDirError(f"{overlay} exists; use --overwrite to replace it")
     results = [compute(t, progress=progress, **options) for t in trained]  # every run's, before any file is written
+    env = host.environment()
     for t, f, result in zip(trained, files, results):
         fig = figure([result])
-        write(f, result, table(result), fig)
+        made = {"checkpoint": {"path": str(t.path), "step": t.checkpoint.get("step"), "epoch": t.checkpoint.get("epoch"),
+                               "averaged": t.checkpoint.get("averaged")}, "environment": env}  # what and where from
+        write(f, {**result, **made}, table(result), fig)
         pyplot().close(fig)
         print(f"{t.path} ({result['label']}): {name}, {result['examples']} {result['split']} examples, "
               f"{result['mode']} mode\n{table(result)}\nwrote {', '.join(str(p) for p in f.values())}")

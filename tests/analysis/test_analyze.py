@@ -138,6 +138,9 @@ def test_cli_writes_files_refuses_to_overwrite_and_names_missing_quantities(runs
     assert (run / "analysis" / "gates_compare.png").is_file()
     stored = json.loads((run / "analysis" / "gates.json").read_text())
     assert stored["examples"] == 30 and stored["split"] == "train" and stored["config"]["model"] == "preact-resnet20(connection=SAS)"
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    assert stored["checkpoint"]["step"] == ckpt.get("step") and stored["checkpoint"]["epoch"] == ckpt.get("epoch")
+    assert stored["environment"]["torch"] == torch.__version__ and "git_commit" in stored["environment"]
     before = (run / "analysis" / "gates.json").read_bytes()
     assert main(argv) == 2
     err = capsys.readouterr().err
