@@ -49,6 +49,7 @@ from torch import Tensor
 from .. import host, run_dir
 from ..connections import iter_connections
 from ..interop import hf
+from ..tokenization.lm import ByteTokenizer
 from ..tokenization.pretrained import read_pretrained
 from ..tokenization.pretrained.base import require
 from ..tokenization.pretrained.hf_tokenizer import EOT_NAMES, INSTALL, HFTokenizer
@@ -291,8 +292,9 @@ def tokenizer_files(tok: Any) -> dict[str, bytes]:
     tokenizer_config.json that has transformers take that file as it is (``PreTrainedTokenizerFast``: from a
     GPT-2 config alone AutoTokenizer builds a ``GPT2Tokenizer``, which puts GPT-2's pattern in place of
     cl100k's or o200k's, or a GPT-NeoX file's), end of text its ``eos_token``, and for tiktoken a special token's
-    text in a document read as text (``split_special_tokens``), as the run reads it (``encode_ordinary``); nothing
-    for the others (sentencepiece) or a run without a tokenizer."""
+    text in a document read as text (``split_special_tokens``), as the run reads it (``encode_ordinary``); bytes as
+    a byte-level file whose ids are the bytes (:meth:`ByteTokenizer.tokenizer_json`); nothing for the others
+    (sentencepiece) or a run without a tokenizer."""
     def config(eot: str, **more: Any) -> bytes:
         fields = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eot, **more,
                   "clean_up_tokenization_spaces": False}
@@ -300,6 +302,9 @@ def tokenizer_files(tok: Any) -> dict[str, bytes]:
 
     if isinstance(tok, HFTokenizer):  # its file as it is; special tokens' text read as those tokens, as the run does
         return {HFTokenizer.file_name: tok.payload, "tokenizer_config.json": config(tok.token(tok.eot))}
+    if isinstance(tok, ByteTokenizer):  # bytes as ids (ByteTokenizer.tokenizer_json); a special token's text is text
+        return {HFTokenizer.file_name: tok.tokenizer_json(),
+                "tokenizer_config.json": config(tok.EOT_TEXT, split_special_tokens=True)}
     if not isinstance(tok, TiktokenEncoding):
         return {}
     eot = {i: t for t, i in ENCODINGS[tok.name][1].items()}[tok.eot]

@@ -53,6 +53,34 @@ class ByteTokenizer:
     def to_bytes(self) -> bytes:
         return _BYTES_MARK
 
+    EOT_TEXT = "<|endoftext|>"  # end of text's name in a Hugging Face file (no text of a document reads as it)
+
+    def tokenizer_json(self) -> bytes:
+        """These ids as a Hugging Face ``tokenizer.json``: each byte its own token, its id the byte's value, end of
+        text :data:`EOT_TEXT` at 256::
+
+            model          BPE, vocab: byte b written as GPT-2's stand-in for b (:func:`gpt2_stand_ins`) -> b;
+                           no merges, so every byte stays a token of its own
+            pre-tokenizer  ByteLevel(add_prefix_space=False, use_regex=False): the text's UTF-8 bytes in stand-ins
+            decoder        ByteLevel: stand-ins back to bytes, then UTF-8
+            added tokens   end of text, special, at 256
+
+        A document holding end of text's text reads it as bytes here; a Hugging Face tokenizer reads it as the token
+        unless told to split special tokens (transformers ``split_special_tokens=True``)."""
+        from .pretrained.base import require
+        from .pretrained.hf_tokenizer import INSTALL
+        from .pretrained.tiktoken_encoding import gpt2_stand_ins
+
+        tokenizers = require("tokenizers", INSTALL, "Hugging Face")
+        from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+        vocab = {**gpt2_stand_ins(), self.EOT_TEXT: self.eot}
+        tok = tokenizers.Tokenizer(models.BPE(vocab, [], fuse_unk=False))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(self.EOT_TEXT, special=True, normalized=False)])
+        return tok.to_str().encode("utf-8")
+
 
 class SubwordTokenizer:
     """A sentencepiece model trained losslessly on the training documents; end of text is EOS."""

@@ -144,6 +144,30 @@ def test_a_trained_run_exports_to_a_folder_from_pretrained_loads(model, text, tm
     assert loaded.encode(sample, add_special_tokens=False) == tok.encode(sample)
 
 
+def test_a_bytes_run_exports_its_tokenizer_and_comes_back_with_the_same_ids(text, tmp_path, capsys):
+    """A run on bytes exports a tokenizer.json whose ids are the bytes (end of text 256); the folder imports back
+    as a run that reads and generates text with those ids."""
+    out, folder, back = tmp_path / "run", tmp_path / "hf", tmp_path / "back"
+    model = "gpt2-small(d_model=32,heads=4,layers=2,ffn_dim=64,context=32)"
+    with one_thread():
+        assert run(["train", "lm", *data(text), "--model", model, "--batch-size", "4", "--max-steps", "2",
+                    "--eval-every", "2", "--warmup", "1", "--device", "cpu", "--out", out]) == 0
+        assert run(["export", "hf", out, "--out", folder]) == 0
+        assert run(["import", "hf", folder, "--out", back, *data(text)]) == 0
+        capsys.readouterr()
+        assert run(["generate", "--checkpoint", back, "--prompt", "ab", "--max-new-tokens", "5",
+                    "--temperature", "0"]) == 0
+        imported = capsys.readouterr().out
+        assert run(["generate", "--checkpoint", out, "--prompt", "ab", "--max-new-tokens", "5",
+                    "--temperature", "0"]) == 0
+        assert capsys.readouterr().out == imported  # the same weights, the same ids: the same text
+    loaded = transformers.AutoTokenizer.from_pretrained(folder)
+    sample = "def f(x):\n    return 'é中文'<|endoftext|>  done"
+    assert loaded.encode(sample, add_special_tokens=False) == list(sample.encode("utf-8"))
+    assert loaded.eos_token_id == 256 == json.loads((folder / "config.json").read_text())["eos_token_id"]
+    assert loaded.decode(list(sample.encode("utf-8"))) == sample
+
+
 def one_line_error(capsys, pattern: str) -> None:
     err = capsys.readouterr().err.strip()
     assert err.startswith("skiplab: error:") and "\n" not in err, err
