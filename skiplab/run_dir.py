@@ -67,6 +67,11 @@ def _check(out: Path, resume: bool, overwrite: bool) -> bool:
     """Whether ``out`` may be used as asked (else a RunDirError); True where its files are to be replaced."""
     if resume and overwrite:
         raise RunDirError("--resume and --overwrite exclude each other")
+    if out.exists() and not out.is_dir():
+        raise RunDirError(f"{out} is a file; --out names a run directory")
+    if any(p.exists() and not p.is_dir() for p in out.parents):
+        raise RunDirError(f"{next(p for p in out.parents if p.exists() and not p.is_dir())} is a file, not a folder "
+                          f"that {out} can be made in")
     if resume:  # config.json alone: a run stopped before its first save, which starts again (Run.resume)
         if not ((out / "last.pt").is_file() or (out / "config.json").is_file()):
             if failed_start(out):

@@ -233,6 +233,9 @@ def connection(spec: str, dim: int, layout: str = "seq", in_dim: int | None = No
         raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     dim = _positive_int("dim", dim)
     in_dim = None if in_dim is None else _positive_int("in_dim", in_dim)
+    if place is not None and not isinstance(place, Place):
+        raise TypeError(f"place must be a skiplab.connections.Place (where the block sits in its model), got "
+                        f"{type(place).__name__}")
     parsed = parse_spec(spec, norm)
     conn = REGISTRY[parsed.name](parsed, dim, layout, in_dim, place)
     if "alpha0" in parsed.options:

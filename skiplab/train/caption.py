@@ -54,7 +54,7 @@ import torch
 
 from .. import decoding, distributed, run_dir
 from ..data import idx
-from ..data.images import dataset_dirs
+from ..data.images import SYSTEM_FASHION_MNIST, dataset_dirs
 from ..data.scenes import fashion_scenes
 from ..data.scenes_crowded import crowded_fashion_scenes
 from ..data.scenes_hard import hard_fashion_scenes
@@ -229,6 +229,9 @@ def fashion_dir(data_dir: str) -> Path:
         if all(idx.find_idx_file(root, n) is not None for n in idx.IDX_FILES["train"]):
             return root
     where = ", ".join(str(p) for p in candidates)
+    if data_dir:
+        raise FileNotFoundError(f"no Fashion-MNIST IDX files in --data-dir {data_dir} (`apt-get install "
+                                f"dataset-fashion-mnist` puts them in {SYSTEM_FASHION_MNIST})")
     raise FileNotFoundError(f"no Fashion-MNIST IDX files in {where}: run `apt-get install dataset-fashion-mnist` "
                             f"or give --data-dir")
 

@@ -68,6 +68,10 @@ class Translator:
                               stacklevel=2)
                 ids[i] = s[:limit]
         out: list[str] = [""] * len(lines)
+        longest = max((len(s) + 1 for s in ids), default=0)  # with EOS
+        if longest > max_tokens:
+            raise ValueError(f"--max-tokens {max_tokens} holds fewer tokens than the longest line's {longest} (with "
+                             f"end of sentence); give --max-tokens {longest} or more")
         batches = make_batches(ids, None, max_tokens)
         for b in tqdm(batches, desc="translate", unit="batch", disable=not progress):
             hyps = beam_search(self.model, b.src.to(self.device), beam=beam, alpha=alpha, max_len_b=max_len_b)

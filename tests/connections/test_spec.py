@@ -107,3 +107,5 @@ def test_bad_layout_and_dim():
     assert skiplab.connection("1xSkip", __import__("numpy").int64(3)).dim == 3
     with pytest.raises(ValueError, match="must be a string"):
         skiplab.connection(2, 8)
+    with pytest.raises(TypeError, match="place must be a skiplab.connections.Place .* got str"):
+        skiplab.connection("PreLN", 8, place="foo")

@@ -144,6 +144,12 @@ def test_train_translate_score_average_end_to_end(corpus, tmp_path, capsys, monk
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A man is riding a bike.\nTwo dogs play.\n")))
     assert main(["translate", "--checkpoint", str(out), "--beam", "2"]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 2
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A man is riding a bike.\n")))
+    assert main(["translate", "--checkpoint", str(out), "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--max-tokens 2 holds fewer tokens than the longest line's" in err and err.count("\n") == 1
+    assert main(tiny_args(corpus, out / "config.json")) == 2  # --out a file
+    assert "config.json is a file; --out names a run directory" in capsys.readouterr().err
 
     assert main(["eval", "mt", "--checkpoint", str(out), "--split", "test", "--average", "2"]) == 0
     result = json.loads(capsys.readouterr().out)
