@@ -97,8 +97,7 @@ def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> P
     held (another process may have written there in between)."""
     out = Path(out)
     _check(out, resume, overwrite)
-    if not out.exists():
-        _made.add(out.resolve())
+    _made.update(p.resolve() for p in (out, *out.parents) if not p.exists())  # the folders mkdir makes
     out.mkdir(parents=True, exist_ok=True)
     hold(out)
     try:
@@ -180,8 +179,10 @@ def let_go() -> None:
         release(key)
         if failed_start(key) and {p.name for p in key.iterdir()} <= {STARTED}:
             (key / STARTED).unlink(missing_ok=True)
-            if key in _made:
-                key.rmdir()
+            folder = key
+            while folder in _made and not any(folder.iterdir()):  # the run's folder, and those made for it
+                folder.rmdir()
+                folder = folder.parent
     _made.clear()
 
 

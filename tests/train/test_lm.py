@@ -635,7 +635,7 @@ def test_a_refused_start_leaves_no_folder_and_a_refused_resume_no_lock(text, tmp
     argv = args(text, out)
     argv[argv.index("--train-file") + 1] = tmp_path / "nowhere.jsonl"
     assert run(argv) == 2
-    assert "nowhere.jsonl" in capsys.readouterr().err and not out.exists()
+    assert "nowhere.jsonl" in capsys.readouterr().err and not out.exists() and not out.parent.exists()
     with one_thread():
         assert run(args(text, out)) == 0
     files = sorted(p.name for p in out.iterdir())
