@@ -305,10 +305,10 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
     root = Path(runs_dir) if runs_dir else out / "runs"
     points, axes = plan(task, base, connections, depths, lrs)
     if (out / "sweep.json").is_file():  # a sweep's table there: kept unless this one holds all it holds
-        stored = json.loads(json.dumps(run_dir.read_json(out / "sweep.json").get("axes", {})))
-        seeded = lambda a: {**a, "seeds": list(range(1, a.get("seeds", 0) + 1))}  # noqa: E731
-        run_dir.check_table_kept(out / "sweep.json", seeded(stored), json.loads(json.dumps(seeded({**axes,
-                                 "seeds": seeds}))), overwrite)
+        # both as sweep.json holds them (lists, JSON's numbers), the seeds as a list of seeds
+        as_json = lambda a: json.loads(json.dumps({**a, "seeds": list(range(1, a.get("seeds", 0) + 1))}))  # noqa: E731
+        stored = run_dir.read_json(out / "sweep.json").get("axes", {})
+        run_dir.check_table_kept(out / "sweep.json", as_json(stored), as_json({**axes, "seeds": seeds}), overwrite)
     check_kinds(task, base, points, seeds, root)  # before the data are made
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
     points, axes = plan(task, base, connections, depths, lrs)
