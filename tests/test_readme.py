@@ -17,3 +17,4 @@ def test_readme_tour_runs(capsys):
     exec(compile(code, "README.md", "exec"), {})
     out = capsys.readouterr().out
     assert out.startswith("2rSkip+LN\n") and "alpha" in out
+    assert len(out.splitlines()) <= 8  # a line a print: no per-feature tensor spread over dozens of lines
