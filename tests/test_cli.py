@@ -79,3 +79,13 @@ def test_a_boolean_option_given_another_word_is_one_line(argv, capsys, tmp_path)
     assert f"error: argument {argv[-1]}: expected a boolean (true, yes, 1, false, no, 0), got 'maybe'" in err
     assert not out.exists()
     assert [config.boolean(w) for w in ("Yes", "TRUE", "1", "no", "False", "0")] == [True] * 3 + [False] * 3
+
+
+@pytest.mark.parametrize("value", ["nan", "-1", "inf", "x"])
+def test_a_length_penalty_is_a_finite_number_at_least_zero(value, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "mt", "--checkpoint", "RUN", "--alpha", value])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "argument --alpha: " in err
+    assert ("expected a number" if value == "x" else "must be a finite number >= 0") in err
+    assert config.at_least(0)("0.6") == 0.6
