@@ -27,6 +27,9 @@ from pathlib import Path
 import numpy as np
 
 from .pretrained import FORMS, PretrainedTokenizer, is_pretrained, load_pretrained, parse_pretrained
+from .pretrained.base import require
+from .pretrained.hf_tokenizer import INSTALL as HF_INSTALL
+from .pretrained.tiktoken_encoding import gpt2_stand_ins
 from .subwords import MODEL_TYPES, Tokenizer
 
 LM_TOKENIZERS = ("bytes", *MODEL_TYPES)  # the kinds made here; the pretrained ones are read from a file
@@ -67,11 +70,7 @@ class ByteTokenizer:
 
         A document holding end of text's text reads it as bytes here; a Hugging Face tokenizer reads it as the token
         unless told to split special tokens (transformers ``split_special_tokens=True``)."""
-        from .pretrained.base import require
-        from .pretrained.hf_tokenizer import INSTALL
-        from .pretrained.tiktoken_encoding import gpt2_stand_ins
-
-        tokenizers = require("tokenizers", INSTALL, "Hugging Face")
+        tokenizers = require("tokenizers", HF_INSTALL, "Hugging Face")
         from tokenizers import AddedToken, decoders, models, pre_tokenizers
 
         vocab = {**gpt2_stand_ins(), self.EOT_TEXT: self.eot}
