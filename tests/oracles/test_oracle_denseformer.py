@@ -26,11 +26,14 @@ def gpt(spec, **kw):
     return m
 
 
-def reference(m: GPT, idx: torch.Tensor) -> torch.Tensor:
-    """The README's loop: ``init_accumulators(x)``; for each block, ``x = block(x)``, ``x = dwa_modules(x, i)``."""
+def reference(m: GPT, idx: torch.Tensor, k: int, p: int) -> torch.Tensor:
+    """The README's loop: ``init_accumulators(x)``; for each block, ``x = block(x)``, ``x = dwa_modules(x, i)``, with
+    the dilation k and period p the spec names (given here, not read from skiplab's module)."""
     dwa = m.across.designs[0]
-    k, p, n = dwa.dilation, dwa.period, len(m.layers)
-    weights = dict(zip([i for i in range(n) if (i + 1) % p == 0], dwa.alpha))  # 0-based block -> its DWA's weights
+    n = len(m.layers)
+    after = [i for i in range(n) if (i + 1) % p == 0]  # 0-based blocks a DWA follows
+    assert len(dwa.alpha) == len(after)
+    weights = dict(zip(after, dwa.alpha))  # 0-based block -> its DWA's weights
     for i, w in weights.items():
         assert w.shape == ((i + 1 + k) // k,)
     x = m.embed(idx)
@@ -46,10 +49,11 @@ def reference(m: GPT, idx: torch.Tensor) -> torch.Tensor:
     return F.linear(m.norm(x), m.embed.weight)
 
 
-def same_outputs_and_gradients(m: GPT, reference) -> None:
-    """``m`` and ``reference(m, tokens)`` give the same logits and the same gradient of every parameter of ``m``."""
+def same_outputs_and_gradients(m: GPT, reference, *settings) -> None:
+    """``m`` and ``reference(m, tokens, *settings)`` give the same logits and the same gradient of every parameter of
+    ``m``."""
     idx = torch.randint(0, 40, (2, 9), generator=torch.Generator().manual_seed(1))
-    out, ref = m(idx), reference(m, idx)
+    out, ref = m(idx), reference(m, idx, *settings)
     torch.testing.assert_close(out, ref)
     w = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)
     params = list(m.parameters())
@@ -59,11 +63,12 @@ def same_outputs_and_gradients(m: GPT, reference) -> None:
         torch.testing.assert_close(a, b, msg=name)
 
 
-@pytest.mark.parametrize("spec", ["PreLN+DenseFormer", "PreLN+DenseFormer(dilation=2)",
-                                  "PreRMS+DenseFormer(dilation=2,period=2)", "PreLN+DenseFormer(dilation=4,period=3)",
-                                  "PreLN+DenseFormer(period=5)"])
-def test_denseformer_gives_the_outputs_and_gradients_of_the_authors_module(spec):
-    same_outputs_and_gradients(gpt(spec, **(dict(mlp="swiglu", norm="RMS") if "RMS" in spec else {})), reference)
+@pytest.mark.parametrize("spec,k,p", [("PreLN+DenseFormer", 1, 1), ("PreLN+DenseFormer(dilation=2)", 2, 1),
+                                      ("PreRMS+DenseFormer(dilation=2,period=2)", 2, 2),
+                                      ("PreLN+DenseFormer(dilation=4,period=3)", 4, 3), ("PreLN+DenseFormer(period=5)", 1, 5)])
+def test_denseformer_gives_the_outputs_and_gradients_of_the_authors_module(spec, k, p):
+    m = gpt(spec, **(dict(mlp="swiglu", norm="RMS") if "RMS" in spec else {}))
+    same_outputs_and_gradients(m, reference, k, p)
 
 
 def _from_zero(self, i):
@@ -80,4 +85,4 @@ def _averages_kept(self, i, x, state):
 def test_the_comparison_fails_under_a_mutation(monkeypatch, name, mutant):
     monkeypatch.setattr(DenseFormer, name, mutant)
     with pytest.raises(AssertionError):
-        same_outputs_and_gradients(gpt("PreLN+DenseFormer(dilation=2)"), reference)
+        same_outputs_and_gradients(gpt("PreLN+DenseFormer(dilation=2)"), reference, 2, 1)

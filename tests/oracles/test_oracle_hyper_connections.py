@@ -116,9 +116,13 @@ def test_hc_starts_from_the_packages_initial_parameters(kind, tanh, k):
     same_initial_parameters(*fresh_pair(kind, tanh, k))
 
 
-def hc_pair(kind: str, tanh: str = "yes", k: int = 5):
-    """skiplab's HC+RMS and the package's HyperConnections for sub-layer k (1-based) of a stack, same weights."""
+def hc_pair(kind: str, tanh: str = "yes", k: int = 5, kernel: bool = True):
+    """skiplab's HC+RMS and the package's HyperConnections for sub-layer k (1-based) of a stack, same weights.
+    ``kernel=False``: skiplab's PyTorch path (``hyper_mix``, what CUDA and a machine without the CPU kernels run)
+    rather than the CPU kernels."""
     ours, ref = fresh_pair(kind, tanh, k)
+    if not kernel:
+        ours.kernel = None
     randomise(ours)
     randomise(ref.norm, seed=4)
     with torch.no_grad():
@@ -137,9 +141,10 @@ def hc_pair(kind: str, tanh: str = "yes", k: int = 5):
     return ours, ref
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernels", "pytorch"])
 @pytest.mark.parametrize("kind,tanh", [("static", "yes"), ("dynamic", "yes"), ("dynamic", "no")])
-def test_hc_gives_the_packages_outputs_and_gradients(kind, tanh):
-    ours, ref = hc_pair(kind, tanh)
+def test_hc_gives_the_packages_outputs_and_gradients(kind, tanh, kernel):
+    ours, ref = hc_pair(kind, tanh, kernel=kernel)
     f = branch_fn()
     ref_norm = copy.deepcopy(ours.norm)  # the sub-layer's own pre-norm, inside the package's branch
     x = streams()
@@ -162,19 +167,37 @@ def test_hc_gives_the_packages_outputs_and_gradients(kind, tanh):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
-def test_a_two_layer_hc_stack_with_expansion_and_sum_is_the_packages():
-    pairs = [hc_pair("dynamic", k=k) for k in (1, 2)]
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernels", "pytorch"])
+def test_a_two_layer_hc_stack_with_expansion_and_sum_is_the_packages(kernel):
+    """Outputs, the input's gradient and every parameter's, through two layers (the second reads the first's
+    streams: the gradient of the first layer's parameters passes through the second's mixes)."""
+    pairs = [hc_pair("dynamic", k=k, kernel=kernel) for k in (1, 2)]
     f1, f2 = branch_fn(1), branch_fn(2)
     norms = [copy.deepcopy(ours.norm) for ours, _ in pairs]
     expand, reduce = get_expand_reduce_stream_functions(N)
     final = skiplab.final_norm(f"HC+RMS(n={N})", D).double()
-    x = torch.randn(2, 3, D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(2, 3, D, dtype=torch.float64, generator=torch.Generator().manual_seed(5), requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
     h = skiplab.input_norm(f"HC+RMS(n={N})", D)(x)
     h = pairs[1][0](pairs[0][0](h, f1), f2)
-    g = expand(x)
+    g = expand(x_ref)
     g = through(pairs[0][1], g, lambda t: f1(norms[0](t)))
     g = through(pairs[1][1], g, lambda t: f2(norms[1](t)))
-    torch.testing.assert_close(final(h), final[0](reduce(g)), rtol=1e-10, atol=1e-12)  # Σ streams, then the norm
+    y, y_ref = final(h), final[0](reduce(g))  # Σ streams, then the norm
+    torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(9), dtype=y.dtype)
+    (y * w).sum().backward()
+    (y_ref * w).sum().backward()
+    torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-10, atol=1e-12)
+    for ours, ref in pairs:
+        grads = [(ours.a_m.grad, ref.static_alpha.grad[:, 0]), (ours.a_r.grad, ref.static_alpha.grad[:, 1:]),
+                 (ours.b.grad, ref.static_beta.grad), (ours.w_m.grad, ref.dynamic_alpha_fn.grad[:, 0]),
+                 (ours.w_r.grad, ref.dynamic_alpha_fn.grad[:, 1:]), (ours.w_b.grad, ref.dynamic_beta_fn.grad),
+                 (ours.s_alpha.grad, ref.dynamic_alpha_scale.grad), (ours.s_beta.grad, ref.dynamic_beta_scale.grad),
+                 (ours.stream_norm.weight.grad, ref.norm.gamma.grad)]
+        for got, want in grads:
+            assert want.abs().max() > 1e-6
+            torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 def test_sinkhorn_knopp_is_the_packages_on_the_same_matrix():
@@ -192,9 +215,12 @@ def test_sinkhorn_knopp_is_the_packages_on_the_same_matrix():
     torch.testing.assert_close(got32, sinkhorn_knopps(logits.detach().float(), 20), rtol=1e-6, atol=1e-7)
 
 
-def mhc_pair(iters: int):
-    """skiplab's mHC and the package's, the package's per-stream projections written as skiplab's block-diagonal φ."""
+def mhc_pair(iters: int, kernel: bool = True):
+    """skiplab's mHC and the package's, the package's per-stream projections written as skiplab's block-diagonal φ
+    (``kernel=False``: skiplab's PyTorch path rather than the CPU kernels)."""
     ours = skiplab.connection(f"mHC+RMS(n={N},iters={iters})", D, place=Place(2, "encoder", 4)).double()
+    if not kernel:
+        ours.kernel = None
     ref = ManifoldConstrainedHyperConnections(N, dim=D, layer_index=1, sinkhorn_iters=iters).double()
     randomise(ref, seed=6)
     with torch.no_grad():
@@ -214,14 +240,14 @@ def mhc_pair(iters: int):
     return ours, ref
 
 
-def compare_mhc() -> None:
+def compare_mhc(kernel: bool = True) -> None:
     """skiplab's mHC against the package's where the two parameterisations meet: outputs and gradients.
 
     The package computes the coefficients in float32 (its projections, scales and Sinkhorn–Knopp cast to float32)
     whatever the module's dtype, so its results carry float32 rounding that skiplab's float64 run does not. The
     tolerance is that rounding as measured where the test runs (tests/noise.py): skiplab's connection run again in
     float32 on the same weights and inputs, its distance from the float64 run per tensor, times noise.FACTOR."""
-    ours, ref = mhc_pair(iters=100)  # converged: both orders of normalisation reach the same doubly stochastic matrix
+    ours, ref = mhc_pair(iters=100, kernel=kernel)  # converged: both orders of normalisation reach the same doubly stochastic matrix
     ours32 = copy.deepcopy(ours).float()
     f = branch_fn()
     f32 = copy.deepcopy(f).float()
@@ -251,8 +277,9 @@ def compare_mhc() -> None:
         assert_within_noise(grad(ours), want, noise((grad(ours32), grad(ours))), name)
 
 
-def test_mhc_gives_the_packages_outputs_where_the_two_parameterisations_meet():
-    compare_mhc()
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernels", "pytorch"])
+def test_mhc_gives_the_packages_outputs_where_the_two_parameterisations_meet(kernel):
+    compare_mhc(kernel)
 
 
 def test_the_comparisons_fail_when_a_constant_of_the_design_is_mutated(monkeypatch):

@@ -194,10 +194,23 @@ def test_the_output_layer_equals_olmo_cores_normalized_lm_head(olmo):
 
 
 def compare_renormalisation(olmo) -> None:
+    """After a step every matrix back on the sphere as OLMo-core's ``NormalizedTransformer.normalize_matrices`` puts
+    it: the block's (its own method), the output layer's (``NormalizedLMHead.normalize_matrices``) and the embedding's
+    (the model's method normalises ``embeddings.weight`` along its last dimension with ``l2_normalize``; the whole
+    model is not built here). The weights start off the sphere (random), so each comparison has work to check."""
     model = skiplab_model()
     block = olmo_block(olmo, model)
+    head = olmo.lm_head.NormalizedLMHead(d_model=D, vocab_size=VOCAB)
+    embed = model.embed.weight.detach().clone()
+    with torch.no_grad():
+        head.w_out.weight.copy_(model.head.weight)
+    assert (model.head.weight.norm(dim=-1) - 1).abs().max() > 0.1 and (embed.norm(dim=-1) - 1).abs().max() > 0.1
     model.after_step()
     block.normalize_matrices()
+    head.normalize_matrices()
+    embed = olmo.functional.l2_normalize(embed, dim=-1)
+    torch.testing.assert_close(model.head.weight, head.w_out.weight)
+    torch.testing.assert_close(model.embed.weight, embed)
     layer = model.layers[0]
     torch.testing.assert_close(layer.attn.qkv_proj.weight, torch.cat([block.attention.w_q.weight,
                                                                       block.attention.w_k.weight,
@@ -225,6 +238,8 @@ MUTATIONS = {
                                                     * (x @ self.up.weight[FFN:].T * self.s_u()))),
     # the columns of W_O normalised as rows
     "W_O rows": (ngpt, "unit_matrices", None),
+    # the embedding normalised along its columns
+    "embedding columns": (ngpt, "unit_matrices", None),
 }
 
 
@@ -243,13 +258,19 @@ def _mutate(monkeypatch, which: str) -> None:
         def rows(model):
             return [(w, -1) for w, _ in found(model)]
         value = rows
+    if which == "embedding columns":
+        found = ngpt.unit_matrices
+
+        def columns(model):
+            return [(w, 0 if w is model.embed.weight else dim) for w, dim in found(model)]
+        value = columns
     monkeypatch.setattr(owner, name, value)
 
 
 @pytest.mark.parametrize("which", list(MUTATIONS))
 def test_a_mutation_of_skiplabs_ngpt_fails_the_comparison(olmo, monkeypatch, which):
     _mutate(monkeypatch, which)
-    compare = compare_renormalisation if which == "W_O rows" else compare_block
+    compare = compare_renormalisation if which in ("W_O rows", "embedding columns") else compare_block
     with pytest.raises(AssertionError):
         compare(olmo)
 

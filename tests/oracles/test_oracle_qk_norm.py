@@ -8,13 +8,14 @@ every head) = skiplab's ``q_norm.norm``/``k_norm.norm`` at ``qk_norm=head``; OLM
 features) = skiplab's at ``qk_norm=all``. Both multiply by the weight (not 1 + weight). The rotary angles come from
 the models' own rotary embedding (``Qwen3RotaryEmbedding``, ``Olmo2RotaryEmbedding``) at rope_theta = skiplab's
 ``rope_base``; no grouped-query attention (``num_key_value_heads`` = heads); eps = ``rms_norm_eps`` = skiplab's
-``norm_eps`` (1e-6, not skiplab's default, so that the field is seen to reach the QK-norms); the causal mask is given
+``norm_eps`` (0.05: large enough against the heads' mean square that an eps not reaching the QK-norms fails the
+comparison, a test below); the causal mask is given
 to the eager attention as an additive mask. Width 64, 4 heads of 16, random weights and gains, float32 (the
 transformers RMSNorm computes in float32 whatever its input).
 
 Each comparison is shown to fail under mutations of skiplab's QK-norm (the last tests): the norm applied after the
-rotary positions instead of before, and its statistic taken across the heads instead of per head (Qwen 3) or per
-head instead of across the heads (OLMo 2), the gain unchanged.
+rotary positions instead of before, its statistic taken across the heads instead of per head (Qwen 3) or per
+head instead of across the heads (OLMo 2), the gain unchanged, and its eps left at skiplab's default.
 """
 
 import importlib.metadata
@@ -33,7 +34,7 @@ Olmo2Attention, Olmo2RotaryEmbedding = _olmo2.Olmo2Attention, _olmo2.Olmo2Rotary
 Qwen3Attention, Qwen3RotaryEmbedding = _qwen3.Qwen3Attention, _qwen3.Qwen3RotaryEmbedding
 
 TRANSFORMERS_VERSION = "5.24.0"  # the version this mapping was checked against
-D, HEADS, T, BASE, EPS = 64, 4, 9, 500.0, 1e-6
+D, HEADS, T, BASE, EPS = 64, 4, 9, 500.0, 0.05
 REFERENCE = {"head": (Qwen3Config, Qwen3Attention, Qwen3RotaryEmbedding),
              "all": (Olmo2Config, Olmo2Attention, Olmo2RotaryEmbedding)}
 
@@ -80,8 +81,11 @@ def reference(qk_norm: str, ours: attention.SelfAttention):
     return theirs, rotary_cls(config)
 
 
-def compare(qk_norm: str, bias: bool = False) -> None:
+def compare(qk_norm: str, bias: bool = False, qk_eps: float | None = None) -> None:
+    """``qk_eps``: skiplab's QK-norms given another eps than the model's (a mutation)."""
     ours = skiplab_attention(qk_norm, bias)
+    if qk_eps is not None:
+        ours.q_norm.norm.eps = ours.k_norm.norm.eps = qk_eps
     theirs, rotary = reference(qk_norm, ours)
     g = torch.Generator().manual_seed(2)
     x = (torch.randn(2, T, D, generator=g) * 1.5 + 0.2).requires_grad_()
@@ -163,3 +167,9 @@ def test_the_comparison_fails_when_the_norm_takes_the_other_scope(monkeypatch, q
         m.setattr(attention.HeadNorm, "forward", _other_scope)
         with pytest.raises(AssertionError):
             compare(qk_norm)
+
+
+@pytest.mark.parametrize("qk_norm", ["head", "all"])
+def test_the_comparison_fails_when_the_qk_norms_miss_the_models_eps(qk_norm):
+    with pytest.raises(AssertionError):
+        compare(qk_norm, qk_eps=1e-6)

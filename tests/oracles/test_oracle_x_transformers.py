@@ -2,8 +2,8 @@
 ``SandwichLN``), ``use_layerscale`` (``LayerScale``) and ``add_value_residual`` (``+ValueRes``). Each runs
 x-transformers' own stack (``Decoder``, i.e. ``AttentionLayers.forward``, with its norms, residuals and final norm)
 against skiplab's connections at width 64 in float64, and compares outputs and gradients (Sandwich-LN: the input's,
-the norms', the branches'; LayerScale: the scales'; the value residual: the input's, the norms', every attention and
-feed-forward weight's, the learned λ's): for Sandwich-LN and LayerScale the sub-layers are replaced in both by one
+the norms', the final norm's, the branches'; LayerScale: the same and the scales'; the value residual: the input's,
+the norms', every attention and feed-forward weight's, the learned λ's): for Sandwich-LN and LayerScale the sub-layers are replaced in both by one
 shared function, so that what is compared is the connection around them; for the value residual the attention is
 x-transformers' own (its softmax set to float64: it computes it in float32), its weights copied into skiplab's.
 
@@ -128,9 +128,22 @@ def test_sandwich_norm_is_sandwich_ln():
     for conn, (norms, _, _) in zip(ours, xt.layers):
         torch.testing.assert_close(conn.norm_in.weight.grad, norms[0].gamma.grad, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(conn.norm_out.weight.grad, norms[1].gamma.grad, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(final.weight.grad, xt.final_norm.gamma.grad, rtol=1e-10, atol=1e-12)
     for f in fs:
         for got, p in zip(grads[id(f)], f.parameters()):
             torch.testing.assert_close(got, p.grad, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("spec", ["SandwichLN", "PeriLN", "PreLN", "LNS"])
+def test_the_additive_form_the_mixes_call_is_the_checked_forward(spec):
+    """A design across the stack that replaces the residual sum (AttnRes, MUDD) calls the connection's additive form
+    y = x + branch_output(F(branch_input(x))) on its own inputs: with every norm randomised, that form is the
+    forward compared with x-transformers above (Sandwich-LN's output norm, not its input norm, on F)."""
+    conn = skiplab.connection(spec, D).double()
+    randomise(conn, seed=5)
+    (f,) = branches(1)
+    x = torch.randn(2, 7, D, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    torch.testing.assert_close(x + conn.branch_output(f(conn.branch_input(x))), conn(x, f), rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("init", ["depth", 1e-5])
@@ -150,17 +163,27 @@ def test_layerscale_option_is_layerscale(init):
         with torch.no_grad():
             conn.scale.copy_(gain(block))
     load_norm(final, xt.final_norm)
-    x = torch.randn(2, 7, D, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    x = torch.randn(2, 7, D, generator=torch.Generator().manual_seed(3), dtype=torch.float64, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
     h = x
     for conn, f in zip(ours, fs):
         h = conn(h, f)
-    y, y_ref = final(h), xt(x)
+    y, y_ref = final(h), xt(x_ref)
     torch.testing.assert_close(y, y_ref, rtol=1e-10, atol=1e-12)
     w = torch.randn(y.shape, generator=torch.Generator().manual_seed(4), dtype=y.dtype)
-    (y * w).sum().backward(), (y_ref * w).sum().backward()
-    for conn, (_, block, _) in zip(ours, xt.layers):
-        assert block.gamma.grad.abs().max() > 1e-6
-        torch.testing.assert_close(conn.scale.grad, block.gamma.grad, rtol=1e-10, atol=1e-12)
+    (y * w).sum().backward()
+    grads = {id(f): [p.grad.clone() for p in f.parameters()] for f in fs}
+    for f in fs:
+        f.zero_grad()
+    (y_ref * w).sum().backward()
+    pairs = [(x.grad, x_ref.grad), (final.weight.grad, xt.final_norm.gamma.grad)]
+    for conn, (norms, block, _) in zip(ours, xt.layers):
+        pairs += [(conn.scale.grad, block.gamma.grad), (conn.norm.weight.grad, norms[0].gamma.grad)]
+    for f in fs:
+        pairs += [(got, p.grad) for got, p in zip(grads[id(f)], f.parameters())]
+    for got, want in pairs:
+        assert want.abs().max() > 1e-6  # a gradient to compare
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
 
 class Mix(nn.Module):
