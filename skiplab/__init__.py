@@ -14,8 +14,10 @@ from .connections import (
     input_norm,
     iter_connections,
     parse_spec,
+    plain_formulas,
+    recording,
 )
 
 __version__ = "0.1.0"
 __all__ = ["Connection", "Place", "available_connections", "connection", "final_norm", "input_norm", "iter_connections",
-           "parse_spec", "__version__"]
+           "parse_spec", "plain_formulas", "recording", "__version__"]

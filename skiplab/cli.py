@@ -94,7 +94,7 @@ def cmd_connections(args: argparse.Namespace) -> None:
         return
     table = available_connections()
     width = max(map(len, table))
-    print("Spec grammar: [number]name[+NORM][(key=value, ...)]   NORM: LN | BN | RMS   (case-sensitive)\n")
+    print("Spec grammar: [number]name[+NORM][(key=value, ...)]   NORM: LN | BN | RMS | DyT   (case-sensitive)\n")
     for spec, formula in table.items():
         print(f"  {spec.ljust(width)}  {formula}")
 

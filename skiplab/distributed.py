@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from .connections.second_order import graph_wanted
+
 T = TypeVar("T")
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 
@@ -210,6 +212,9 @@ class _SyncNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
+        if graph_wanted():  # create_graph: the all-reduce below is no graph
+            raise RuntimeError("synchronised BatchNorm has no second derivative across processes; a gradient penalty "
+                               "or Hessian-vector product needs BatchNorm run in one process")
         x, mean, invstd, weight = ctx.saved_tensors
         shape = (1, -1) + (1,) * (x.dim() - 2)
         dims = [0] + list(range(2, x.dim()))

@@ -9,6 +9,7 @@ from .across import Across
 from .base import (ACROSS, MODEL_NORMS, REGISTRY, Connection, available_connections, check_model_requires, connection,
                    final_norm, input_norm, iter_connections, parse_spec, recording)
 from .place import Place
+from .second_order import plain_formulas
 from .tie import tie_within_layers  # noqa: F401  (models call it once, at the end of their constructor)
 from .norms import EPS, set_norm_eps  # noqa: F401  (a model's own norm eps)
 from .spec import ALIASES, Spec, SpecError
@@ -30,5 +31,6 @@ __all__ = [
     "input_norm",
     "iter_connections",
     "parse_spec",
+    "plain_formulas",
     "recording",
 ]

@@ -22,6 +22,19 @@ ACROSS: dict[str, type[nn.Module]] = {}  # designs across a stack's layers, writ
 MODEL_NORMS = ("LN", "RMS")  # the norm kinds a model may have (its config's ``norm``)
 
 
+def _check_input(conn: "Connection", args: tuple) -> None:
+    """The block input x (the first argument) has ``in_dim`` features where the layout keeps them: a wrong width is
+    one line here, not a shape error from inside a gate's matmul or, in a design without weights, no error at all."""
+    x = args[0] if args else None
+    if not isinstance(x, Tensor):
+        return
+    seq = conn.layout == "seq"
+    if x.dim() < (1 if seq else 2) or x.shape[-1 if seq else 1] != conn.in_dim:
+        where = "the last axis" if seq else "axis 1 of (N, C, ...)"
+        raise ValueError(f"{conn.spec} was built for {conn.in_dim} features on {where} ({conn.layout} layout); "
+                         f"it got an input of shape {tuple(x.shape)}")
+
+
 class Connection(nn.Module):
     """A residual connection: ``y = conn(x, branch, skip=None)``.
 
@@ -55,6 +68,8 @@ class Connection(nn.Module):
         self.place = Place() if place is None else place
         self.spec = _spec.format_spec(spec, type(self), ACROSS)
         self.recording: list[dict[str, Tensor]] | None = None  # a list only inside recording(); see record()
+        if not self.needs_stack:  # a stack's design checks its own streams
+            self.register_forward_pre_hook(_check_input)
 
     @classmethod
     def canonical(cls, spec: _spec.Spec) -> _spec.Spec:

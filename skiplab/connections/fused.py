@@ -20,7 +20,10 @@ import functools
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from .second_order import graph_wanted, plain, vjp
 
 
 def _rows(gate: Tensor, like: Tensor) -> int:
@@ -78,9 +81,16 @@ def gated_sum(*pairs: tuple[Tensor, Tensor]) -> Tensor:
         _rows(g, t)
     dtype = functools.reduce(torch.promote_types, [x.dtype for pair in pairs for x in pair])
     flat = [x.to(dtype) for pair in pairs for x in pair]
-    if torch.compiler.is_compiling():  # the plain sum of products, which the compiler fuses into one kernel
+    if plain():  # the plain sum of products, which the compiler fuses into one kernel
         return functools.reduce(torch.add, [g * t for g, t in zip(flat[0::2], flat[1::2])])
     return _GatedSum.apply(*flat)
+
+
+def group_norm_layout(h: Tensor) -> Tensor:
+    """``h`` in memory ``native_group_norm`` takes (contiguous, or channels-last for 4-d): a copy of another view."""
+    if h.is_contiguous() or (h.dim() == 4 and h.is_contiguous(memory_format=torch.channels_last)):
+        return h
+    return h.contiguous()
 
 
 class _GatedNormSum(torch.autograd.Function):
@@ -96,6 +106,7 @@ class _GatedNormSum(torch.autograd.Function):
     def forward(ctx, s, f, a, b, g, weight, bias, shape, eps):
         h = s + f
         if shape is None:  # GroupNorm with one group: over every axis but the first
+            h = group_norm_layout(h)
             n_, c = h.shape[:2]
             n, mean, rstd = torch.native_group_norm(h, weight, bias, n_, c, h.shape[2:].numel(), 1, eps)
         else:
@@ -108,10 +119,18 @@ class _GatedNormSum(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable  # h and N(h) are made inside forward: no graph to a second order
+    def formula(s, f, a, b, g, weight, bias, shape, eps):
+        """The same y as plain operators: what a second derivative differentiates (:mod:`.second_order`)."""
+        h = s + f
+        n = (F.group_norm(h, 1, weight, bias, eps) if shape is None else F.layer_norm(h, shape, weight, bias, eps))
+        return a * s + b * f + g * n
+
+    @staticmethod
     def backward(ctx, dy):
         s, f, a, b, g, weight, bias, h, n, mean, rstd = ctx.saved_tensors
         need = ctx.needs_input_grad
+        if graph_wanted():  # h, N(h) and the statistics are made inside forward: no graph to a second order
+            return vjp(_GatedNormSum.formula, (s, f, a, b, g, weight, bias, ctx.shape, ctx.eps), need, (dy,))
         mask = [need[0] or need[1], weight is not None and need[5], bias is not None and need[6]]
         dn = g * dy
         if ctx.shape is None:
@@ -135,7 +154,7 @@ def gated_norm_sum(a: Tensor, s: Tensor, b: Tensor, f: Tensor, g: Tensor, norm: 
     kind = type(norm)
     layer = kind is torch.nn.LayerNorm
     fusable = (layer or (kind is torch.nn.GroupNorm and norm.num_groups == 1)) and s.dim() >= 2 \
-        and not torch.compiler.is_compiling() and not torch.is_autocast_enabled(s.device.type) \
+        and not plain() and not torch.is_autocast_enabled(s.device.type) \
         and len({x.dtype for x in (a, s, b, f, g)}) == 1 and s.shape == f.shape
     if not fusable:
         return gated_sum((a, s), (b, f), (g, norm(s + f)))
@@ -170,12 +189,20 @@ class _RMSNorm(torch.autograd.Function):
             y.mul_(weight)
         ctx.mark_non_differentiable(rstd)
         ctx.save_for_backward(x, weight, rstd)
-        ctx.dims, ctx.d = dims, d
+        ctx.dims, ctx.d, ctx.eps = dims, d, eps
         return y, rstd
+
+    @staticmethod
+    def formula(x: Tensor, weight: Tensor | None, dims: tuple[int, ...], eps: float) -> Tensor:
+        """y as plain operators (:mod:`.second_order`)."""
+        y = x * torch.rsqrt(x.square().mean(dims, keepdim=True) + eps)
+        return y if weight is None else y * weight
 
     @staticmethod
     def backward(ctx, dy: Tensor, _drstd: Tensor):
         x, weight, rstd = ctx.saved_tensors
+        if graph_wanted():  # 1/σ is made inside forward (and the gradient below in place): no graph to a second order
+            return vjp(_RMSNorm.formula, (x, weight, ctx.dims, ctx.eps), ctx.needs_input_grad, (dy,))
         gw = dy if weight is None else dy * weight
         c = (gw * x).sum(ctx.dims, keepdim=True)
         dx = gw * rstd if gw is dy else gw.mul_(rstd)
@@ -195,7 +222,7 @@ def rms_norm(x: Tensor, weight: Tensor | None, dims: tuple[int, ...], eps: float
     runs as five separate operations on the CPU)."""
     half = x.dtype in (torch.float16, torch.bfloat16)  # as F.rms_norm: compute in float32, return x's dtype
     axes = tuple([d % x.dim() for d in dims])
-    if torch.compiler.is_compiling():  # the plain formula, which the compiler fuses with what is around it
+    if plain():  # the plain formula, which the compiler fuses with what is around it
         xf = x.float() if half else x
         rstd = torch.rsqrt(xf.square().mean(axes, keepdim=True) + eps)
         y = xf * rstd if weight is None else xf * rstd * weight

@@ -38,7 +38,11 @@ class Highway(Connection):
         t = unpool(torch.sigmoid(self.transform(pool_features(s, self.layout))), self.layout, s)
         self._t = t.detach()  # averaged only when stats() asks; autograd keeps t anyway
         self.record(T=t)
-        return torch.lerp(s, branch(x), t)  # s + T ⊙ (F - s) = T ⊙ F + (1 - T) ⊙ s, one kernel
+        f = branch(x)
+        # s + T ⊙ (F - s) = T ⊙ F + (1 - T) ⊙ s in one kernel; lerp takes one dtype (under autocast a bf16 branch and
+        # gate beside an fp32 stream), so the three in the dtype the written-out sum would promote to
+        dtype = torch.promote_types(torch.promote_types(s.dtype, f.dtype), t.dtype)
+        return torch.lerp(s.to(dtype), f.to(dtype), t.to(dtype))
 
     def stats(self) -> dict[str, Any]:
         return {"T": None if self._t is None else self._t.float().mean().item()}

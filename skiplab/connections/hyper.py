@@ -26,6 +26,7 @@ from .kernels import stream_mix
 from .base import Branch, Connection, register
 from .norms import make_norm
 from .place import Place
+from .second_order import graph_wanted, plain, vjp
 from .spec import Option, Spec, choice
 
 HC_SCALE = 0.01  # HC's s_α, s_β at initialisation (Zhu et al. 2025, Algorithm 2; the code's dynamic_alpha_scale)
@@ -176,9 +177,9 @@ class HC(Connection):
         # (positions, n, D): a view of the residual path (contiguous from the stack's first layer on: Expand)
         streams = x.reshape(-1, self.n, self.dim).contiguous()
         # ∂H in one buffer, the read's part and the weights' (eager only: a compiled step fuses the sum itself)
-        slot = hyper_mix.GradSlot() if self.dynamic and not torch.compiler.is_compiling() else None
+        slot = hyper_mix.GradSlot() if self.dynamic and not plain() else None
         w, b = self.mixing(streams, slot)
-        if self.kernel and streams.device.type == "cpu" and not torch.compiler.is_compiling():
+        if self.kernel and streams.device.type == "cpu" and not plain():
             w_p = w.expand(streams.shape[0], *w.shape[-2:]).contiguous()
             b_p = b.expand(streams.shape[0], self.n).contiguous()
             if stream_mix.usable(streams, w_p, b_p):
@@ -220,20 +221,31 @@ class _Sinkhorn(torch.autograd.Function):
         work = torch.promote_types(logits.dtype, torch.float32)  # bf16/fp16 in float32, float64 kept
         m = logits.to(work).permute(lead, lead + 1, *range(lead)).contiguous()  # (n, n, ...)
         m = torch.exp(m - m.amax(dim=(0, 1), keepdim=True))
-        saved = [m]
+        saved = [logits, m]  # the logits as given: a second derivative's graph starts there
         for _ in range(iters):
             for k in (0, 1):  # T_c: the columns (a sum over the rows i), then T_r: the rows
                 s = m.sum(k, keepdim=True)
                 m = m / s
                 saved += [s, m]
         ctx.save_for_backward(*saved)
-        ctx.lead, ctx.dtype = lead, logits.dtype
+        ctx.lead, ctx.dtype, ctx.iters = lead, logits.dtype, iters
         return m.permute(*range(2, lead + 2), 0, 1).to(logits.dtype)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    def formula(logits: Tensor, iters: int) -> Tensor:
+        """The projection as plain operators (what ``torch.compile`` fuses and a second derivative differentiates)."""
+        m = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        m = torch.exp(m - m.amax(dim=(-2, -1), keepdim=True))
+        for _ in range(iters):
+            m = m / m.sum(-2, keepdim=True)
+            m = m / m.sum(-1, keepdim=True)
+        return m.to(logits.dtype)
+
+    @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        lead, saved = ctx.lead, ctx.saved_tensors
+        lead, (logits, *saved) = ctx.lead, ctx.saved_tensors
+        if graph_wanted():  # the iterates are made inside forward: no graph to a second order
+            return vjp(_Sinkhorn.formula, (logits, ctx.iters), ctx.needs_input_grad, (grad,))
         g = grad.to(saved[0].dtype).permute(lead, lead + 1, *range(lead)).contiguous()
         for i in range(len(saved) - 1, 0, -2):  # (s, y) pairs, last half-step first
             s, y = saved[i - 1], saved[i]
@@ -253,13 +265,8 @@ def sinkhorn(logits: Tensor, iters: int = 20, kernel: bool = False) -> Tensor:
     CPU kernel (:mod:`~skiplab.connections.kernels.sinkhorn`, the same formula) where it can run."""
     if kernel and sinkhorn_kernel.usable(logits):
         return sinkhorn_kernel.sinkhorn(logits, iters)
-    if torch.compiler.is_compiling():
-        m = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        m = torch.exp(m - m.amax(dim=(-2, -1), keepdim=True))
-        for _ in range(iters):
-            m = m / m.sum(-2, keepdim=True)
-            m = m / m.sum(-1, keepdim=True)
-        return m.to(logits.dtype)
+    if plain():
+        return _Sinkhorn.formula(logits, iters)
     return _Sinkhorn.apply(logits, iters)
 
 

@@ -26,6 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .kernels import norm_project as norm_project_kernel
+from .second_order import graph_wanted, plain, vjp
+
 
 def _no_autocast(t: Tensor):
     """The coefficients and streams are combined in their own dtype: under autocast a batched product would
@@ -82,8 +85,8 @@ class _Read(torch.autograd.Function):
             xt = x.mT
             g_w = torch.cat([torch.bmm(g_h0.unsqueeze(1), xt), torch.bmm(g_kept, xt)], 1)
         slot = ctx.slot
-        if g_x is not None and slot is not None and slot.ok:
-            slot.grad, g_x = g_x, None  # the projection's backward adds its part and returns the sum
+        if g_x is not None and slot is not None and slot.ok and not graph_wanted():  # (a second derivative's
+            slot.grad, g_x = g_x, None  # projection returns its own part) the projection's backward adds its part
         return g_x, g_w, None
 
 
@@ -135,12 +138,19 @@ class _NormProject(torch.autograd.Function):
                 r = torch.linalg.vector_norm(x, dim=-1, keepdim=True).square_().div_(f).add_(eps).rsqrt_()
                 t = F.linear(x, v).mul_(r)
         ctx.save_for_backward(x, v, r, t, mu)
-        ctx.slot = slot
+        ctx.slot, ctx.centre, ctx.eps = slot, centre, eps
         return t
+
+    @staticmethod
+    def formula(x: Tensor, v: Tensor, centre: bool, eps: float, slot: GradSlot | None) -> Tensor:
+        """t as plain operators, for a second derivative (:mod:`.second_order`)."""
+        return norm_project_kernel.reference(x, v, centre, eps)
 
     @staticmethod
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, None, None, None]:
         x, v, r, t, mu = ctx.saved_tensors
+        if graph_wanted():  # r and μ are made inside forward: no graph to a second order
+            return vjp(_NormProject.formula, (x, v, ctx.centre, ctx.eps, None), ctx.needs_input_grad, (g,))
         g = g.to(x.dtype)
         f = x.shape[-1]
         gu = g * r  # (R, K)
@@ -171,11 +181,8 @@ def norm_project(x: Tensor, v: Tensor, centre: bool, eps: float, slot: GradSlot 
     """N(x) Vᵀ: rows ``x`` (R, F) normalised (LayerNorm's centring and scaling without its affine with ``centre``,
     RMSNorm's scaling without) and projected on the rows of ``v`` (K, F), without writing N(x) out
     (:class:`_NormProject`); (R, K). ``slot``: shared with the :func:`read` of the same streams (:class:`GradSlot`)."""
-    if torch.compiler.is_compiling():  # the same product, the statistics as reductions inductor fuses
-        if centre:
-            var, mu = torch.var_mean(x, -1, correction=0, keepdim=True)
-            return (F.linear(x, v) - mu * v.sum(-1)) * torch.rsqrt(var + eps)
-        return F.linear(x, v) * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+    if plain():  # the same product, the statistics as reductions inductor fuses
+        return norm_project_kernel.reference(x, v, centre, eps)
     dtype = torch.promote_types(x.dtype, v.dtype)
     xc = x.to(dtype).contiguous()
     if slot is not None and xc is not x:
@@ -187,7 +194,7 @@ def read(x: Tensor, w: Tensor, slot: GradSlot | None = None) -> tuple[Tensor, Te
     """(h₀, x̃) = (Σ_i a_i x_i, A x) for streams ``x`` (P, n, D) and coefficients ``w`` = [a; A], (P, n + 1, n) per
     position or (n + 1, n) for every position: h₀ (P, D), x̃ (P, n, D). ``slot``: shared with the
     :func:`norm_project` that made ``w`` from the same streams, which then returns the whole of their gradient."""
-    if torch.compiler.is_compiling():
+    if plain():
         mix = (w.unsqueeze(-1) * x.unsqueeze(-3)).sum(-2)  # (P, n + 1, D): inductor unrolls the sum over n
         return mix[:, 0], mix[:, 1:]
     dtype = torch.promote_types(x.dtype, w.dtype)
@@ -202,6 +209,6 @@ def read(x: Tensor, w: Tensor, slot: GradSlot | None = None) -> tuple[Tensor, Te
 
 def write(kept: Tensor, f: Tensor, b: Tensor) -> Tensor:
     """x̃ + b ⊗ F: the mixed streams ``kept`` (P, n, D), the sub-layer's output ``f`` (P, D), ``b`` (P, n) or (n,)."""
-    if torch.compiler.is_compiling():
+    if plain():
         return kept + b.unsqueeze(-1) * f.unsqueeze(-2)
     return _Write.apply(kept, f, b.expand(kept.shape[:2]).contiguous())

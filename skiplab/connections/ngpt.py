@@ -31,6 +31,7 @@ from .base import Branch, Connection, register
 from .norms import feature_axis
 from .place import Place
 from .spec import Spec
+from .second_order import graph_wanted, plain
 
 ALPHA_INIT = 0.05  # α_init of both sub-layers (NVIDIA/ngpt: attn_alpha_init_value, mlp_alpha_init_value)
 
@@ -56,8 +57,10 @@ class _Unit(torch.autograd.Function):
         return y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx, dy: Tensor) -> tuple[Tensor, None]:
+        if graph_wanted():  # a second derivative (skiplab.connections.second_order)
+            raise RuntimeError("nGPT's unit norm keeps its output, not its input, so its backward has no second "
+                               "derivative: run the forward inside skiplab.connections.plain_formulas() for one")
         y, r, floored = ctx.saved_tensors
         dot = torch.linalg.vecdot(dy, y, dim=ctx.dim).unsqueeze(ctx.dim).masked_fill_(floored, 0.0)
         return torch.addcmul(dy, y, dot, value=-1.0).mul_(r), None
@@ -67,7 +70,7 @@ def unit(x: Tensor, dim: int = -1) -> Tensor:
     """Norm(x) = x / ‖x‖₂ along ``dim`` (the norm floored at 1e-12 against a zero vector); its backward fused
     (:class:`_Unit`) where gradients are wanted eagerly, the plain quotient under ``torch.compile`` (which fuses
     that itself) and where none is wanted."""
-    if torch.compiler.is_compiling() or not (torch.is_grad_enabled() and x.requires_grad):
+    if plain() or not (torch.is_grad_enabled() and x.requires_grad):
         return x / torch.linalg.vector_norm(x, dim=dim, keepdim=True).clamp_min(FLOOR)
     return _Unit.apply(x, dim)
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .fused import rms_norm
+from .fused import group_norm_layout, rms_norm
 
 NORMS = ("LN", "BN", "RMS")  # the normalisations proper (each divides by a statistic of its input)
 ALL_NORMS = (*NORMS, "DyT")  # and DyT, the element-wise stand-in for LN
@@ -203,6 +203,7 @@ def normalize(norm: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
         return y, rstd.detach()
     if kind is nn.GroupNorm and norm.num_groups == 1:
         n, c = h.shape[:2]
+        h = group_norm_layout(h)
         y, _, rstd = torch.native_group_norm(h, norm.weight, norm.bias, n, c, h.shape[2:].numel(), 1, norm.eps)
         return y, rstd.detach().view(n, *([1] * (h.dim() - 1)))
     if kind in (nn.RMSNorm, RMSNorm, ChannelRMSNorm):
@@ -213,6 +214,9 @@ def normalize(norm: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
         return rms_norm(h, w, dims, eps)
     if kind in (nn.BatchNorm2d, FeatureBatchNorm) and norm.track_running_stats and norm.training and h.numel():
         flat = h.reshape(-1, h.shape[-1]) if kind is FeatureBatchNorm else h
+        if flat.numel() == flat.shape[1]:  # as nn.BatchNorm refuses it: the variance of one value is 0/0
+            raise ValueError(f"BatchNorm in training needs more than one value per feature, got an input of shape "
+                             f"{tuple(h.shape)}")
         factor = 0.0 if norm.momentum is None else norm.momentum
         norm.num_batches_tracked.add_(1)
         if norm.momentum is None:  # cumulative moving average, as nn.BatchNorm does

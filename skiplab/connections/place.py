@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 STACKS = ("encoder", "decoder")
+ROLES = ("attn", "cross", "ffn", "block")
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Place:
     def __post_init__(self):
         if self.stack not in STACKS:
             raise ValueError(f"stack must be one of {', '.join(STACKS)}, got {self.stack!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, got {self.role!r}")
         if min(self.encoder_layers, self.decoder_layers) < 0 or self.layers < 1:
             raise ValueError(f"the {self.stack} stack has {self.layers} layers; a place needs its stack to have one")
         if not 1 <= self.layer <= self.layers:

@@ -192,6 +192,10 @@ def parse(text: str, registry: dict[str, type], known: str, across: dict[str, ty
     if m is None:
         raise fail("not of the form [number]name[+NORM][(key=value, ...)]", names=True)
     name, norm = m["name"], m["norm"]
+    if name in ALIASES:  # an alias with something after it: "PostLN(f=2)", "Residual+LN"
+        full = ALIASES[name]
+        raise fail(f"{name} is short for {full} and takes no options or norm of its own: write the design in full "
+                   f"(e.g. {full.split('+')[0]}+RMS, {full}(f=2))")
     if name not in registry:
         close = difflib.get_close_matches(name, list(registry) + list(ALIASES), n=1, cutoff=0.6)
         lower = {k.lower(): k for k in list(registry) + list(ALIASES)}

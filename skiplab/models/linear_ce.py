@@ -30,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..connections.second_order import graph_wanted, in_plain_formulas
+
 IMPLS = ("eager", "chunked", "liger")
 REDUCTIONS = ("mean", "sum")
 MIN_CHUNK = 256  # rows: 32-row chunks took 1.6x the step on a CPU (benchmarks/head_loss_memory.py's record)
@@ -96,6 +98,9 @@ class _ChunkedLinearCE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):
+        if graph_wanted():  # a second derivative (skiplab.connections.second_order)
+            raise RuntimeError("the chunked head loss makes its gradient in the forward and keeps no logits, so it has "
+                               "no second derivative: use head_loss eager, or run inside skiplab.plain_formulas()")
         dh, dw = ctx.saved_tensors
         return (None if dh is None else dh * grad.to(dh.dtype), None if dw is None else dw * grad.to(dw.dtype),
                 None, None, None, None)
@@ -133,7 +138,7 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, impl: str =
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be a positive number of rows, got {chunk}")
     h, targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
-    if impl == "eager":
+    if impl == "eager" or in_plain_formulas():  # eager's, which autograd differentiates to any order
         return F.cross_entropy(wide(F.linear(h, weight)), targets, ignore_index=ignore_index, reduction=reduction)
     return _fused(h, weight, targets, impl, ignore_index, reduction, chunk)
 

@@ -19,6 +19,7 @@ def test_a_place_knows_its_stack_depth_architecture_and_index():
     (dict(layer=7, encoder_layers=6), "layer 7 is outside the encoder stack's 1..6"),
     (dict(stack="decoder"), "the decoder stack has 0 layers"),
     (dict(sublayer=3, sublayers=2), "sub-layer 3 is outside its layer's 1..2"),
+    (dict(role="attention"), "role must be one of attn, cross, ffn, block, got 'attention'"),
 ])
 def test_a_place_outside_its_stack_is_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):

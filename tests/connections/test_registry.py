@@ -123,3 +123,64 @@ def test_iter_connections_finds_every_block():
     found = list(skiplab.iter_connections(blocks))
     assert [n for n, _ in found] == ["0", "1", "2"]
     assert [c.spec for _, c in found] == ["1xSkip", "2rSkip+LN", "SAS"]
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
+def test_an_input_of_another_width_is_refused_in_one_line(spec, layout):
+    """Not a shape error from inside a gate's matmul, and not a silent result from a design without weights."""
+    conn = build(spec, layout)
+    if conn is None or conn.needs_stack:  # the streams' design checks its own (test_hyper_mix.py)
+        return
+    x = make_input(layout, dim=DIM + 1).detach()
+    with pytest.raises(ValueError, match=rf"built for {DIM} features on .*got an input of shape \({', '.join(map(str, x.shape))}\)"):
+        conn(x, lambda h: h)
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
+def test_a_strided_view_gives_what_its_contiguous_copy_gives(spec, layout):
+    """A view whose strides are neither contiguous nor channels-last (the conv layout's H and W swapped; the seq
+    layout's T and B): the same output and gradient as its contiguous copy (the group norm's own kernel refused it)."""
+    conn = build(spec, layout)
+    if conn is None:
+        return
+    base = make_input(layout).detach().requires_grad_()
+    x = base.transpose(2, 3) if layout == "conv" else base.transpose(0, 1)
+    x_copy = x.detach().contiguous().requires_grad_()
+    assert not x.is_contiguous()
+    branch = make_branch(layout)
+    y, y_copy = call(conn, x, branch), call(conn, x_copy, branch)
+    torch.testing.assert_close(y, y_copy)
+    w = torch.randn(y.shape, generator=torch.Generator().manual_seed(3))
+    (g,) = torch.autograd.grad((y * w).sum(), x)
+    (g_copy,) = torch.autograd.grad((y_copy * w).sum(), x_copy)
+    torch.testing.assert_close(g, g_copy)
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
+def test_cpu_autocast_runs_every_design_close_to_float32(spec, layout):
+    """Under bf16 autocast (a bf16 branch beside a float32 stream): finite, close to the float32 result."""
+    conn = build(spec, layout)
+    if conn is None:
+        return
+    x, branch = make_input(layout).detach(), make_branch(layout)
+    conn.eval()  # BatchNorm: the same (running) statistics both times
+    with torch.no_grad():
+        want = call(conn, x, branch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = call(conn, x, branch)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got.float(), want, rtol=0.1, atol=0.1 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("spec", [s for s in EXAMPLES if "+BN" in s])
+def test_batchnorm_refuses_one_value_per_feature_in_training_and_keeps_its_statistics(spec, layout):
+    """As nn.BatchNorm refuses it (the variance of one value is 0/0): one line, and the running statistics untouched
+    (krSkip+BN wrote NaN into them, silently, and every later evaluation gave NaN)."""
+    conn = build(spec, layout)
+    one = make_input(layout).detach()[:1, :1] if layout == "seq" else make_input(layout).detach()[:1, :, :1, :1]
+    before = {k: v.clone() for k, v in conn.state_dict().items()}
+    with pytest.raises((ValueError, RuntimeError), match="more than (one|1) value per (feature|channel)"):
+        conn(one, lambda h: 0.5 * h)
+    for k, v in conn.state_dict().items():
+        if "num_batches_tracked" not in k:
+            assert torch.equal(v, before[k]), k

@@ -84,6 +84,9 @@ def test_the_spec_remembers_whether_its_norm_was_written(text, norm, written):
         ("2xSkip+LN(", "not of the form"),
         ("", "not of the form"),
         ("HC(n=4,n=5)", "option n is given twice"),
+        ("PostLN(f=2)", "PostLN is short for 1xSkip+LN and takes no options or norm of its own"),
+        ("PostLN+RMS", "write the design in full (e.g. 1xSkip+RMS, 1xSkip+LN(f=2))"),
+        ("Residual+LN", "Residual is short for 1xSkip and takes no options or norm"),
     ],
 )
 def test_bad_spec_names_the_problem_and_lists_known_names_where_the_name_is_the_problem(bad, problem):

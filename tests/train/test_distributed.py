@@ -16,8 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
+from torch import nn
 
+from skiplab.bench.engine import _free_port
 from skiplab.cli import main
+from skiplab.distributed import _sync_batch_norm
 from tests.noise import DELTA, assert_within_noise, image_training_in_float64, noise
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,3 +217,18 @@ def test_a_killed_two_process_image_run_resumes_exactly(fashion_dir, tmp_path):
     for key in a:
         torch.testing.assert_close(b[key], a[key], rtol=0, atol=0, msg=key)
     assert [r["epoch"] for r in records(killed)] == [1, 2, 3]
+
+
+def test_synchronised_batchnorm_refuses_a_second_derivative_in_one_line():
+    """Its backward all-reduces the statistics' sums, which is no graph: asked for one (create_graph), it says so
+    rather than return a gradient autograd would differentiate as if the sums were constants."""
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    try:  # the synchronised path itself (a group of one: the layer alone would run as plain BatchNorm)
+        bn = nn.BatchNorm2d(4).train()
+        x = torch.randn(2, 4, 5, 5, requires_grad=True)
+        (g,) = torch.autograd.grad(_sync_batch_norm(bn, x).square().sum(), x)  # a first derivative: as before
+        assert torch.isfinite(g).all()
+        with pytest.raises(RuntimeError, match="synchronised BatchNorm has no second derivative"):
+            torch.autograd.grad(_sync_batch_norm(bn, x).square().sum(), x, create_graph=True)
+    finally:
+        dist.destroy_process_group()

@@ -25,8 +25,8 @@ import ctypes
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.function import once_differentiable
 
+from ..second_order import graph_wanted, plain, vjp
 from .build import load, typed
 
 _P, _I, _D, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_int
@@ -65,7 +65,7 @@ def _usable(s: Tensor, f: Tensor, weights: list[Tensor], biases: list[Tensor]) -
     return (dtype in _SUFFIX and s.device.type == "cpu" and s.dim() >= 3 and f.shape == s.shape
             and f.dtype == dtype and f.device.type == "cpu" and 1 <= len(weights) == len(biases) <= MAX_K
             and all(t.dtype == dtype and t.device.type == "cpu" and t.shape == (ch,) for t in (*weights, *biases))
-            and s.numel() > 0 and not torch.compiler.is_compiling()
+            and s.numel() > 0 and not plain()
             and not torch.is_autocast_enabled("cpu") and _kernel() is not None)
 
 
@@ -77,6 +77,9 @@ class _AddGroupNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: Tensor, f: Tensor, a: float, c: float, eps: float, *params: Tensor):
         k = len(params) // 2
+        ctx.inputs = len(params)  # s, f and the parameters as given are saved too, for a second derivative
+        ctx.eps = eps
+        given = (s, f, *params)
         s, f = s.contiguous(), f.contiguous()
         weight, bias = torch.stack(params[:k]), torch.stack(params[k:])
         n, ch = s.shape[0], s.shape[1]
@@ -86,15 +89,23 @@ class _AddGroupNorm(torch.autograd.Function):
         if fn(s.data_ptr(), f.data_ptr(), weight.data_ptr(), bias.data_ptr(), a, c, eps, n, ch, s.shape[2:].numel(), k,
               y.data_ptr(), mean.data_ptr(), rstd.data_ptr(), torch.get_num_threads()):
             raise MemoryError("the add_group_norm kernel could not allocate its buffers")
-        ctx.save_for_backward(s, f, weight, bias, mean, rstd)
+        ctx.save_for_backward(s, f, weight, bias, mean, rstd, *given)
         ctx.a, ctx.c = a, c
         ctx.mark_non_differentiable(rstd)
         return y, rstd
 
     @staticmethod
-    @once_differentiable
+    def formula(s: Tensor, f: Tensor, a: float, c: float, eps: float, *params: Tensor) -> Tensor:
+        """y as PyTorch operators, for a second derivative (:mod:`~skiplab.connections.second_order`)."""
+        k = len(params) // 2
+        return reference(s, f, torch.stack(params[:k]), torch.stack(params[k:]), a, c, eps)
+
+    @staticmethod
     def backward(ctx, dy: Tensor, _drstd: Tensor | None):
-        s, f, weight, bias, mean, rstd = ctx.saved_tensors
+        s, f, weight, bias, mean, rstd, *given = ctx.saved_tensors
+        if graph_wanted():  # the statistics are the kernel's, the gradient C code: no graph to a second order
+            inputs = (given[0], given[1], ctx.a, ctx.c, ctx.eps, *given[2:])
+            return vjp(_AddGroupNorm.formula, inputs, ctx.needs_input_grad, (dy,))
         dy = dy.contiguous()
         (n, ch), k = s.shape[:2], weight.shape[0]
         ds, df = torch.empty_like(s), torch.empty_like(s)
@@ -128,7 +139,7 @@ def reference(s: Tensor, f: Tensor, weight: Tensor, bias: Tensor, a: float = 1.0
 def fused_chain(norms, s: Tensor, f: Tensor, a: float = 1.0, c: float = 1.0) -> tuple[Tensor, list[Tensor]] | None:
     """What a connection calls: ``(y, [1/σ_i broadcastable to s])`` from the kernel over ``norms`` (GN_1 .. GN_k),
     or None where it cannot run (the caller then runs its eager formula)."""
-    if torch.compiler.is_compiling():  # before anything the compiler would have to trace
+    if plain():  # before anything the compiler would have to trace
         return None
     params = group_norm_params(norms)
     if params is None or not _usable(s, f, params[0], params[1]):

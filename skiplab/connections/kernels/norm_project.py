@@ -23,9 +23,10 @@ from __future__ import annotations
 import ctypes
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ..second_order import graph_wanted, plain, vjp
 from .build import load, typed
 
 _P, _I, _C, _D = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_double
@@ -51,7 +52,7 @@ def usable(x: Tensor, v: Tensor) -> bool:
     dtype = x.dtype
     return (dtype in _SUFFIX and x.device.type == "cpu" and v.device.type == "cpu" and v.dtype == dtype
             and x.dim() == 2 and v.dim() == 2 and x.shape[1] == v.shape[1] and x.shape[0] > 0 and x.shape[1] > 0
-            and v.shape[0] > 0 and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
+            and v.shape[0] > 0 and not plain() and not torch.is_autocast_enabled("cpu")
             and _kernel() is not None)
 
 
@@ -71,16 +72,22 @@ class _NormProjectKernel(torch.autograd.Function):
         _fn("forward", x.dtype)(x.data_ptr(), v.data_ptr(), vs.data_ptr(), r, f, k, int(centre), eps, t.data_ptr(),
                                 rr.data_ptr(), mu.data_ptr(), scratch.data_ptr(), threads)
         ctx.save_for_backward(x, v, vs, rr, t, mu)
-        ctx.centre, ctx.slot = centre, slot
+        ctx.centre, ctx.slot, ctx.eps = centre, slot, eps
         if slot is not None:
             slot.fuse = True  # the read of the same streams may leave its part of ∂x for this backward (GradSlot)
         return t
 
     @staticmethod
-    @once_differentiable
+    def formula(x: Tensor, v: Tensor, centre: bool, eps: float, slot) -> Tensor:
+        """N(x) Vᵀ as PyTorch operators, for a second derivative (:mod:`~skiplab.connections.second_order`)."""
+        return reference(x, v, centre, eps)
+
+    @staticmethod
     def backward(ctx, g: Tensor):
         x, v, vs, rr, t, mu = ctx.saved_tensors
         want_x, want_v = ctx.needs_input_grad[:2]
+        if graph_wanted():  # the statistics are the kernel's, the gradient C code: no graph to a second order
+            return vjp(_NormProjectKernel.formula, (x, v, ctx.centre, ctx.eps, None), ctx.needs_input_grad, (g,))
         if not (want_x or want_v):
             return None, None, None, None, None
         g = g.to(x.dtype).contiguous()
@@ -111,6 +118,15 @@ class _NormProjectKernel(torch.autograd.Function):
                                f"match rows ({r}, {f})")
         dv = None if parts is None else parts[0] if threads == 1 else parts.sum(0)  # in thread order
         return (dx if want_x else None), dv, None, None, None
+
+
+def reference(x: Tensor, v: Tensor, centre: bool, eps: float) -> Tensor:
+    """N(x) Vᵀ as PyTorch operators, r·(x Vᵀ − μ·V1) with the statistics as reductions (what ``torch.compile`` fuses
+    and a second derivative differentiates)."""
+    if centre:
+        var, mu = torch.var_mean(x, -1, correction=0, keepdim=True)
+        return (F.linear(x, v) - mu * v.sum(-1)) * torch.rsqrt(var + eps)
+    return F.linear(x, v) * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
 
 
 def norm_project(x: Tensor, v: Tensor, centre: bool, eps: float, slot=None) -> Tensor:

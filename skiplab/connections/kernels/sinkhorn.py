@@ -19,8 +19,8 @@ import ctypes
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ..second_order import graph_wanted, plain, vjp
 from .build import load, typed
 
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -40,7 +40,7 @@ def usable(logits: Tensor) -> bool:
     kernel built on this machine."""
     return (logits.dtype in _SUFFIX and logits.device.type == "cpu" and logits.dim() >= 2
             and logits.shape[-1] == logits.shape[-2] and 1 <= logits.shape[-1] <= MAX_N and logits.numel() > 0
-            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu")
+            and not plain() and not torch.is_autocast_enabled("cpu")
             and _kernel() is not None)
 
 
@@ -49,20 +49,30 @@ class _SinkhornKernel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, m0: Tensor, iters: int) -> Tensor:
-        m0 = m0.contiguous()
+        given, m0 = m0, m0.contiguous()  # the tensor as given kept too: a second derivative's graph starts there
         n = m0.shape[-1]
         out = torch.empty_like(m0)
         fn = getattr(_kernel(), f"forward_{_SUFFIX[m0.dtype]}")
         if fn(m0.data_ptr(), m0.numel() // (n * n), n, iters, out.data_ptr(), torch.get_num_threads()):
             raise ValueError(f"sinkhorn kernel: n = {n} and iters = {iters} (n must be 1..{MAX_N}, iters >= 0)")
-        ctx.save_for_backward(m0)
+        ctx.save_for_backward(m0, given)
         ctx.iters = iters
         return out
 
     @staticmethod
-    @once_differentiable
+    def formula(m0: Tensor, iters: int) -> Tensor:
+        """The iterations as PyTorch operators, for a second derivative (:mod:`~skiplab.connections.second_order`)."""
+        m = m0
+        for _ in range(iters):
+            m = m / m.sum(-2, keepdim=True)
+            m = m / m.sum(-1, keepdim=True)
+        return m
+
+    @staticmethod
     def backward(ctx, grad: Tensor):
-        (m0,) = ctx.saved_tensors
+        m0, given = ctx.saved_tensors
+        if graph_wanted():  # C code: no graph to a second order
+            return vjp(_SinkhornKernel.formula, (given, ctx.iters), ctx.needs_input_grad, (grad,))
         grad = grad.to(m0.dtype).contiguous()
         n = m0.shape[-1]
         dm0 = torch.empty_like(m0)

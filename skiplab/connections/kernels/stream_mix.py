@@ -27,8 +27,8 @@ import ctypes
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from ..second_order import graph_wanted, plain, vjp
 from .build import load, typed
 
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -55,7 +55,7 @@ def usable(x: Tensor, w: Tensor, b: Tensor) -> bool:
     return (dtype in _SUFFIX and x.device.type == "cpu" and x.dim() == 3 and x.is_contiguous()
             and all(t.dtype == dtype and t.device.type == "cpu" for t in (w, b))
             and w.shape[-2:] == (x.shape[1] + 1, x.shape[1]) and b.shape[-1] == x.shape[1]
-            and not torch.compiler.is_compiling() and not torch.is_autocast_enabled("cpu") and _kernel() is not None)
+            and not plain() and not torch.is_autocast_enabled("cpu") and _kernel() is not None)
 
 
 class _ReadKernel(torch.autograd.Function):
@@ -69,9 +69,15 @@ class _ReadKernel(torch.autograd.Function):
         return h0
 
     @staticmethod
-    @once_differentiable
+    def formula(x: Tensor, a: Tensor, slot, handoff: bool) -> Tensor:
+        """h₀ as PyTorch operators, for a second derivative (:mod:`~skiplab.connections.second_order`)."""
+        return (a.unsqueeze(-1) * x).sum(1)
+
+    @staticmethod
     def backward(ctx, g0: Tensor):
         x, a = ctx.saved_tensors
+        if graph_wanted():  # C code: no graph to a second order; every part of ∂x returned here, none handed on
+            return vjp(_ReadKernel.formula, (x, a, None, False), ctx.needs_input_grad, (g0,))
         g0 = g0.to(x.dtype).contiguous()
         p, n, d = x.shape
         slot = ctx.slot
@@ -108,9 +114,15 @@ class _WriteKernel(torch.autograd.Function):
         return out
 
     @staticmethod
-    @once_differentiable
+    def formula(x: Tensor, m: Tensor, f: Tensor, b: Tensor, slot) -> Tensor:
+        """x' as PyTorch operators, for a second derivative (:mod:`~skiplab.connections.second_order`)."""
+        return torch.bmm(m, x) + b.unsqueeze(-1) * f.unsqueeze(1)
+
+    @staticmethod
     def backward(ctx, g: Tensor):
         x, m, f, b = ctx.saved_tensors
+        if graph_wanted():  # C code: no graph to a second order; ∂x returned here, not left in the slot
+            return vjp(_WriteKernel.formula, (x, m, f, b, None), ctx.needs_input_grad, (g,))
         g = g.to(x.dtype).contiguous()
         p, n, d = x.shape
         dx, dm, df, db = torch.empty_like(x), m.new_empty(p, n, n), torch.empty_like(f), b.new_empty(p, n)
