@@ -28,7 +28,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$results
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$results/card.txt"
 work=${WORK:-/tmp}
 if [[ ${BENCH:-1} != 0 ]]; then
-    python3 -m skiplab bench --groups gpu --gpu-budget "${BENCH_BUDGET:-270}" --out "$results/bench" \
+    python3 -m skiplab bench --groups gpu --gpu-budget "${BENCH_BUDGET:-270}" --out "$results/bench" --overwrite \
         > "$results/bench.log" 2>&1
     echo "bench: exit $?"; grep '^\[bench\] gpu' "$results/bench.log"
 fi

@@ -171,10 +171,23 @@ def hold(out: Path) -> None:
     _held[key] = handle
 
 
+def note_made(folder: str | Path) -> None:
+    """``folder`` (a comparison's or sweep's ``--out``) and the parents of it that do not exist yet are this
+    command's to make: :func:`let_go` removes them where the command left nothing but empty folders in them."""
+    folder = Path(folder)
+    _made.update(p.resolve() for p in (folder, *folder.parents) if not p.exists())
+
+
+def _holds_no_file(folder: Path) -> bool:
+    return folder.is_dir() and all(p.is_dir() and not p.is_symlink() and _holds_no_file(p) for p in folder.iterdir())
+
+
 def let_go() -> None:
     """Every run directory this process still holds (a command that failed or was interrupted), let go: its lock
     removed, and a start that wrote nothing but its marker leaves nothing behind (the folder too, where this process
-    made it). A start that wrote more (a tokenizer) stays a :func:`failed_start`, which the next run takes."""
+    made it). A start that wrote more (a tokenizer) stays a :func:`failed_start`, which the next run takes. A folder
+    this process made (:func:`note_made`) that holds no file is removed (a sweep refused once its data were
+    looked for)."""
     for key in list(_held):
         release(key)
         if failed_start(key) and {p.name for p in key.iterdir()} <= {STARTED}:
@@ -183,6 +196,9 @@ def let_go() -> None:
             while folder in _made and not any(folder.iterdir()):  # the run's folder, and those made for it
                 folder.rmdir()
                 folder = folder.parent
+    for folder in sorted(_made, key=lambda p: len(p.parts)):  # outermost first: a whole empty tree at once
+        if folder.exists() and _holds_no_file(folder):
+            shutil.rmtree(folder)
     _made.clear()
 
 
@@ -474,6 +490,14 @@ def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor
         else:
             out[k] = states[-1][k].clone()
     return out
+
+
+def check_not_a_run(folder: Path, what: str) -> None:
+    """``folder`` may hold ``what`` (a comparison, a sweep): it is not a training run's folder (its checkpoint or
+    config.json there), whose files the table and the runs beside them would mix with."""
+    if (folder / "last.pt").is_file() or (folder / "config.json").is_file():
+        raise RunDirError(f"{folder} is a training run's folder; {what} writes its runs and table in a folder of its "
+                          "own: give another --out")
 
 
 def check_table_kept(path: Path, before: dict[str, list[Any]], now: dict[str, list[Any]], overwrite: bool) -> None:

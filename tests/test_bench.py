@@ -11,6 +11,7 @@ from skiplab.bench import GROUPS, run
 from skiplab.bench.engine import spawn_ranks
 from skiplab.bench.shapes import DEPTH_DESIGNS, HYPER_DESIGNS, IMAGE_DESIGNS, LM_DESIGNS, MT_DESIGNS
 from skiplab.bench.suite import default_groups
+from skiplab.bench.timing import Row
 from skiplab.cli import main
 
 
@@ -304,3 +305,18 @@ def test_the_head_loss_memory_benchmark_at_tiny_shapes(tmp_path, capsys):
         bench.main(["--rows", "64,x", "--out", str(tmp_path / "bad")])
     assert "--rows and --chunks take comma-separated whole numbers" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_record_in_out_is_kept_unless_overwrite(tmp_path, capsys):
+    (tmp_path / "bench.md").write_text("a record\n")
+    with pytest.raises(ValueError, match="holds a benchmark record .* --overwrite to replace it"):
+        run(quick=True, groups=("machine",), out=str(tmp_path), progress=False)
+    assert (tmp_path / "bench.md").read_text() == "a record\n"
+    assert main(["bench", "--quick", "--groups", "machine", "--out", str(tmp_path)]) == 2
+    assert (tmp_path / "bench.md").read_text() == "a record\n" and capsys.readouterr().err.count("\n") == 1
+    run(quick=True, groups=("machine",), out=str(tmp_path), progress=False, overwrite=True)
+    assert "a record" not in (tmp_path / "bench.md").read_text()
+
+
+def test_a_value_not_measured_reads_as_a_dash():
+    assert Row("gpu", "PreLN MFU", float("nan"), "%", "no known peak for this device").text() == "-"

@@ -294,6 +294,8 @@ def test_welch_p_against_a_hand_computed_case():
     (["reproduce", "000-table9", "--scale", "smoke"], "unknown table '000-table9'; known: 000-table1"),
     (["reproduce", "000-table1", "--scale", "gpu"], "unknown scale 'gpu'; known: smoke, cpu, paper"),
     (["reproduce", "000-table1", "--rows", "2xSkip,4xSkip"], "no row '4xSkip' in 000-table1; its rows: 1rSkip+LN"),
+    (["reproduce", "000-table1", "--scale", "smoke", "--data-root", "/nonexistent/data"],
+     "--data-root /nonexistent/data is not a folder"),
 ])
 def test_bad_table_or_scale_is_a_one_line_error(argv, message, capsys, tmp_path):
     assert cli.main([*argv, "--out", str(tmp_path / "o")]) == 2

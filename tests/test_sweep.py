@@ -280,3 +280,27 @@ def test_a_sweep_that_would_drop_part_of_the_table_in_its_out_is_refused_unless_
     assert run([*smaller, "--overwrite"]) == 0
     assert len(load(out / "sweep.json")["rows"]) == 1
     assert run(sweep_args(text, out, connections="PostLN", depths="2", lrs=f"{STABLE:g}", runs=swept / "runs")) == 0
+
+
+def test_a_training_runs_folder_is_refused_as_the_sweeps_out(swept, text, monkeypatch, capsys):  # noqa: F811
+    """As compare refuses it: a sweep's runs, table and figures would land beside the run's checkpoints."""
+    monkeypatch.setattr(tasks.TASKS["lm"], "train", lambda *a, **k: pytest.fail("trained"))
+    run_folder = next(p.parent for p in sorted((swept / "runs").glob("*/seed1/config.json")))
+    before = sorted(p.name for p in run_folder.iterdir())
+    capsys.readouterr()
+    assert run(sweep_args(text, run_folder, **AXES)) == 2
+    err = capsys.readouterr().err
+    assert "is a training run's folder; a sweep writes its runs and table in a folder of its own" in err
+    assert err.count("\n") == 1 and sorted(p.name for p in run_folder.iterdir()) == before
+
+
+def test_a_sweep_refused_once_it_looks_for_its_data_leaves_no_folder(tmp_path, capsys):
+    """Its --out (and the folders above it) made for the prepared data, then the data not there: one line, and
+    nothing left behind (the folders held no file)."""
+    out = tmp_path / "new" / "sweep"
+    argv = ["sweep", "lm", "--model", BASE, "--corpus", "pydocs", "--data-dir", str(tmp_path / "nope"),
+            "--connections", "PreLN", "--depths", "1", "--seeds", "1", "--max-steps", "2", "--device", "cpu",
+            "--out", str(out)]
+    assert run(argv) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()

@@ -32,9 +32,9 @@ kernel set in fp32, or a GPU model with its precision) is part of what a design'
 blocking removes an additive machine effect, not a design that gains more on one kind than on another. A block's
 kind is its baseline run's; a table pools blocks of one kind only (:func:`one_kind` refuses others).
 
-**Run status**: ``diverged`` (its loss stopped being finite), ``stalled`` (finished, but its metric is within the
-task's stated margin of the context-free reference: the unigram model for a language model, chance for a
-classifier; it trained without learning much), or ``trained``. **Failures are not findings**: a row with any
+**Run status**: ``diverged`` (its loss stopped being finite), ``stalled`` (finished, but its metric is not the
+task's stated margin better than the context-free reference, or is worse: the unigram model for a language model,
+chance for a classifier; it trained without learning much), or ``trained``. **Failures are not findings**: a row with any
 stalled or diverged run is ``failed``; it is reported apart (its runs listed by status), and its paired p leaves
 Holm's family, so that "worse than the baseline" is never a claim about a run that did not train. The baseline's
 row likewise; and a block whose baseline run stalled or diverged pairs no row ("better than the baseline" is no

@@ -78,20 +78,27 @@ def machine_name() -> str:
 
 
 def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | None = None,
-        data_dir: str | None = None, threads: int = 0, progress: bool = True, gpu_budget_s: float = 0.0) -> list[Row]:
+        data_dir: str | None = None, threads: int = 0, progress: bool = True, gpu_budget_s: float = 0.0,
+        overwrite: bool = False) -> list[Row]:
     """Run ``groups`` (machine first: the others read its rates; default :func:`default_groups`) with ``threads``
     torch threads (0: torch's choice), print the table; with ``out`` (``auto``: :func:`auto_out`), write
-    ``bench.md`` and ``bench.json`` there, again after every group and every row of the gpu group."""
+    ``bench.md`` and ``bench.json`` there, again after every group and every row of the gpu group. A record
+    already in ``out`` is replaced only with ``overwrite``."""
     groups = default_groups() if groups is None else groups
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise ValueError(f"unknown benchmark group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
+    out = auto_out() if out == "auto" else out
+    if out and not overwrite and any(Path(out, f).exists() for f in ("bench.md", "bench.json")):
+        raise ValueError(f"{out} holds a benchmark record (bench.md, bench.json) already: give another --out, or "
+                         "--overwrite to replace it")
     if threads:
         torch.set_num_threads(threads)
     host.keep_freed_memory()  # as a skiplab run does: a step's freed memory kept for the next (glibc)
-    out = auto_out() if out == "auto" else out
     sz = QUICK if quick else Sizes()
-    header = f"Measured on {machine_name()}; sizes: {'quick' if quick else 'full'}."
+    smoke_gpu = "gpu" in groups and not quick and not torch.cuda.is_available()
+    sizes = "quick" if quick else "full" + ("; the gpu group at smoke size (no CUDA card)" if smoke_gpu else "")
+    header = f"Measured on {machine_name()}; sizes: {sizes}."
     rows: list[Row] = []
     ctx: dict = {"data_dir": data_dir, "quick": quick, "gpu_budget_s": gpu_budget_s,
                  "emit": lambda partial: write(out, header, quick, sz, rows + partial) if out else None}
@@ -145,10 +152,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=count(0), default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--gpu-budget", type=float, default=0.0, metavar="SECONDS",
                    help="the gpu group starts no new design after this many seconds (default: 270)")
+    p.add_argument("--overwrite", action="store_true", help="replace a bench.md and bench.json already in --out")
     p.set_defaults(func=command)
 
 
 def command(args: argparse.Namespace) -> None:
     """``skiplab bench``."""
     run(quick=args.quick, groups=tuple(args.groups) if args.groups else None, out=args.out or None, data_dir=args.data_dir,
-        threads=args.threads, gpu_budget_s=args.gpu_budget)
+        threads=args.threads, gpu_budget_s=args.gpu_budget, overwrite=args.overwrite)

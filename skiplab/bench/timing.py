@@ -3,6 +3,8 @@ all of them alike, and every result is a ratio of two times measured in the same
 
 from __future__ import annotations
 
+import math
+
 import statistics
 import time
 from collections.abc import Callable
@@ -20,6 +22,8 @@ class Row:
     note: str = ""
 
     def text(self) -> str:
+        if math.isnan(self.value):  # not measured here (an MFU without a known peak): the note says why
+            return "-"
         if self.unit == "x":
             return f"{self.value:.3f}x"
         if self.unit == "%":

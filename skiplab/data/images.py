@@ -169,7 +169,8 @@ def load_image_dataset(name: str, data_dir: str | os.PathLike | None = None, dow
     """
     info = _info(name)
     roots = [Path(data_dir).expanduser()] if data_dir is not None else default_dirs(info)
-    target = next(r for r in roots if r not in info.system_dirs)
+    # where a download goes: the first folder not a system one (a --data-dir naming the system folder: that folder)
+    target = next((r for r in roots if r not in info.system_dirs), roots[0])
     found = next((f for f in map(info.locate, roots) if f is not None), None)
     if found is None:
         if not download:

@@ -184,6 +184,8 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
     sc = get_scale(scale_name)
     if seeds < 1 or jobs < 1:
         raise ValueError(f"--seeds and --jobs must be >= 1, got {seeds} and {jobs}")
+    if data_root and not Path(data_root).is_dir():  # a missing data/ under it falls back; a missing root is a slip
+        raise ValueError(f"--data-root {data_root} is not a folder")
     unknown = [r for r in rows if not any(r in t.rows for t in tables)]
     if unknown:
         known = sorted({r for t in tables for r in t.rows})

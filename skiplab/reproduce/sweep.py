@@ -304,12 +304,14 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
     out = Path(base.out)
     root = Path(runs_dir) if runs_dir else out / "runs"
     points, axes = plan(task, base, connections, depths, lrs)
+    run_dir.check_not_a_run(out, "a sweep")
     if (out / "sweep.json").is_file():  # a sweep's table there: kept unless this one holds all it holds
         # both as sweep.json holds them (lists, JSON's numbers), the seeds as a list of seeds
         as_json = lambda a: json.loads(json.dumps({**a, "seeds": list(range(1, a.get("seeds", 0) + 1))}))  # noqa: E731
         stored = run_dir.read_json(out / "sweep.json").get("axes", {})
         run_dir.check_table_kept(out / "sweep.json", as_json(stored), as_json({**axes, "seeds": seeds}), overwrite)
     check_kinds(task, base, points, seeds, root)  # before the data are made
+    run_dir.note_made(out), run_dir.note_made(root)  # removed where nothing is written in them (run_dir.let_go)
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
     points, axes = plan(task, base, connections, depths, lrs)
     check_kinds(task, base, points, seeds, root)

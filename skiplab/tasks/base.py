@@ -41,7 +41,8 @@ class Task:
     # no ``skiplab sweep``), and the summary's final validation number with its column header
     depth_options: ClassVar[tuple[str, ...]] = ()
     final_valid: ClassVar[tuple[str, str]] = ("final_valid_loss", "final valid loss")
-    # a finished run within ``stall_margin`` of :meth:`reference` (in the metric's units) stalled (skiplab.analysis.blocks)
+    # a finished run less than ``stall_margin`` better than :meth:`reference` (in the metric's units; worse than it
+    # too) stalled (skiplab.analysis.blocks.status)
     stall_margin: ClassVar[float | None] = None
     probes: ClassVar[bool] = False  # the task has :meth:`probe_step` (compare's FLOPs column and matched budgets)
     significance: ClassVar[str] = "Welch's t-test over seeds"  # reproduce's test between a cell and its baseline

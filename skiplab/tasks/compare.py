@@ -69,7 +69,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
     budgets.check(spec, base, budget)
     spec.check_scorable(base)  # e.g. a metric whose package is not installed: said before any run trains
     root = Path(base.out)
-    _check_root(root, [v.label for v in variants], seed_list, overwrite)
+    _check_root(root, [v.label for v in variants], seed_list, overwrite, budget)
     block_kinds(base, variants, seed_list)  # blocks of two kinds of machine: refused before anything is written
     root.mkdir(parents=True, exist_ok=True)
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
@@ -160,13 +160,16 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
     return rows
 
 
-def _check_root(root: Path, labels: list[str], seeds: tuple[int, ...], overwrite: bool) -> None:
-    """``root`` may hold this comparison: not a training run's folder; its table kept unless ``overwrite``."""
-    if (root / "last.pt").is_file() or (root / "config.json").is_file():
-        raise run_dir.RunDirError(f"{root} is a training run's folder; a comparison writes its runs and table in a "
-                                  "folder of its own: give another --out")
+def _check_root(root: Path, labels: list[str], seeds: tuple[int, ...], overwrite: bool, budget: str) -> None:
+    """``root`` may hold this comparison: not a training run's folder; not one of another budget (its runs trained
+    to that budget's lengths); its table kept unless ``overwrite``."""
+    run_dir.check_not_a_run(root, "a comparison")
     if (root / "compare.json").is_file():
         stored = run_dir.read_json(root / "compare.json")
+        if stored.get("budget", "updates") != budget:
+            raise run_dir.RunDirError(f"{root} holds a comparison under --budget {stored.get('budget', 'updates')}, "
+                                      f"its runs trained to that budget's lengths; this one asks --budget {budget}: "
+                                      "give another --out")
         before = {"designs": [v["label"] for v in stored.get("variants", [])],
                   "seeds": stored.get("seed_list") or list(range(1, stored.get("seeds", 0) + 1))}
         run_dir.check_table_kept(root / "compare.json", before, {"designs": labels, "seeds": list(seeds)}, overwrite)

@@ -180,3 +180,13 @@ class _Response(io.BytesIO):
         if self.fail_after and self.reads > 1:
             raise TimeoutError("timed out")
         return super().read(size)
+
+
+def test_a_data_dir_that_is_the_system_folder_is_read(tmp_path, monkeypatch):
+    """--data-dir naming the folder the Debian package fills (where the data README says the files are): read, not a
+    StopIteration from looking for a folder to download into."""
+    system = tmp_path / "usr-share"
+    write_dataset(system, "fashion-mnist")
+    monkeypatch.setitem(IMAGE_DATASETS, "fashion-mnist",
+                        dataclasses.replace(IMAGE_DATASETS["fashion-mnist"], system_dirs=(system,)))
+    assert load_image_dataset("fashion-mnist", data_dir=system, download=False).train_x.shape[0] == 6

@@ -347,7 +347,7 @@ def test_compare_refuses_a_block_begun_on_another_machine(text, tmp_path, capsys
     assert "WARNING: block seed1 mixes machines" in (out / "table.md").read_text()
 
 
-def test_compare_with_a_flops_budget_gives_costlier_designs_fewer_updates(text, tmp_path):
+def test_compare_with_a_flops_budget_gives_costlier_designs_fewer_updates(text, tmp_path, capsys):
     """--budget flops: SAS's counted FLOPs per token exceed PreLN's by 6 x its gate matrices' weights (each
     weight a multiply-add forward and two backward); it gets round(S · F_PreLN / F_SAS) updates."""
     from skiplab.models import build_model
@@ -374,6 +374,14 @@ def test_compare_with_a_flops_budget_gives_costlier_designs_fewer_updates(text, 
     assert json.loads((out / "SAS" / "seed1" / "summary.json").read_text())["steps"] == round(12 * f_pre / f_sas)
     table = (out / "table.md").read_text()
     assert "Budget: equal training FLOPs" in table and "| updates" in table
+    # the same folder under another budget: one line naming both budgets, nothing trained or written
+    other = [a if a != "flops" else "time" for a in argv]
+    kept = (out / "table.md").read_bytes()
+    capsys.readouterr()
+    assert run(["compare", "lm", *other]) == 2
+    err = capsys.readouterr().err
+    assert "holds a comparison under --budget flops" in err and "this one asks --budget time" in err
+    assert err.count("\n") == 1 and (out / "table.md").read_bytes() == kept
 
 
 def test_compare_lm_tokenises_once_for_every_run(text, tmp_path, monkeypatch):
