@@ -6,6 +6,11 @@ import csv
 import dataclasses
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -304,3 +309,23 @@ def test_a_sweep_refused_once_it_looks_for_its_data_leaves_no_folder(tmp_path, c
     assert run(argv) == 2
     assert "no such file" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+def test_ctrl_c_on_a_two_job_sweep_is_one_line_not_the_workers_tracebacks(text, tmp_path):  # noqa: F811
+    """Ctrl-C reaches the whole process group: the workers leave it to the parent, which stops them and says so in one
+    line (each worker printed a KeyboardInterrupt traceback of its own before)."""
+    out = tmp_path / "s"
+    argv = sweep_args(text, out, connections="PreLN", depths="1,2", lrs=f"{STABLE:g}", max_steps=100_000,
+                      eval_every=100_000, warmup=2)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "skiplab", *map(str, argv), "--jobs", "2"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and len(list((out / "runs").glob("*/seed1/config.json"))) < 2:
+        time.sleep(0.5)  # both workers training
+    assert len(list((out / "runs").glob("*/seed1/config.json"))) == 2, proc.communicate(timeout=60)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert "skiplab: interrupted" in err

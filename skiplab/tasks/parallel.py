@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -81,6 +82,12 @@ def _worker(task: str, cfg: Any, threads: int, then: Callable[[str, Any], Any] |
         _train(task, cfg, True, then)
 
 
+def _leave_interrupts_to_the_parent() -> None:
+    """A worker's initializer: Ctrl-C reaches the whole process group, and a worker that took it printed its own
+    traceback to the terminal; the parent alone takes it, says so in one line and stops the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def train_missing(jobs: list[tuple[str, Any]], workers: int = 1, threads: int | None = None,
                   progress: bool = True, then: Callable[[str, Any], Any] | None = None) -> dict[str, dict[str, Any]]:
     """Train every run of ``jobs`` ((task, placed config)) not yet finished, in their order, ``workers`` side by
@@ -98,7 +105,8 @@ def train_missing(jobs: list[tuple[str, Any]], workers: int = 1, threads: int | 
             bar.update()
     else:
         threads = threads or max(1, (os.cpu_count() or 1) // workers)
-        pool = multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=1)
+        pool = multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=1,
+                                                         initializer=_leave_interrupts_to_the_parent)
         try:
             pending = [(pool.apply_async(_worker, (t, c, threads, then)), c) for t, c in todo]
             for handle, cfg in pending:

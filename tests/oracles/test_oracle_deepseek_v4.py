@@ -109,8 +109,12 @@ def pair():
     return layer, conns, (f_attn, f_ffn)
 
 
-def test_mhc_layer_gives_deepseek_v4s_outputs_and_gradients():
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernels", "pytorch"])
+def test_mhc_layer_gives_deepseek_v4s_outputs_and_gradients(kernel):
+    """Through the CPU kernels (stream mixes, norm-projection, Sinkhorn) and through the PyTorch path CUDA runs."""
     layer, (c_attn, c_ffn), (f_attn, f_ffn) = pair()
+    if not kernel:
+        c_attn.kernel = c_ffn.kernel = None
     x = (torch.randn(2, 5, N, D, generator=torch.Generator().manual_seed(4)) * 1.5 + 0.3).requires_grad_()
     x_ref = x.detach().clone().requires_grad_()
     y = c_ffn(c_attn(x, f_attn), f_ffn)
@@ -164,7 +168,7 @@ def test_the_comparisons_fail_when_a_constant_of_the_design_is_mutated(monkeypat
     with monkeypatch.context() as m:
         m.setattr(hyper, "POST_GAIN", 2.02)
         with pytest.raises(AssertionError):
-            test_mhc_layer_gives_deepseek_v4s_outputs_and_gradients()
+            test_mhc_layer_gives_deepseek_v4s_outputs_and_gradients(kernel=True)
     with monkeypatch.context() as m:
         m.setattr(hyper, "MHC_ALPHA", 0.0101)
         with pytest.raises(AssertionError):
