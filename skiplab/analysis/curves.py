@@ -86,7 +86,8 @@ def plot_runs(paths: list[str], out: str | Path, keys: tuple[str, ...] = (), lab
         groups.setdefault(line, []).append(records)
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    title = title or ", ".join(_name(Path(p)) for p in paths)
+    named = ", ".join(_name(Path(p)) for p in paths)
+    title = title or (named if len(named) <= 100 else f"{len(paths)} runs (named in the legend)")  # within the figure
     steps = [run_dir.read_steps(p) for p in paths]
     if given or not all(steps):
         plot_curves(groups, keys, out, title, x=x)

@@ -67,7 +67,7 @@ def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), ti
     for ax in flat[panels:]:
         ax.set_visible(False)
     fig.suptitle(title or f"{run.name}: per-layer telemetry")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.97))  # the panels below the figure's title, not under it
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)  # one file, written whole once drawn

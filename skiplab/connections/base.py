@@ -22,11 +22,14 @@ ACROSS: dict[str, type[nn.Module]] = {}  # designs across a stack's layers, writ
 MODEL_NORMS = ("LN", "RMS")  # the norm kinds a model may have (its config's ``norm``)
 
 
-def _check_input(conn: "Connection", args: tuple) -> None:
+def _check_input(conn: "Connection", args: tuple, kwargs: dict) -> None:
     """The block input x (the first argument) has ``in_dim`` features where the layout keeps them: a wrong width is
-    one line here, not a shape error from inside a gate's matmul or, in a design without weights, no error at all."""
-    x = args[0] if args else None
-    if not isinstance(x, Tensor):
+    one line here, not a shape error from inside a gate's matmul or, in a design without weights, no error at all.
+    With a ``skip`` (a projection shortcut) and no ``in_dim`` given, x is the branch's and the skip's to read, at
+    whatever width they take (only the pre-norm designs read x themselves, and those need ``in_dim``)."""
+    x = args[0] if args else kwargs.get("x")
+    skip = args[2] if len(args) > 2 else kwargs.get("skip")
+    if not isinstance(x, Tensor) or (skip is not None and not conn.in_dim_given):
         return
     seq = conn.layout == "seq"
     if x.dim() < (1 if seq else 2) or x.shape[-1 if seq else 1] != conn.in_dim:
@@ -65,11 +68,12 @@ class Connection(nn.Module):
         super().__init__()
         self.dim, self.layout = dim, layout
         self.in_dim = dim if in_dim is None else in_dim
+        self.in_dim_given = in_dim is not None
         self.place = Place() if place is None else place
         self.spec = _spec.format_spec(spec, type(self), ACROSS)
         self.recording: list[dict[str, Tensor]] | None = None  # a list only inside recording(); see record()
         if not self.needs_stack:  # a stack's design checks its own streams
-            self.register_forward_pre_hook(_check_input)
+            self.register_forward_pre_hook(_check_input, with_kwargs=True)
 
     @classmethod
     def canonical(cls, spec: _spec.Spec) -> _spec.Spec:

@@ -48,13 +48,15 @@ from torch import Tensor
 
 from .. import host, run_dir
 from ..connections import iter_connections
+from ..corpora.shards import is_prepared, read_prepared
 from ..interop import hf
-from ..tokenization.lm import ByteTokenizer
+from ..tokenization.lm import ByteTokenizer, load_lm_tokenizer
 from ..tokenization.pretrained import read_pretrained
 from ..tokenization.pretrained.base import require
 from ..tokenization.pretrained.hf_tokenizer import EOT_NAMES, INSTALL, HFTokenizer
 from ..tokenization.pretrained.tiktoken_encoding import ENCODINGS, TiktokenEncoding
 from ..train import lm
+from ..train.lm_data import same_tokenizer
 
 WEIGHTS, INDEX = "model.safetensors", "model.safetensors.index.json"
 # the LM config's fields an import decides; the others (the data, the recipe) are given as train lm takes them
@@ -260,6 +262,12 @@ def import_hf(source: str | Path, out: str | Path, overwrite: bool = False, **op
     if tok is None and not cfg.binary:
         raise ValueError(f"{source}: no tokenizer (tokenizer.json, or GPT-2's vocab.json and merges.txt), so its run "
                          "reads token files alone: give --corpus '' --train-file X.bin --valid-file Y.bin")
+    if cfg.data_dir and is_prepared(cfg.data_dir):  # a prepared folder serves only a run of its own tokenizer
+        prep = read_prepared(cfg.data_dir)
+        if tok is None or not same_tokenizer(tok, load_lm_tokenizer(prep.tokenizer_bytes())):
+            raise ValueError(f"--data-dir {cfg.data_dir} holds tokens of --tokenizer {prep.tokenizer_spec}, not of "
+                             f"{source}'s tokenizer: give the corpus's text folder (the run tokenises it) or a folder "
+                             f"prepared with --tokenizer hf:{out}/{HFTokenizer.file_name}")
     imported = {"from": str(source.resolve()), "class": hf.CLASSES[config.model_type], "dtype": dtype}
     # a run at step 0, as train lm would resume it: ``train lm --resume --out RUN`` fine-tunes the model
     optimizer = torch.optim.AdamW(lm.parameter_groups(model, cfg.weight_decay), lr=cfg.lr, betas=cfg.adam_betas,

@@ -106,9 +106,6 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     saved = resume and (Path(cfg.out) / "last.pt").is_file()  # the tokenizer is the checkpoint's
     if cfg.tokenizer not in LM_TOKENIZERS and not (saved or cfg.binary or prep):
         pretrained = group.on_main(lambda: read_pretrained(cfg.tokenizer).to_bytes())
-    if cfg.warmup > cfg.max_steps and not resume:
-        warnings.warn(f"--warmup {cfg.warmup} is more than --max-steps {cfg.max_steps}: the learning rate rises to "
-                      f"{cfg.lr * cfg.max_steps / max(cfg.warmup, 1):.3g} at most, never to --lr {cfg.lr:g}", stacklevel=2)
     run = Run(cfg, "lm", group, device, resume=resume, overwrite=overwrite)
     ckpt = run.resume(extendable=BUDGET + (("max_steps",) if cfg.schedule in ("constant", "wsd") else ()))
     if ckpt and cfg.schedule == "wsd" and ckpt["config"]["max_steps"] != cfg.max_steps:
@@ -138,6 +135,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     train_data, valid_data = token_files or group.main_first(lambda: (stream(cfg, "train", tok),
                                                                       stream(cfg, "valid", tok, cfg.valid_tokens)))
     vocab = tok.vocab_size if tok else cfg.vocab_size
+    if cfg.warmup > cfg.max_steps and not resume:  # said once the data are there: a data error is one line alone
+        warnings.warn(f"--warmup {cfg.warmup} is more than --max-steps {cfg.max_steps}: the learning rate rises to "
+                      f"{cfg.lr * cfg.max_steps / max(cfg.warmup, 1):.3g} at most, never to --lr {cfg.lr:g}", stacklevel=2)
 
     mcfg = cfg.model_config(vocab)
     torch.manual_seed(cfg.seed)

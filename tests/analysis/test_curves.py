@@ -123,3 +123,16 @@ def test_seeds_are_averaged_at_the_steps_every_one_recorded_not_by_position():
     line = ax.get_lines()[0]
     assert list(line.get_xdata()) == [20] and list(line.get_ydata()) == [21.0]  # (20 + 22) / 2 at step 20 alone
     plt.close(fig)
+
+
+def test_a_title_of_many_long_run_names_is_kept_within_the_figure(tmp_path, monkeypatch):
+    """Sweep runs' directories are long: joined, they ran off both edges of the figure; the legend names them."""
+    long = [fake_run(tmp_path / f"lm_gpt-mini_connection=PreLN_layers={d}_lr=0.003-0123abcd{d}", "PostLN",
+                     mt_records(40)) for d in range(3)]
+    short = [fake_run(tmp_path / "a", "PostLN", mt_records(40))]
+    seen = {}
+    monkeypatch.setattr(curves, "plot_curves", lambda groups, keys, path, title, x: seen.update(title=title))
+    curves.plot_runs(long, tmp_path / "f.png")
+    assert seen["title"] == "3 runs (named in the legend)"
+    curves.plot_runs(short, tmp_path / "g.png")
+    assert seen["title"] == "a"

@@ -184,3 +184,17 @@ def test_batchnorm_refuses_one_value_per_feature_in_training_and_keeps_its_stati
     for k, v in conn.state_dict().items():
         if "num_batches_tracked" not in k:
             assert torch.equal(v, before[k]), k
+
+
+def test_with_a_projection_skip_the_input_is_the_branchs_and_the_skips_unless_in_dim_is_given():
+    """A block that changes the width (the README's tour): x at 4 features, the skip and the branch map it to 8; with
+    no in_dim the connection reads only their outputs, so x's width is theirs to check; with in_dim it is checked."""
+    torch.manual_seed(0)
+    proj, body = torch.nn.Conv2d(4, 8, 1), torch.nn.Conv2d(4, 8, 3, padding=1)
+    x = torch.randn(2, 4, 5, 5)
+    assert skiplab.connection("SAS", 8, layout="conv")(x, body, skip=proj).shape == (2, 8, 5, 5)
+    assert skiplab.connection("SAS", 8, layout="conv", in_dim=4)(x, body, skip=proj).shape == (2, 8, 5, 5)
+    with pytest.raises(ValueError, match=r"built for 4 features on axis 1 .* shape \(2, 5, 5, 5\)"):
+        skiplab.connection("SAS", 8, layout="conv", in_dim=4)(torch.randn(2, 5, 5, 5), body, skip=proj)
+    with pytest.raises(ValueError, match="built for 8 features"):  # no skip: x is the connection's own
+        skiplab.connection("SAS", 8, layout="conv")(x, body)

@@ -335,3 +335,16 @@ def test_an_imported_runs_checkpoint_loads_weights_only(text, tmp_path, capsys, 
         assert json.loads(capsys.readouterr().out)["tokens"] > 0
         assert run(["export", "hf", out, "--out", tmp_path / "back"]) == 0
     assert (tmp_path / "back" / "model.safetensors").is_file()
+
+
+def test_a_data_dir_prepared_with_another_tokenizer_is_refused_at_import(text, tmp_path, capsys):
+    """An imported run reads text with the folder's own tokenizer: a --data-dir of bytes tokens could never serve it
+    (its evaluation failed later, naming flags of training); refused in one line, nothing written."""
+    folder = hf_folder(tmp_path / "hf", "gpt2")
+    assert run(["prepare", "lm", "--corpus", "", "--train-file", text / "train.jsonl", "--valid-file",
+                text / "valid.jsonl", "--test-file", text / "test.jsonl", "--tokenizer", "bytes",
+                "--out", tmp_path / "bytes"]) == 0
+    capsys.readouterr()
+    assert run(["import", "hf", folder, "--out", tmp_path / "run", "--corpus", "", "--data-dir", tmp_path / "bytes"]) == 2
+    one_line_error(capsys, r"holds tokens of --tokenizer bytes, not of .*hf's tokenizer: give the corpus's text folder")
+    assert not (tmp_path / "run").exists()

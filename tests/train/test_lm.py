@@ -666,3 +666,12 @@ def test_a_relative_data_dir_is_recorded_absolute(text, tmp_path, monkeypatch, c
     assert stored["data_dir"] == str(tmp_path / "data" / "here")
     assert "--warmup 4 is more than --max-steps 2: the learning rate rises to 0.0015 at most, never to --lr 0.003" \
         in capsys.readouterr().err
+
+
+def test_a_data_error_is_one_line_without_the_warm_up_warning_before_it(text, tmp_path, capsys):
+    """The warm-up warning is said once the data are there: a missing training file is the one line printed."""
+    argv = args(text, tmp_path / "run", "--max-steps", "2", "--warmup", "4")
+    argv[argv.index("--train-file") + 1] = str(tmp_path / "nothere.jsonl")
+    assert run(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("skiplab: error: ") and "nothere.jsonl" in err, err
