@@ -25,8 +25,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from .connections.second_order import graph_wanted
-
 T = TypeVar("T")
 LAUNCH_VARS = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
 
@@ -212,7 +210,7 @@ class _SyncNorm(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        if graph_wanted():  # create_graph: the all-reduce below is no graph
+        if torch.is_grad_enabled():  # a backward asked for a graph (create_graph): the all-reduce below is none
             raise RuntimeError("synchronised BatchNorm has no second derivative across processes; a gradient penalty "
                                "or Hessian-vector product needs BatchNorm run in one process")
         x, mean, invstd, weight = ctx.saved_tensors
