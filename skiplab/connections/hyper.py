@@ -235,11 +235,7 @@ class _Sinkhorn(torch.autograd.Function):
     def formula(logits: Tensor, iters: int) -> Tensor:
         """The projection as plain operators (what ``torch.compile`` fuses and a second derivative differentiates)."""
         m = logits.to(torch.promote_types(logits.dtype, torch.float32))
-        m = torch.exp(m - m.amax(dim=(-2, -1), keepdim=True))
-        for _ in range(iters):
-            m = m / m.sum(-2, keepdim=True)
-            m = m / m.sum(-1, keepdim=True)
-        return m.to(logits.dtype)
+        return sinkhorn_kernel.iterate(torch.exp(m - m.amax(dim=(-2, -1), keepdim=True)), iters).to(logits.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:

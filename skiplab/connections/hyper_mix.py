@@ -85,8 +85,9 @@ class _Read(torch.autograd.Function):
             xt = x.mT
             g_w = torch.cat([torch.bmm(g_h0.unsqueeze(1), xt), torch.bmm(g_kept, xt)], 1)
         slot = ctx.slot
-        if g_x is not None and slot is not None and slot.ok and not graph_wanted():  # (a second derivative's
-            slot.grad, g_x = g_x, None  # projection returns its own part) the projection's backward adds its part
+        # the projection's backward adds its part and returns the sum (asked for a graph, each returns its own)
+        if g_x is not None and slot is not None and slot.ok and not graph_wanted():
+            slot.grad, g_x = g_x, None
         return g_x, g_w, None
 
 

@@ -77,9 +77,8 @@ class _AddGroupNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: Tensor, f: Tensor, a: float, c: float, eps: float, *params: Tensor):
         k = len(params) // 2
-        ctx.inputs = len(params)  # s, f and the parameters as given are saved too, for a second derivative
         ctx.eps = eps
-        given = (s, f, *params)
+        given = (s, f, *params)  # saved as given too: a second derivative's graph starts there
         s, f = s.contiguous(), f.contiguous()
         weight, bias = torch.stack(params[:k]), torch.stack(params[k:])
         n, ch = s.shape[0], s.shape[1]

@@ -62,11 +62,7 @@ class _SinkhornKernel(torch.autograd.Function):
     @staticmethod
     def formula(m0: Tensor, iters: int) -> Tensor:
         """The iterations as PyTorch operators, for a second derivative (:mod:`~skiplab.connections.second_order`)."""
-        m = m0
-        for _ in range(iters):
-            m = m / m.sum(-2, keepdim=True)
-            m = m / m.sum(-1, keepdim=True)
-        return m
+        return iterate(m0, iters)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -81,6 +77,15 @@ class _SinkhornKernel(torch.autograd.Function):
               torch.get_num_threads()):
             raise MemoryError("the sinkhorn kernel could not allocate its buffer")
         return dm0, None
+
+
+def iterate(m: Tensor, iters: int) -> Tensor:
+    """``iters`` Sinkhorn–Knopp steps from M⁰ = ``m`` (..., n, n) as PyTorch operators: the columns normalised to sum
+    1, then the rows (the form ``torch.compile`` fuses and a second derivative differentiates)."""
+    for _ in range(iters):
+        m = m / m.sum(-2, keepdim=True)
+        m = m / m.sum(-1, keepdim=True)
+    return m
 
 
 def sinkhorn(logits: Tensor, iters: int = 20) -> Tensor:
