@@ -183,14 +183,15 @@ def cmd_compare(args: argparse.Namespace) -> None:
     else:  # the default connections, for a single model that takes connections
         takes = "connection" in options_of(family_of(base.model))
         connections = () if args.models or not takes else args.default_connections
-    compare(task.name, base, task.variants(base.model, args.models, connections), args.seeds, jobs=args.jobs,
+    variants = task.variants(base.model, args.models, connections, arguments.given_model_options(args))
+    compare(task.name, base, variants, args.seeds, jobs=args.jobs,
             budget=args.budget, mixed_blocks=args.mixed_blocks, baseline_updates=args.baseline_updates,
             overwrite=args.overwrite)
 
 
 def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
     p = sub.add_parser(task, help=help, description=help)
-    config.add_arguments(p, tasks.get(task).config, skip=("seed",))
+    config.add_arguments(p, tasks.get(task).config, skip=("seed",), defaults=defaults)
     arguments.add_model_options(p, task, skip=("connection",))
     p.add_argument("--models", type=config.parse_list, default=(), metavar="SPECS",
                    help="model specs to compare, comma-separated, e.g. transformer-small,dwlstm-small(share=all) "
@@ -204,12 +205,14 @@ def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[s
     p.add_argument("--jobs", type=config.count(1), default=1,
                    help="runs of a block trained side by side, each with cores/N threads (default: 1)")
     p.add_argument("--budget", choices=budget.BUDGETS, default="updates",
-                   help="what every variant gets alike: updates (--max-steps each), flops (the first variant's "
+                   help="what every variant gets alike: updates (--max-steps each, or --epochs where a task counts "
+                        "epochs), flops (the first variant's "
                         "training FLOPs, counted) or time (its wall-clock here, step times measured in turns); "
                         "default: updates")
     p.add_argument("--baseline-updates", type=config.parse_float_list, default=(), metavar="FACTORS",
                    help="also train the baseline (the first variant) at these multiples of --max-steps in every block, "
-                        "e.g. 1.25,1.5, and read each design's effective compute off them (effective.md)")
+                        "e.g. 1.25,1.5, and read each design's effective compute off them (effective.md); tasks that "
+                        "count updates (not image's epochs)")
     p.add_argument("--mixed-blocks", action="store_true",
                    help="train into a block begun on another machine (its rows then lack a same-machine baseline, "
                         "which the table names); refused by default")
@@ -424,8 +427,8 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
-    if argv == ["demo"]:  # the main job by default
-        argv = ["demo", "image"]
+    if argv[:1] == ["demo"] and (len(argv) == 1 or argv[1].startswith("-") and argv[1] not in ("-h", "--help")):
+        argv = ["demo", "image", *argv[1:]]  # the main job by default, its options given to it
     args = parser.parse_args(argv)
     args.argv = [str(a) for a in argv]  # the command as given, for the reports that restate it
     try:

@@ -130,13 +130,18 @@ def parser_for(tp: Any):
     return _scalar_parser(tp)
 
 
-def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one ``--option`` per field of the dataclass ``cls`` (but ``skip``), defaulting to the field's default."""
+def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
+                  defaults: dict[str, Any] | None = None) -> None:
+    """Add one ``--option`` per field of the dataclass ``cls`` (but ``skip``), defaulting to the field's default or,
+    where ``defaults`` names the field (a demo's sizes), to that value, which its help then shows."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if defaults and f.name in defaults:
+            default = defaults[f.name]
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
@@ -154,11 +159,16 @@ ABSOLUTE = ("data_dir",)  # folders a config names, made absolute: its run is re
 def from_arguments(cls: type[T], args: argparse.Namespace) -> T:
     """The ``cls`` instance holding the parsed values of its fields; a relative :data:`ABSOLUTE` folder made
     absolute, so that a run's config names its data wherever the run is evaluated or analysed from."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}
+    return cls(**absolute({f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}))
+
+
+def absolute(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (a config's fields, or some of them) with each relative :data:`ABSOLUTE` folder made absolute."""
+    values = dict(values)
     for name in ABSOLUTE:
         if isinstance(values.get(name), str) and values[name]:
             values[name] = os.path.abspath(os.path.expanduser(values[name]))
-    return cls(**values)
+    return values
 
 
 def to_json(cfg: Any) -> str:

@@ -83,10 +83,12 @@ def _check(out: Path, resume: bool, overwrite: bool) -> bool:
         return False
     if failed_start(out):
         return True
+    if not (out / "config.json").is_file():  # guard against wiping a directory that is not a run
+        raise RunDirError(f"{out} holds files but no skiplab run (no config.json); give --out a new or empty folder"
+                          if not overwrite else
+                          f"{out} is not a skiplab run directory (no config.json); refusing to overwrite it")
     if not overwrite:
         raise RunDirError(f"{out} already holds files; use --resume to continue that run or --overwrite to replace it")
-    if not (out / "config.json").is_file():  # guard against wiping a directory that is not a run
-        raise RunDirError(f"{out} is not a skiplab run directory (no config.json); refusing to overwrite it")
     return True
 
 
@@ -434,11 +436,27 @@ def load_checkpoint(path: str | Path, kind: str | tuple[str, ...]) -> dict[str, 
     return state
 
 
+def run_kind(out: Path) -> str | None:
+    """The task of the run in ``out`` (config.json says; a run written before it did, its last.pt), None where
+    neither says."""
+    try:
+        kind = read_json(out / "config.json").get("kind")
+    except (OSError, ValueError):
+        kind = None
+    if kind is None and (out / "last.pt").is_file():
+        try:
+            kind = load_checkpoint(out / "last.pt", kind=TASK_KINDS).get("kind")
+        except RunDirError:
+            return None
+    return kind
+
+
 def stop_diverged(out: Path, config: dict[str, Any], loss: float, epoch: int, step: int,
-                  watched: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A non-finite loss: record the run as diverged (a result, not a crash), say where, return the summary
-    (with what the run's per-step watch saw, ``watched``, where it has one)."""
-    message = f"non-finite loss ({loss}) at epoch {epoch}, step {step}: the run diverged"
+                  watched: dict[str, Any] | None = None, what: str = "loss") -> dict[str, Any]:
+    """A non-finite loss (``what``: the training loss, or the evaluation's after step ``step``): record the run as
+    diverged (a result, not a crash), say where, return the summary (with what the run's per-step watch saw,
+    ``watched``, where it has one)."""
+    message = f"non-finite {what} ({loss}) at epoch {epoch}, step {step}: the run diverged"
     summary = {"status": "diverged", "message": message, "epoch": epoch, "step": step,
                **({k: v for k, v in watched.items()} if watched else {}), "config": config}
     write_json(out / "summary.json", summary)

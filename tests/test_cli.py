@@ -89,3 +89,20 @@ def test_a_length_penalty_is_a_finite_number_at_least_zero(value, capsys):
     assert stop.value.code == 2 and "argument --alpha: " in err
     assert ("expected a number" if value == "x" else "must be a finite number >= 0") in err
     assert config.at_least(0)("0.6") == 0.6
+
+
+def test_demo_with_options_is_the_main_job_and_its_help_shows_its_own_defaults(monkeypatch, capsys):
+    """`skiplab demo --seeds 1` runs the main job with that option; `demo image --help` shows the demo's sizes, not
+    the image task's (Fashion-MNIST, 6 epochs, runs/demo)."""
+    import skiplab.cli as cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "cmd_compare", lambda args: seen.update(vars(args)))
+    assert main(["demo", "--seeds", "1", "--epochs", "2"]) == 0
+    assert (seen["task"], seen["seeds"], seen["epochs"], seen["dataset"]) == ("image", (1,), 2, "fashion-mnist")
+    with pytest.raises(SystemExit):
+        main(["demo", "image", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for said in ("(default: fashion-mnist)", "(default: 6)", "(default: runs/demo)", "(default: 2000)"):
+        assert said in shown, said
+    assert "(default: cifar10)" not in shown and "(default: 164)" not in shown

@@ -1,7 +1,7 @@
-"""Imports point down the layers: cli -> bench / reproduce -> tasks -> train -> analysis -> translate -> models ->
-connections / data / tokenization / corpora (corpora builds on data and tokenization) -> the shared base (config,
-run_dir, device, distributed, compiled) -> host (the machine). A module that imports a layer above its own fails
-here."""
+"""Imports point down the layers: cli -> bench / reproduce -> tasks -> train -> analysis -> translate -> decoding ->
+interop -> models -> corpora -> connections / data / tokenization -> the shared base (config, run_dir, device,
+distributed, compiled) -> host (the machine), as LAYERS numbers them. A relative import of a layer not strictly
+below the importer's fails here (within a sub-package imports are free)."""
 
 import ast
 from pathlib import Path

@@ -25,7 +25,7 @@ Groups (each a function of the sizes, returning table rows):
              batch, every design's step / PreLN's (:mod:`skiplab.bench.gpu`; smoke size on a CPU). Run by default
              only where CUDA is; ``--out auto`` writes ``docs/results/bench/<card>-<date>/``
 
-``--quick`` runs every group on tiny shapes (seconds; CI checks every row is produced, not the values). The groups
+``--quick`` runs every group on tiny shapes (about 90 s on 2 cores; CI checks every row is produced, not the values). The groups
 live in :mod:`.designs` (each design's cost) and :mod:`.engine` (the engine and the machine), their sizes and designs
 in :mod:`.shapes`, the GPU group in :mod:`.gpu`.
 """
@@ -142,7 +142,7 @@ def environment() -> dict:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``skiplab bench``; the parser runs :func:`command`."""
-    p.add_argument("--quick", action="store_true", help="tiny shapes: every row in seconds (what CI runs)")
+    p.add_argument("--quick", action="store_true", help="tiny shapes: every row, about 90 s on 2 cores (what CI runs)")
     p.add_argument("--groups", type=parse_list, default=None,
                    help=f"comma-separated groups to run (default: all; gpu only where CUDA is): {', '.join(GROUPS)}")
     p.add_argument("--out", default="", help="also write bench.md and bench.json into this directory "

@@ -26,16 +26,19 @@ def _check_input(conn: "Connection", args: tuple, kwargs: dict) -> None:
     """The block input x (the first argument) has ``in_dim`` features where the layout keeps them: a wrong width is
     one line here, not a shape error from inside a gate's matmul or, in a design without weights, no error at all.
     With a ``skip`` (a projection shortcut) and no ``in_dim`` given, x is the branch's and the skip's to read, at
-    whatever width they take (only the pre-norm designs read x themselves, and those need ``in_dim``)."""
+    whatever width they take, unless the connection reads x itself (:attr:`Connection.reads_input`: a norm before
+    the branch), which needs ``in_dim``."""
     x = args[0] if args else kwargs.get("x")
     skip = args[2] if len(args) > 2 else kwargs.get("skip")
-    if not isinstance(x, Tensor) or (skip is not None and not conn.in_dim_given):
+    if not isinstance(x, Tensor) or (skip is not None and not conn.in_dim_given and not conn.reads_input):
         return
     seq = conn.layout == "seq"
     if x.dim() < (1 if seq else 2) or x.shape[-1 if seq else 1] != conn.in_dim:
         where = "the last axis" if seq else "axis 1 of (N, C, ...)"
+        hint = ("; with a projection skip that changes the width, give in_dim (the norm before the branch reads x)"
+                if skip is not None and not conn.in_dim_given else "")
         raise ValueError(f"{conn.spec} was built for {conn.in_dim} features on {where} ({conn.layout} layout); "
-                         f"it got an input of shape {tuple(x.shape)}")
+                         f"it got an input of shape {tuple(x.shape)}{hint}")
 
 
 class Connection(nn.Module):
@@ -62,6 +65,9 @@ class Connection(nn.Module):
     # A stack of blocks that leaves its output un-normalised (pre-norm) needs one final norm of this kind;
     # models ask for it (:func:`final_norm`) rather than branching on the design.
     final_norm: ClassVar[str | None] = None
+    # Whether forward reads the block input x itself (a norm before the branch: pre-norm), at ``in_dim`` features
+    # even where a projection ``skip`` changes the width; the designs that do say so.
+    reads_input: bool = False
 
     def __init__(self, spec: _spec.Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
                  place: Place | None = None):

@@ -53,7 +53,8 @@ class HybridNorm(Connection):
         role = self.place.role
         first = spec.options["star"] == "yes" and self.place.layer == 1
         self.at = "pre" if first else ("none" if role in ATTENTION_ROLES else "post")
-        self.norm = None if self.at == "none" else make_norm(spec.norm, dim, layout)
+        self.reads_input = self.at == "pre"  # layer 1's G(x), before the branch, at the input's width
+        self.norm = None if self.at == "none" else make_norm(spec.norm, self.in_dim if first else dim, layout)
 
     @classmethod
     def final_norm_kind(cls, spec: Spec, layers: int) -> str | None:

@@ -46,6 +46,8 @@ class Keel(Connection):
     one. No new parameters beyond the second norm; α is fixed.
     """
 
+    reads_input = True  # G_in(x), before the branch
+
     name = "Keel"
     accepts_norms = ("LN", "RMS")
     default_norm = "LN"

@@ -88,6 +88,8 @@ class LAuReL(Connection):
     would hand over its inputs twice) and the designs that run every sub-layer themselves.
     """
 
+    reads_input = True  # G(x), before the branch
+
     name = "LAuReL"
     accepts_norms = ("LN", "RMS")
     default_norm = "LN"

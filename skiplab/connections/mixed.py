@@ -50,6 +50,7 @@ class MixLN(Connection):
                  place: Place | None = None):
         super().__init__(spec, dim, layout, in_dim, place)
         self.post = self.place.layer <= post_layers(spec.options["alpha"], self.place.layers)
+        self.reads_input = not self.post  # a pre-norm layer's G(x), before the branch
         self.norm = make_norm(spec.norm, dim if self.post else self.in_dim, layout)
 
     @classmethod

@@ -15,6 +15,8 @@ class _Peri(Connection):
     """y = x + G_out(F(G_in(x))): the branch reads a normalised input and its output is normalised before it
     joins the skip; the skip path stays the identity, so the stack ends with a final norm."""
 
+    reads_input = True  # G_in(x), before the branch
+
     accepts_norms = ("LN", "RMS", "DyT")
     default_norm = "LN"
 

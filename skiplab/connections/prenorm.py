@@ -48,6 +48,8 @@ class _PreNorm(Connection):
     G is ``spec.norm``: the one the name names (``PreLN``, ``PreRMS``, ``PreDyT``), or for ``LNS`` the model's.
     """
 
+    reads_input = True  # G(x), before the branch
+
     options = {"scale": Option("none", choice("none", "depth"), "none, or depth: G(x) scaled by 1/sqrt(layer)"),
                **DEPTH_OPTIONS}
     depth_scaled: ClassVar[bool] = False  # scale=depth without the option (LNS)

@@ -101,6 +101,8 @@ class LayerScale(Connection):
     (:func:`layerscale_init`). Pre-norm: the stack ends with one final norm of the same kind. Touvron et al.
     2021, Section 3, Eq. "x'_l = x_l + diag(λ_{l,1},...,λ_{l,d}) × SA(η(x_l))"."""
 
+    reads_input = True  # η(x), before the branch
+
     name = "LayerScale"
     accepts_norms = ("LN", "RMS", "DyT")
     default_norm = "LN"

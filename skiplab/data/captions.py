@@ -225,17 +225,28 @@ class ImageFolder:
         return read_image(self.root / record.file_name, self._size(record), self.mode, self.channels)
 
     def check(self, record: CaptionedImage) -> Path:
-        """``record``'s file, its header read (not its pixels): a one-line error naming it where it is missing,
-        not an image, or not of the size and channels :meth:`__getitem__` checks."""
+        """``record``'s file, its header and its last bytes read (not its pixels): a one-line error naming it
+        where it is missing, not an image, cut short, or not of the size and channels :meth:`__getitem__` checks.
+
+        Cut short: a PNG must end with its IEND chunk (00 00 00 00 "IEND" AE 42 60 82), a JPEG with its EOI
+        marker (FF D9), either followed by nothing but zero bytes (padding); other formats are not checked for
+        it. A file that does not end so is decoded whole, and kept where that succeeds (a trailer another program
+        appended, or a PNG whose pixels are all there but not its IEND: what :meth:`__getitem__` reads too);
+        where it fails the file is refused. The decode is for those rare files alone, so that checking a set of
+        COCO's size stays a matter of headers."""
         from PIL import Image, UnidentifiedImageError
 
         path = _file(self.root / record.file_name)
+        cut = _cut_short(path)
         try:
             with Image.open(path) as image:
                 shape, mode = (image.height, image.width), self.mode or image.mode
                 bands = Image.getmodebands(mode)
+                if cut:
+                    image.load()
         except (UnidentifiedImageError, OSError, ValueError) as exc:
-            raise ValueError(f"{path}: not a readable image ({' '.join(str(exc).split())})") from None
+            why = " ".join(str(exc).split())
+            raise ValueError(f"{path}: not a readable image ({f'{cut}; {why}' if cut else why})") from None
         _check_image(path, shape, bands, mode, self._size(record), self.channels)
         return path
 
@@ -255,6 +266,26 @@ def read_image(path: str | Path, size: tuple[int, int] | None = None, mode: str 
         raise ValueError(f"{path}: not a readable image ({' '.join(str(exc).split())})") from None
     _check_image(path, array.shape[:2], 1 if array.ndim == 2 else array.shape[2], mode, size, channels)
     return array
+
+
+PNG_SIGNATURE, PNG_END = b"\x89PNG\r\n\x1a\n", b"\x00\x00\x00\x00IEND\xaeB`\x82"
+JPEG_START, JPEG_END = b"\xff\xd8", b"\xff\xd9"
+
+
+def _cut_short(path: Path, tail: int = 1024) -> str | None:
+    """Why the PNG or JPEG file ``path`` looks cut short (it does not end with its IEND chunk or EOI marker, zero
+    bytes after it allowed), or None: from its first and last bytes alone (:meth:`ImageFolder.check`)."""
+    with open(path, "rb") as f:
+        head = f.read(len(PNG_SIGNATURE))
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(0, size - tail))
+        end = f.read().rstrip(b"\x00")
+    if head.startswith(PNG_SIGNATURE) and not end.endswith(PNG_END):
+        return "a PNG cut short: it does not end with an IEND chunk"
+    if head.startswith(JPEG_START) and not end.endswith(JPEG_END):
+        return "a JPEG cut short: it does not end with an EOI marker (FF D9)"
+    return None
 
 
 def _file(path: Path) -> Path:

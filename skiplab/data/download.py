@@ -32,24 +32,36 @@ def download(url: str, dest: Path, md5: str | None, timeout: float = TIMEOUT_S) 
     return ``dest``.
 
     Raises :class:`DownloadError` when the network fails and ``ValueError`` on a checksum mismatch;
-    either way nothing is left at ``dest`` or beside it.
+    either way nothing is left at ``dest`` or beside it, nor the folders made for it (where still empty);
+    ``NotADirectoryError`` where a folder on the way is a file.
     """
     dest = Path(dest)
     if dest.exists():
         return dest
+    blocked = next((p for p in dest.parents if p.exists() and not p.is_dir()), None)
+    if blocked is not None:
+        raise NotADirectoryError(f"{blocked} is a file, not a folder that {dest.name} can be downloaded into")
+    made = [p for p in dest.parents if not p.exists()]  # the folders mkdir makes, innermost first
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-    tmp = Path(tmp_name)
     try:
-        with os.fdopen(fd, "wb") as out:
-            actual = _fetch(url, dest, out, timeout)
-        if md5 is not None and actual != md5:
-            raise ValueError(
-                f"{url}: checksum mismatch for {dest.name}: expected md5 {md5}, got {actual}; the download was deleted"
-            )
-        _place(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                actual = _fetch(url, dest, out, timeout)
+            if md5 is not None and actual != md5:
+                raise ValueError(f"{url}: checksum mismatch for {dest.name}: expected md5 {md5}, got {actual}; "
+                                 "the download was deleted")
+            _place(tmp, dest)
+        finally:
+            tmp.unlink(missing_ok=True)
+    except BaseException:
+        for folder in made:  # a mistyped folder is not left behind, made and empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
     return dest
 
 

@@ -169,6 +169,8 @@ def load_image_dataset(name: str, data_dir: str | os.PathLike | None = None, dow
     """
     info = _info(name)
     roots = [Path(data_dir).expanduser()] if data_dir is not None else default_dirs(info)
+    if data_dir is not None and roots[0].is_file():
+        raise NotADirectoryError(f"{roots[0]} is a file, not a folder of {info.title}'s files")
     # where a download goes: the first folder not a system one (a --data-dir naming the system folder: that folder)
     target = next((r for r in roots if r not in info.system_dirs), roots[0])
     found = next((f for f in map(info.locate, roots) if f is not None), None)

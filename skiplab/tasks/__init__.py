@@ -60,6 +60,7 @@ def train_or_resume(task: str, cfg: Any, progress: bool = True) -> dict[str, Any
     """Train ``cfg``'s run into ``cfg.out``, resuming it from its last checkpoint when one is there."""
     out = Path(cfg.out)
     resume = (out / "last.pt").is_file()
+    run_dir.note_made(out.parent)  # a variant's folder, removed where its run wrote nothing (run_dir.let_go)
     out.parent.mkdir(parents=True, exist_ok=True)
     return get(task).train(cfg, resume=resume, overwrite=not resume and out.exists(), progress=progress)
 

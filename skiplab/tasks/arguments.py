@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from typing import Any
 from pathlib import Path
 
 from .. import config, run_dir
@@ -24,15 +25,22 @@ def train_config(cls, args: argparse.Namespace):
         return dataclasses.replace(cfg, model=with_model_options(cfg.model, args))
     out = getattr(args, "out")
     try:
-        stored = run_dir.read_json(Path(out) / "config.json")["config"]
+        payload = run_dir.read_json(Path(out) / "config.json")
+        stored = payload["config"]
     except FileNotFoundError:
         why = ("its run stopped before writing config.json; start it again without --resume"
                if run_dir.failed_start(Path(out)) else "no config.json there")
         raise run_dir.RunDirError(f"nothing to resume in {out}: {why}") from None
     stored = getattr(cls, "upgrade", dict)(stored)
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if getattr(args, f.name) != f.default}
+    given = config.absolute({f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
+                             if getattr(args, f.name) != f.default})
     given["out"] = out
     stale = sorted(set(stored) - {f.name for f in dataclasses.fields(cls)})
+    kind = payload.get("kind") or (run_dir.run_kind(Path(out)) if stale else None)
+    task = getattr(args, "task", None)
+    if kind and task and kind != task:
+        raise run_dir.RunDirError(f"{out} holds a {kind} run, which `skiplab train {kind} --resume` continues, "
+                                  f"not `train {task}`")
     if stale:
         raise run_dir.RunDirError(f"{out} was written by an older skiplab (its config has {', '.join(stale)}); "
                                   "it cannot be resumed by this one")
@@ -69,10 +77,15 @@ def add_model_options(p: argparse.ArgumentParser, task: str, skip: tuple[str, ..
                            metavar=name.upper(), help=f"{f.metadata.get('help', '')}{only}")
 
 
+def given_model_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The model options given on the command line, by field name."""
+    task = getattr(args, "model_options", None)
+    names = model_options(task) if task else {}
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
 def with_model_options(spec: str, args: argparse.Namespace) -> str:
     """``spec`` with the model options given on the command line added (a value the spec sets otherwise is an
     error naming both)."""
-    task = getattr(args, "model_options", None)
-    names = model_options(task) if task else {}
-    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    given = given_model_options(args)
     return with_options(spec, **given) if given else spec

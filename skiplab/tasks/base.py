@@ -85,9 +85,11 @@ class Task:
     def check_scorable(self, cfg: Any) -> None:
         """An error where a finished run of ``cfg`` could not be scored (:meth:`score`), raised before it trains."""
 
-    def variants(self, base_model: str, models: tuple[str, ...], connections: tuple[str, ...]) -> list[Variant]:
-        """compare's rows: every model spec x connection."""
-        return model_variants(base_model, models, connections)
+    def variants(self, base_model: str, models: tuple[str, ...], connections: tuple[str, ...],
+                 options: dict[str, Any] | None = None) -> list[Variant]:
+        """compare's rows: every model spec x connection, ``options`` (the command line's model options) added to
+        each of ``models``."""
+        return model_variants(base_model, models, connections, options)
 
     def missing_data(self, cfg: Any) -> str:
         """What of ``cfg``'s data is not where it reads them, in words ("" where nothing is missing, or where the

@@ -71,6 +71,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
     root = Path(base.out)
     _check_root(root, [v.label for v in variants], seed_list, overwrite, budget)
     block_kinds(base, variants, seed_list)  # blocks of two kinds of machine: refused before anything is written
+    run_dir.note_made(root)  # removed where nothing is written in it (run_dir.let_go): a run refused its data
     root.mkdir(parents=True, exist_ok=True)
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
     t0 = time.time()

@@ -79,10 +79,12 @@ class ImageTask(Task):
     def train(self, cfg: Any, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
         return image.train(cfg, resume=resume, overwrite=overwrite, progress=progress)
 
-    def variants(self, base_model: str, models: tuple[str, ...], connections: tuple[str, ...]) -> list[Variant]:
-        """One row per connection (labelled by it) on the base model; with ``models``, every model x connection."""
+    def variants(self, base_model: str, models: tuple[str, ...], connections: tuple[str, ...],
+                 options: dict[str, Any] | None = None) -> list[Variant]:
+        """One row per connection (labelled by it) on the base model; with ``models``, every model x connection,
+        ``options`` added to each of ``models``."""
         if models or not connections:
-            return model_variants(base_model, models, connections)
+            return model_variants(base_model, models, connections, options)
         return connection_variants(base_model, connections)
 
     def data_name(self, cfg: Any) -> str:

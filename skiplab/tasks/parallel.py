@@ -65,6 +65,11 @@ def score_run(task: str, cfg: Any) -> None:
         scored(get(task), cfg, progress=False)
 
 
+class RunFailed(ValueError):
+    """A run trained in a worker stopped on what a run alone would say in one line (bad input, absent data, a
+    package not installed): that line, with the run and its log named."""
+
+
 def _train(task: str, cfg: Any, progress: bool, then: Callable[[str, Any], Any] | None) -> None:
     train_or_resume(task, cfg, progress)
     if then is not None:
@@ -115,9 +120,16 @@ def train_missing(jobs: list[tuple[str, Any]], workers: int = 1, threads: int | 
                 except Exception as exc:  # a run's own error, named with its log
                     log = Path(cfg.out).with_suffix(".log")
                     first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                    raise RuntimeError(f"run {cfg.out} failed: {first} (its output: {log})") from exc
+                    message = f"run {cfg.out} failed: {first} (its output: {log})"
+                    if isinstance(exc, (ValueError, OSError, ImportError)):  # bad input, absent data: one line
+                        raise RunFailed(message) from None
+                    raise RuntimeError(message) from exc
                 bar.update()
             pool.close()
+        except BaseException:
+            bar.leave = False  # the error's line stands alone, not after a bar
+            bar.close()
+            raise
         finally:
             pool.terminate()  # an error or an interrupt here stops the other runs too (each resumes later)
             pool.join()

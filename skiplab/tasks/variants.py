@@ -45,12 +45,16 @@ def connection_variants(base_model: str, connections: tuple[str, ...]) -> list[V
             for c in _connections(connections)]
 
 
-def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[str, ...]) -> list[Variant]:
-    """Every model spec x connection (either list may be empty: the base's model, the model's own connection).
+def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[str, ...],
+                   options: dict[str, Any] | None = None) -> list[Variant]:
+    """Every model spec x connection (either list may be empty: the base's model, the model's own connection);
+    ``options`` (model fields: ``d_model=32``, the command line's model options) are added to each of ``models``
+    (the base model has them already), not to the labels.
 
     Labels say what varies: the connection alone (``PostLN``), the model alone (``dwlstm-small``), or both.
     """
-    models = tuple(m.strip() for m in models) or (base_model,)
+    given = tuple(m.strip() for m in models)
+    models = given or (base_model,)
     for m in models:
         parse_model_spec(m)
     if len(set(models)) != len(models):
@@ -59,7 +63,8 @@ def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[
     out = []
     for m in models:
         for c in conns:
-            spec = with_options(m, connection=c) if c else m  # a family without connections fails here
+            spec = with_options(m, **options) if given and options else m  # a field set twice: an error naming both
+            spec = with_options(spec, connection=c) if c else spec  # a family without connections fails here
             label = " ".join(x for x, varies in ((m, len(models) > 1), (c, len(conns) > 1)) if varies) or m
             if len(models) > 1:
                 columns = {"model": m, **(comparison.connection_columns(c) if c else {})}

@@ -9,7 +9,8 @@ self-critical.pytorch's prepro_labels.py does); the vocabulary is the training c
 ``min_count`` times (5, the SAS paper's), stored in every checkpoint.
 
 **Self-critical sequence training** (Rennie et al. 2017), an optional second stage: ``scst_from`` names a finished
-cross-entropy run whose weights (and vocabulary) the run starts from; every batch is ``batch_size`` training images,
+cross-entropy run whose weights (and vocabulary) the run starts from, of the same model, dataset (captions file)
+and ``max_caption_len`` (:func:`check_scst_source`); every batch is ``batch_size`` training images,
 each with ``scst_samples`` captions drawn from the model and its greedy caption as the baseline, and the loss is
 
     L = -(1 / (B·K)) Σ_b Σ_k (r(w^{b,k}) - r(ŵ^b)) Σ_t log p(w^{b,k}_t | w^{b,k}_<t, I_b)
@@ -37,13 +38,15 @@ The data, by ``dataset``:
   ``channels``: a model of 3 reads COCO's few grey images widened to RGB, a model of 1 refuses a colour image;
   :class:`~skiplab.data.captions.ImageFolder`) or their features in ``feature_dir`` (one ``.npy`` / ``.npz`` per
   image, floating-point (regions, ``feature_dim``); the model's ``input`` must be ``features``). Every file's
-  header is checked before a run writes anything. A relative path among these is inside ``data_dir`` where one is
-  given (how ``reproduce`` finds COCO under its ``--data-root``).
+  header (and an image's end: :meth:`~skiplab.data.captions.ImageFolder.check`) is checked before a run writes
+  anything, the test split's too where the data name one (:func:`names_test_files`). A relative path among these
+  is inside ``data_dir`` where one is given (how ``reproduce`` finds COCO under its ``--data-root``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import filecmp
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,6 +187,39 @@ def load_split(cfg: CaptionTrainConfig | dict[str, Any], split: str) -> Split:
         load, files = (lambda i: images[records[i]]), (lambda i: images.check(records[i]))
     name = f"{Path(c['captions']).name} {split} ({len(records)} images)"  # no folder: the same wherever it lies
     return Split(name, [r.id for r in records], [r.raw for r in records], [r.captions for r in records], load, files)
+
+
+def names_test_files(cfg: CaptionTrainConfig | dict[str, Any]) -> bool:
+    """Whether ``cfg``'s data name a test split of files, checked with the others when a run starts: a files run's
+    Karpathy file (its test images, which may be none) or a COCO captions file with ``test_captions`` (a run
+    without one trains all the same); a scene set is composed in memory, with no file to check."""
+    c = cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg)
+    return c["dataset"] == "" and bool(c["test_captions"] or not _is_coco(Path(data_path(c, "captions"))))
+
+
+def check_scst_source(cfg: CaptionTrainConfig, start: dict[str, Any]) -> None:
+    """A one-line error where the run ``cfg.scst_from`` (its checkpoint ``start``) is not one a self-critical
+    stage can start from as ``cfg`` says: another model, another dataset (for files, another ``captions`` file:
+    neither the same path nor a copy of the same bytes; its vocabulary would be reused for data it never saw), or
+    another ``max_caption_len`` (a mismatch is refused, not inherited, so that config.json says what the run did)."""
+    theirs = start["config"]
+    vocab = Vocabulary.from_bytes(start["tokenizer"])
+    where = f"--scst-from {cfg.scst_from}"
+    if start["model_config"] != dataclasses.asdict(cfg.model_config(len(vocab))):
+        raise ValueError(f"{where} trained {theirs['model']}, this run names {cfg.model}: give the same model")
+    ours = dataclasses.asdict(cfg)
+    if theirs.get("dataset") != cfg.dataset:
+        raise ValueError(f"{where} trained on --dataset {theirs.get('dataset') or repr('')}, this run names "
+                         f"--dataset {cfg.dataset or repr('')}: give the same dataset")
+    if cfg.dataset == "":
+        a, b = Path(data_path(theirs, "captions")), Path(data_path(ours, "captions"))
+        same = a.resolve() == b.resolve() or (a.is_file() and b.is_file() and filecmp.cmp(a, b, shallow=False))
+        if not same:
+            raise ValueError(f"{where} trained on --captions {a}, this run names --captions {b}: give the same "
+                             f"captions file")
+    if theirs.get("max_caption_len") != cfg.max_caption_len:
+        raise ValueError(f"{where} trained with --max-caption-len {theirs.get('max_caption_len')}, this run has "
+                         f"{cfg.max_caption_len}: give --max-caption-len {theirs.get('max_caption_len')}")
 
 
 def data_path(c: dict[str, Any], key: str) -> str:
@@ -362,17 +398,18 @@ class CaptionSource:
 
     def __init__(self, cfg: CaptionTrainConfig, group: distributed.Group):
         self.cfg = cfg
+        if cfg.scst_from:  # read before anything is written: a bad run is one line
+            self.start = run_dir.load_checkpoint(cfg.scst_from, kind="caption")
+            check_scst_source(cfg, self.start)
         self.train, self.valid = group.main_first(lambda: (load_split(cfg, "train"), load_split(cfg, "valid")))
         if not len(self.train) or not len(self.valid):
             raise ValueError(f"no captioned images in the {'training' if not len(self.train) else 'validation'} split")
-        group.main_first(lambda: (self.train.check(), self.valid.check()))
-        if cfg.scst_from:  # read before anything is written: a bad run is one line
-            self.start = run_dir.load_checkpoint(cfg.scst_from, kind="caption")
-            theirs, ours = self.start["config"]["model"], cfg.model
-            vocab = Vocabulary.from_bytes(self.start["tokenizer"])
-            if self.start["model_config"] != dataclasses.asdict(cfg.model_config(len(vocab))):
-                raise ValueError(f"--scst-from {cfg.scst_from} trained {theirs}, this run names {ours}: give the "
-                                 f"same model")
+
+        def check() -> None:  # the test split's files too, where the data name one: eval reads them after training
+            for split in (self.train, self.valid, *([load_split(cfg, "test")] if names_test_files(cfg) else [])):
+                split.check()
+
+        group.main_first(check)
 
     def prepare(self, run: Run, group: distributed.Group, ckpt: dict[str, Any] | None) -> Seq2SeqData:
         cfg = self.cfg

@@ -226,6 +226,9 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
             seen += len(idx)
         (wrong,) = group.sum([wrong])
         test_loss, test_error = evaluate(net, test_x, test_y, data, device, amp, group=group)
+        if not math.isfinite(test_loss):  # the last updates left weights that are not finite: no error to read
+            bar.close()
+            return run.diverged(test_loss, epoch + 1, step, what="test loss")
         record = {"epoch": epoch + 1, "step": step, "lr": lr, "train_loss": loss_sum / seen,
                   "train_error": 100.0 * wrong / seen, "test_loss": test_loss, "test_error": test_error,
                   "time": time.time() - t0}

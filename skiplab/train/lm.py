@@ -235,6 +235,11 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         if step % cfg.eval_every == 0 or step == cfg.max_steps:
             elapsed = time.time() - window["time"]
             valid = evaluate(net, valid_data, n, device, run.amp, group=sharded.eval_group(group, model))
+            if not math.isfinite(valid["loss"]):  # the last updates left weights that are not finite
+                bar.close()
+                lines = layers.take()
+                group.on_main(lambda: layer_telemetry.append_lines(run.out, lines))
+                return run.diverged(valid["loss"], 1, step, what="validation loss")
             tokens = window["updates"] * cfg.batch_size * per_update * n
             record = {"step": step, "lr": lr, "train_loss": window["loss"] / window["updates"],
                       "valid_loss": valid["loss"], "valid_bpb": valid["bpb"], "valid_ppl": valid["token_ppl"],

@@ -218,6 +218,10 @@ class MTSource:
         kept, dropped = filter_long(train_src, train_tgt, cfg.max_len)
         valid_src, valid_tgt = encode_parallel(tok, valid_data)
         valid_kept, _ = filter_long(valid_src, valid_tgt, cfg.max_len)
+        for split, left, n in (("training", kept, len(train_src)), ("validation", valid_kept, len(valid_src))):
+            if n and not left:
+                raise ValueError(f"--max-len {cfg.max_len} drops every one of the {n} {split} pairs (each has a side of "
+                                 f"more than {cfg.max_len} tokens with EOS/BOS); raise --max-len")
         longest = max((max(len(src[i]), len(tgt[i])) + 1 for src, tgt, kept_ in ((train_src, train_tgt, kept),
                        (valid_src, valid_tgt, valid_kept)) for i in kept_), default=0)  # with EOS/BOS
         if longest > cfg.max_tokens:
@@ -343,9 +347,12 @@ def train_seq2seq(cfg: Any, kind: str, source: Callable[[Any, distributed.Group]
             if step % cfg.save_every == 0 or step == total:
                 elapsed = time.time() - window["time"]
                 (window_loss,) = group.sum([window["loss"]])
+                valid = validate(net, valid_batches, cfg.label_smoothing, device, amp, group)
+                if not math.isfinite(valid["valid_loss"]):  # the last updates left weights that are not finite
+                    bar.close()
+                    return run.diverged(valid["valid_loss"], epoch + 1, step, what="validation loss")
                 record = {"step": step, "epoch": epoch + batch_pos / len(order), "lr": lr,
-                          "train_loss": window_loss / max(window["tokens"], 1),
-                          **validate(net, valid_batches, cfg.label_smoothing, device, amp, group),
+                          "train_loss": window_loss / max(window["tokens"], 1), **valid,
                           "tokens_per_s": window["tokens"] / max(elapsed, 1e-9), "time": elapsed}
                 improved = record["valid_loss"] < best
                 best = min(best, record["valid_loss"])

@@ -8,7 +8,8 @@ A task's ``train`` makes a :class:`Run` once its data are read, and then only sa
     run.attach(model, model_config, optimizer)
     run.restore(ckpt) if ckpt else run.write_config({...})
     for each evaluation:  run.save(run.checkpoint(record, rng={...}, **extras), improved)
-    return run.finish(lambda last: {...})  # or run.diverged(loss, epoch, step) on a non-finite loss
+    return run.finish(lambda last: {...})  # or run.diverged(loss, epoch, step) on a non-finite loss, the
+    # training loss or an evaluation's
 
 What a run directory holds when a task goes through a Run (the files themselves: ``skiplab.run_dir``):
 
@@ -178,7 +179,7 @@ class Run:
         built = admin.summary(model)  # Admin's ω per stack: closed form or profiled
         specs = sorted({c.spec for _, c in iter_connections(model)})  # as built, the model's norm resolved (MixLN+RMS)
         self.group.on_main(lambda: run_dir.write_config(self.out, {
-            "config": self.config, "model": {"class": type(model).__name__, **dataclasses.asdict(self.model_config)},
+            "kind": self.kind, "config": self.config, "model": {"class": type(model).__name__, **dataclasses.asdict(self.model_config)},
             "parameters": sum(p.numel() for p in model.parameters()), **({"connections": specs} if specs else {}),
             **({"admin": built} if built else {}), **extra,
             "device": str(self.device), "amp": self.amp,
@@ -218,14 +219,16 @@ class Run:
         sharded.prune(self.out, state, self.group)  # --fsdp: the shards last.pt does not name
 
     # -- the end ------------------------------------------------------------------------------------------
-    def diverged(self, loss: float, epoch: int, step: int) -> dict[str, Any]:
-        """A non-finite ``loss`` at ``epoch`` and ``step`` (from 1): the run is recorded as diverged; its summary."""
+    def diverged(self, loss: float, epoch: int, step: int, what: str = "loss") -> dict[str, Any]:
+        """A non-finite ``loss`` at ``epoch`` and ``step`` (from 1): the run is recorded as diverged; its summary.
+        ``what`` names the loss: the training loss, or an evaluation's ("test loss", "validation loss") after
+        ``step``, where the weights the last updates made are not finite (no checkpoint keeps them)."""
         lines = self.watch.take()  # the updates since the last save, the non-finite one last
 
         def write() -> dict[str, Any]:
             telemetry.append_lines(self.out, lines)
             summary = run_dir.stop_diverged(self.out, self.config, loss, epoch, step,
-                                           self.watch.summary() if self.watch.losses else None)
+                                           self.watch.summary() if self.watch.losses else None, what)
             run_dir.release(self.out)
             return summary
 

@@ -198,3 +198,27 @@ def test_with_a_projection_skip_the_input_is_the_branchs_and_the_skips_unless_in
         skiplab.connection("SAS", 8, layout="conv", in_dim=4)(torch.randn(2, 5, 5, 5), body, skip=proj)
     with pytest.raises(ValueError, match="built for 8 features"):  # no skip: x is the connection's own
         skiplab.connection("SAS", 8, layout="conv")(x, body)
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
+def test_a_design_that_reads_x_itself_names_in_dim_when_a_projection_skip_changes_the_width(spec, layout):
+    """A pre-norm design normalises x before the branch, so a projection skip that changes the width needs
+    in_dim: without it, one line that says so (not the norm's shape error); with it, the block runs. A design that
+    reads only the skip's and the branch's outputs runs either way."""
+    conn = build(spec, layout)
+    if conn is None or conn.needs_stack:
+        return
+    torch.manual_seed(0)
+    wide, narrow = DIM, DIM // 2
+    body, proj = ((torch.nn.Linear(narrow, wide), torch.nn.Linear(narrow, wide)) if layout == "seq" else
+                  (torch.nn.Conv2d(narrow, wide, 1), torch.nn.Conv2d(narrow, wide, 1)))
+    x = make_input(layout, dim=narrow).detach()
+    if not conn.reads_input:
+        assert conn(x, body, skip=proj).shape[:2] == proj(x).shape[:2]
+        return
+    with pytest.raises(ValueError, match=r"with a projection skip that changes the width, give in_dim"):
+        conn(x, body, skip=proj)
+    if "norm=rms" in spec:  # LAuReL's normalised linear term needs x at the output's width: refused when built
+        return
+    again = skiplab.connection(spec, wide, layout=layout, in_dim=narrow, place=conn.place)
+    assert again(x, body, skip=proj).shape == proj(x).shape

@@ -120,7 +120,47 @@ def test_offline_download_says_what_to_put_where(tmp_path, monkeypatch, where):
     message = str(err.value)
     assert "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz" in message
     assert str(tmp_path / "c10" / "cifar-10-python.tar.gz") in message and "\n" not in message
-    assert list((tmp_path / "c10").iterdir()) == []  # no partial file, not even a hidden one
+    assert list(tmp_path.iterdir()) == []  # no partial file, not even a hidden one, nor the folder made for it
+
+
+def test_a_failed_download_removes_the_folders_it_made_and_keeps_the_others(tmp_path, monkeypatch):
+    """A mistyped --data-dir is not left behind, made and empty; a folder that was there stays, and one that a
+    first file reached keeps it."""
+    def urlopen(url, timeout=None):
+        raise urllib.error.URLError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    with pytest.raises(DownloadError):
+        load_image_dataset("fashion-mnist", data_dir=tmp_path / "typo" / "fm", download=True)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(DownloadError):
+        load_image_dataset("fashion-mnist", data_dir=tmp_path / "mine", download=True)
+    assert (tmp_path / "mine").is_dir() and list((tmp_path / "mine").iterdir()) == []
+    served = {"n": 0}
+
+    def first_only(url, timeout=None):
+        served["n"] += 1
+        if served["n"] > 1:
+            raise urllib.error.URLError("gone")
+        return io.BytesIO(b"one file")
+
+    monkeypatch.setattr(urllib.request, "urlopen", first_only)
+    info = IMAGE_DATASETS["fashion-mnist"]
+    monkeypatch.setitem(IMAGE_DATASETS, "fashion-mnist",
+                        dataclasses.replace(info, files=tuple(dataclasses.replace(f, md5=None) for f in info.files)))
+    with pytest.raises(DownloadError):
+        load_image_dataset("fashion-mnist", data_dir=tmp_path / "half", download=True)
+    assert [p.name for p in (tmp_path / "half").iterdir()] == [IMAGE_DATASETS["fashion-mnist"].files[0].filename]
+
+
+def test_a_data_dir_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "train-images-idx3-ubyte.gz").write_bytes(b"x")
+    with pytest.raises(NotADirectoryError) as err:
+        load_image_dataset("fashion-mnist", data_dir=tmp_path / "train-images-idx3-ubyte.gz")
+    assert str(err.value) == f"{tmp_path / 'train-images-idx3-ubyte.gz'} is a file, not a folder of Fashion-MNIST's files"
+    with pytest.raises(NotADirectoryError, match=r"is a file, not a folder that x.gz can be downloaded into"):
+        download("http://unused", tmp_path / "train-images-idx3-ubyte.gz" / "x.gz", None)
 
 
 def test_offline_fashion_mnist_names_the_debian_package_too(tmp_path, monkeypatch):

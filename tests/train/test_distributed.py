@@ -187,8 +187,8 @@ def test_an_error_on_rank_0_stops_every_rank_with_one_line(corpus, tmp_path):
     run = torchrun(*mt_args(corpus, out))
     assert run.returncode != 0
     lines = [line for line in run.stderr.splitlines() if line.startswith("skiplab: error:")]
-    assert lines == [f"skiplab: error: {out} already holds files; use --resume to continue that run or "
-                     "--overwrite to replace it"]
+    assert lines == [f"skiplab: error: {out} holds files but no skiplab run (no config.json); give --out a new or "
+                     "empty folder"]
     assert sorted(p.name for p in out.iterdir()) == ["something"]
 
 

@@ -1,6 +1,7 @@
 """Image training end to end on a tiny dataset written in Fashion-MNIST's format."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -101,6 +102,20 @@ def test_a_non_finite_loss_stops_the_run_naming_epoch_and_step(fashion_dir, tmp_
     assert summary["status"] == "diverged" and (summary["epoch"], summary["step"]) == (1, 3)
     assert "non-finite loss (nan) at epoch 1, step 3" in capsys.readouterr().out
     assert json.loads((out / "summary.json").read_text())["status"] == "diverged"
+
+
+def test_a_non_finite_test_loss_after_the_last_update_is_a_divergence(fashion_dir, tmp_path, monkeypatch, capsys):
+    """A finite training loss whose update left non-finite weights: the test loss says so; the error an argmax over
+    NaN logits gives is no result (every design would read the same)."""
+    import skiplab.train.image as image
+
+    monkeypatch.setattr(image, "evaluate", lambda *a, **k: (math.nan, 90.0))
+    out = tmp_path / "run"
+    summary = train(tiny(fashion_dir, out, train_subset=128), progress=False)
+    assert summary["status"] == "diverged" and (summary["epoch"], summary["step"]) == (1, 2)
+    assert "non-finite test loss (nan) at epoch 1, step 2: the run diverged" in capsys.readouterr().out
+    assert json.loads((out / "summary.json").read_text())["status"] == "diverged"
+    assert not (out / "metrics.jsonl").exists() and not (out / "last.pt").exists()  # no record of NaN weights
 
 
 def test_learning_rate_schedule():
@@ -231,3 +246,52 @@ def test_a_compiled_model_trains_as_the_eager_one(fashion_dir, tmp_path):
     assert "compile" not in eager and report["graphs_compiled"] >= 2 and report["recompile_limit"] == 8
     assert set(report) == {"graphs_compiled", "frames_compiled", "recompiles", "graph_breaks", "recompile_limit"}
     assert json.loads((tmp_path / "compiled" / "summary.json").read_text())["compile"] == report
+
+
+def test_a_relative_data_dir_given_on_resume_is_recorded_absolute(tmp_path, monkeypatch):
+    """--resume --data-dir fm (a moved dataset): the config names it absolute, so that `eval` finds it from anywhere."""
+    import dataclasses
+
+    from skiplab.cli import build_parser
+    from skiplab.tasks import arguments
+
+    out = tmp_path / "run"
+    out.mkdir()
+    run_dir.write_json(out / "config.json", {"config": dataclasses.asdict(ImageTrainConfig(out=str(out)))})
+    monkeypatch.chdir(tmp_path)
+    args = build_parser().parse_args(["train", "image", "--out", str(out), "--resume", "--data-dir", "fm"])
+    assert arguments.train_config(ImageTrainConfig, args).data_dir == str(tmp_path / "fm")
+
+
+def test_a_run_that_fails_on_bad_data_in_a_worker_is_one_line(fashion_dir, tmp_path, capsys):
+    """--jobs 2: a run's data error (a corrupt file) reaches the terminal as the one line a run alone gives, with
+    the run and its log named; no traceback."""
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(fashion_dir, bad)
+    (bad / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip")
+    argv = ["compare", "image", "--dataset", "fashion-mnist", "--data-dir", str(bad), "--connections", "1xSkip,2xSkip",
+            "--seeds", "1", "--epochs", "1", "--batch-size", "64", "--jobs", "2", "--out", str(tmp_path / "cmp")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    line = err.split("\r")[-1]  # after the runs' progress bar, cleared
+    assert line.count("\n") == 1 and line.startswith(f"skiplab: error: run {tmp_path / 'cmp' / '1xSkip' / 'seed1'} "
+                                                     "failed: ") and "train-images-idx3-ubyte.gz" in line, err
+    assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_a_comparison_refused_its_data_leaves_no_empty_folders(fashion_dir, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(fashion_dir, bad)
+    (bad / "train-images-idx3-ubyte.gz").write_bytes(b"not gzip")
+    mine = tmp_path / "mine"
+    mine.mkdir()  # the user's folder stays; what the comparison made in it goes
+    for out in (tmp_path / "new" / "cmp", mine):
+        argv = ["compare", "image", "--dataset", "fashion-mnist", "--data-dir", str(bad), "--connections", "1xSkip",
+                "--seeds", "1", "--epochs", "1", "--out", str(out)]
+        assert main(argv) == 2
+        assert "not a valid gzip file" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists() and mine.is_dir() and list(mine.iterdir()) == []

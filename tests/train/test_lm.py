@@ -118,6 +118,17 @@ def test_two_processes_make_the_updates_of_one_with_twice_the_accumulation(text,
     assert odd.returncode != 0 and "--grad-accum 3 must be a multiple of the 2 processes" in odd.stderr
 
 
+def test_a_non_finite_validation_loss_is_a_divergence(text, tmp_path, monkeypatch, capsys):
+    import skiplab.train.lm as lm
+
+    monkeypatch.setattr(lm, "evaluate", lambda *a, **k: {"loss": math.nan, "bpb": math.nan, "token_ppl": math.nan})
+    assert run(args(text, tmp_path / "run")) == 0
+    assert "non-finite validation loss (nan) at epoch 1, step 3: the run diverged" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["step"] == 3
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
 def test_eval_generate_and_analyze_a_run(text, tmp_path, capsys):
     out = tmp_path / "run"
     with one_thread():

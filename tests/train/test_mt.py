@@ -303,6 +303,41 @@ def test_compare_mt_writes_a_bleu_table(corpus, tmp_path, capsys):
     assert last.stat().st_mtime_ns == trained
 
 
+def test_resuming_another_tasks_run_names_its_task(corpus, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(tiny_args(corpus, out, "--max-steps", "2")) == 0
+    files = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    said = f"{out} holds a mt run, which `skiplab train mt --resume` continues, not `train image`"
+    assert main(["train", "image", "--out", str(out), "--resume"]) == 2
+    assert capsys.readouterr().err.strip() == f"skiplab: error: {said}"
+    payload = json.loads((out / "config.json").read_text())
+    assert payload.pop("kind") == "mt"  # a run written before config.json named its task: last.pt does
+    (out / "config.json").write_text(json.dumps(payload))
+    assert main(["train", "caption", "--out", str(out), "--resume"]) == 2
+    assert "holds a mt run, which `skiplab train mt --resume` continues, not `train caption`" in capsys.readouterr().err
+    assert {p.name for p in out.iterdir()} == set(files)
+
+
+def test_a_max_len_that_drops_every_pair_is_one_line(corpus, tmp_path, capsys):
+    assert main(tiny_args(corpus, tmp_path / "run", "--max-len", "2")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-len 2 drops every one of the" in err and "training pairs" in err, err
+    assert not (tmp_path / "run" / "config.json").exists()
+    assert main(tiny_args(corpus, tmp_path / "run")) == 0  # the start's own files (spm.model) replaced unasked
+
+
+def test_a_non_finite_validation_loss_is_a_divergence(corpus, tmp_path, monkeypatch, capsys):
+    import skiplab.train.mt as mt
+
+    monkeypatch.setattr(mt, "validate", lambda *a, **k: {"valid_loss": math.nan, "valid_nll": math.nan,
+                                                         "valid_ppl": math.nan})
+    assert main(tiny_args(corpus, tmp_path / "run")) == 0
+    assert "non-finite validation loss (nan) at epoch 1, step 2: the run diverged" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "diverged"
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
 def test_a_non_finite_loss_stops_mt_training(corpus, tmp_path, monkeypatch, capsys):
     from skiplab.models import Transformer
 
@@ -379,6 +414,9 @@ def test_compare_mt_varies_the_model(corpus, tmp_path, capsys):
     assert all(int(r["parameters"]) > 0 and float(r["s/update"]) > 0 for r in rows)
     run = tmp_path / "cmp" / "dwlstm-small_share=all_" / "seed1"
     assert json.loads((run / "config.json").read_text())["model"]["share"] == "all"
+    for label in ("transformer-small_connection=PreLN_", "dwlstm-small_share=all_"):  # the size options reach each
+        model = json.loads((tmp_path / "cmp" / label / "seed1" / "config.json").read_text())["model"]
+        assert (model["d_model"], model["ffn_dim"], model["heads"]) == (32, 64, 2), label
     assert "| model" in (tmp_path / "cmp" / "table.md").read_text()
     # a model without connections cannot be crossed with connections
     assert main(["compare", "mt", *args, "--models", "dwlstm-small", "--connections", "PostLN"]) == 2
@@ -427,6 +465,6 @@ def test_a_start_that_fails_after_writing_its_tokenizer_leaves_a_folder_the_next
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "spm.model").write_text("not skiplab's")
-    assert main(tiny_args(corpus, mine)) == 2
-    assert "already holds files" in capsys.readouterr().err
+    assert main(tiny_args(corpus, mine)) == 2  # not a run: --overwrite is not offered, which would refuse it
+    assert "holds files but no skiplab run (no config.json); give --out a new or empty folder" in capsys.readouterr().err
     assert (mine / "spm.model").read_text() == "not skiplab's"

@@ -76,7 +76,7 @@ def test_finish_sums_the_records_time_and_puts_the_task_entries_first(tmp_path):
 def test_config_json_holds_the_task_entries_between_parameters_and_device(tmp_path):
     run, _ = started(Config(out=str(tmp_path / "run")))
     config = json.loads((run.out / "config.json").read_text())
-    assert list(config) == ["config", "model", "parameters", "data", "device", "amp", "environment"]
+    assert list(config) == ["kind", "config", "model", "parameters", "data", "device", "amp", "environment"]
     assert config["model"]["class"] == "Linear" and config["parameters"] == 8 and config["amp"] is False
     assert config["environment"]["world_size"] == 1
 
