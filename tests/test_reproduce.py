@@ -425,3 +425,10 @@ def test_a_table_whose_runs_trained_on_a_gpu_says_so_and_deepnet_is_out_of_reach
     assert "(6 in the family)" in (recorded / "mixln-table1" / "table.md").read_text()
     listed = reproduce_mod.listing().split("deepnet-table1", 1)[1].split("\n\n")[0]
     assert "OUT OF REACH at cpu scale: its depths run to 100-100 layers" in listed
+
+
+def test_a_difference_that_rounds_to_zero_reads_plus_zero():
+    from skiplab.reproduce.report import _signed
+
+    assert [_signed(v) for v in (-0.001, -0.0, 0.004, -0.006, 1.5, None)] == ["+0.00", "+0.00", "+0.00", "-0.01",
+                                                                              "+1.50", "-"]

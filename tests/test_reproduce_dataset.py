@@ -73,6 +73,8 @@ def test_smoke_table_on_a_harder_set_is_written_beside_the_easy_one(tmp_path, na
     folder = out / "smoke" / f"001-table5-{name}"
     assert (folder / "table.md").is_file() and not (out / "smoke" / "001-table5").exists()
     assert result["dataset"] == name and json.loads((folder / "table.json").read_text())["dataset"] == name
+    assert all(about.endswith(f"; read here on --dataset {name}, in place of the setting's own")
+               for about in result["settings"].values()) and result["settings"]  # not the easy set's words alone
     base = [c for c in result["cells"] if c["row"] == "Baseline" and c["column"] == "BLEU-4"][0]
     assert base["available"] and base["values"][0] is not None and base["config"]["dataset"] == name
     run = Path(base["runs"][0])

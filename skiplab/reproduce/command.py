@@ -214,7 +214,9 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
             "table": t.id, "source": t.source, "title": t.title, "metric": t.metric,
             "higher_is_better": t.higher_is_better, "ours_metric": _ours_metric(t, resolved), "scale": sc.name,
             "scale_about": sc.about, "seeds": seeds, **({"dataset": dataset} if dataset else {}),
-            "settings": {r.cell.run.setting: r.setting.about for r in resolved if r.setting is not None},
+            "settings": {r.cell.run.setting: r.setting.about + (f"; read here on --dataset {dataset}, in place of "
+                                                                f"the setting's own" if dataset else "")
+                         for r in resolved if r.setting is not None},
             "reading": t.reading, "notes": list(t.notes), "cells": cells,
             "command": "skiplab reproduce " + " ".join(shlex.quote(a) for a in (argv or [t.id, "--scale", sc.name,
                                                                                          "--out", out])),

@@ -20,7 +20,8 @@ def _num(v: float | None, digits: int = 2) -> str:
 
 
 def _signed(v: float | None, digits: int = 2) -> str:
-    return "-" if v is None else f"{v:+.{digits}f}"
+    """``v`` with its sign, at ``digits``; a value that rounds to zero reads +0.00, not -0.00."""
+    return "-" if v is None else f"{round(v, digits) + 0.0:+.{digits}f}"
 
 
 def _p(p: float | list[float | None] | None) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 from pathlib import Path
 
 from .. import config, run_dir
-from ..models import options_of, with_options
+from ..models import model_config, options_of, with_options
 from . import get
 
 def train_config(cls, args: argparse.Namespace):
@@ -46,7 +46,10 @@ def train_config(cls, args: argparse.Namespace):
                                   "it cannot be resumed by this one")
     stored = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
     cfg = cls(**{**stored, **given})
-    return dataclasses.replace(cfg, model=with_model_options(cfg.model, args))
+    model = with_model_options(cfg.model, args)
+    if model != cfg.model and model_config(model) == model_config(cfg.model):  # options the run has already (a
+        model = cfg.model  # preset's own connection named): the stored spec, which the resumed run is checked against
+    return dataclasses.replace(cfg, model=model)
 
 
 # The model options of a task: every field of its families' configs but those the data decides.

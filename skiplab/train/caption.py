@@ -423,8 +423,9 @@ class CaptionSource:
         first = pair_batches(self.train, train_ids, 1)[0].to("cpu")
         info = {"train": self.train.name, "train_images": len(self.train), "train_pairs": pairs,
                 "valid": self.valid.name, "valid_images": len(self.valid), "vocab_size": len(vocab)}
-        said = (f"{self.train.name}: {pairs} (image, caption) pairs; vocabulary {len(vocab)} words "
-                f"(seen >= {cfg.min_count} times)")
+        said = (f"{self.train.name}: {pairs} (image, caption) pairs; vocabulary {len(vocab)} tokens: "
+                f"{len(vocab) - len(vocab.SPECIALS)} words seen >= {cfg.min_count} times and "
+                f"{len(vocab.SPECIALS)} special")
         valid = pair_batches(self.valid, valid_ids, cfg.batch_size)
         if not cfg.scst_from:
             return Seq2SeqData(self.train.name, len(vocab), vocab.to_bytes(),

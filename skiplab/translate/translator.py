@@ -57,7 +57,8 @@ class Translator:
         tokenised corpus (WMT'14, IWSLT'15), whose ``lines`` should be Moses-tokenised too.
 
         A line longer than the model takes (its positions must cover the source and an output of up to
-        source + ``max_len_b`` tokens) is cut to that length, with a warning naming the line.
+        source + ``max_len_b`` tokens) is cut to that length, with a warning naming the line. An empty (or blank)
+        line is given back empty, not decoded: from an end-of-sentence alone a model invents a sentence.
         """
         limit = self.model.cfg.max_positions - max_len_b - 1
         ids = self.tok.encode_batch(lines)
@@ -72,7 +73,7 @@ class Translator:
         if longest > max_tokens:
             raise ValueError(f"--max-tokens {max_tokens} holds fewer tokens than the longest line's {longest} (with "
                              f"end of sentence); give --max-tokens {longest} or more")
-        batches = make_batches(ids, None, max_tokens)
+        batches = make_batches(ids, None, max_tokens, indices=[i for i, line in enumerate(lines) if line.strip()])
         for b in tqdm(batches, desc="translate", unit="batch", disable=not progress):
             hyps = beam_search(self.model, b.src.to(self.device), beam=beam, alpha=alpha, max_len_b=max_len_b)
             for i, h in zip(b.index.tolist(), hyps):
@@ -81,14 +82,14 @@ class Translator:
 
     def describe(self) -> dict[str, Any]:
         """The model, its connection (``{"encoder": ..., "decoder": ...}`` where the two stacks differ), the
-        checkpoint's step, and the model config."""
+        training run's seed, the checkpoint's step, and the model config."""
         cfg = self.model.cfg
         connection = getattr(cfg, "connection", None)
         if hasattr(cfg, "stack_connection"):
             stacks = {s: cfg.stack_connection(s) for s in ("encoder", "decoder")}
             connection = stacks["encoder"] if stacks["encoder"] == stacks["decoder"] else stacks
         return {"model": self.config["model"], **({"connection": connection} if connection else {}),
-                "step": self.checkpoint["step"], "averaged": self.checkpoint.get("averaged"),
+                "seed": self.config.get("seed"), "step": self.checkpoint["step"], "averaged": self.checkpoint.get("averaged"),
                 "model_config": dataclasses.asdict(self.model.cfg)}
 
 

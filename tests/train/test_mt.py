@@ -155,7 +155,7 @@ def test_train_translate_score_average_end_to_end(corpus, tmp_path, capsys, monk
     result = json.loads(capsys.readouterr().out)
     assert result["sentences"] == 10 and 0 <= result["bleu"] <= 100 and "tok:13a" in result["bleu_signature"]
     assert result["bleu_lowercase"] >= result["bleu"] and "case:lc" in result["bleu_lowercase_signature"]
-    assert result["averaged"] == ["checkpoint_2.pt", "checkpoint_4.pt"]
+    assert result["averaged"] == ["checkpoint_2.pt", "checkpoint_4.pt"] and result["seed"] == 1  # the run's seed
     assert len(Path(result["hypotheses"]).read_text().splitlines()) == 10
 
     assert main(["average", "--checkpoint", str(out), "--last", "2", "--out", str(tmp_path / "avg.pt")]) == 0
@@ -319,6 +319,19 @@ def test_resuming_another_tasks_run_names_its_task(corpus, tmp_path, capsys):
     assert {p.name for p in out.iterdir()} == set(files)
 
 
+def test_resuming_with_the_presets_own_connection_named_is_the_same_run(corpus, tmp_path, capsys):
+    """--connection PostLN on --resume of a transformer-small run (whose preset's connection it is) names the same
+    model: the run goes on (here, to a longer --max-steps); another connection is refused as a different model."""
+    out = tmp_path / "run"
+    assert main(tiny_args(corpus, out, "--max-steps", "2")) == 0
+    assert json.loads((out / "config.json").read_text())["model"]["connection"] == "PostLN"
+    capsys.readouterr()
+    assert main(tiny_args(corpus, out, "--max-steps", "2", "--connection", "PreLN", "--resume")) == 2
+    assert "different model" in capsys.readouterr().err
+    assert main(tiny_args(corpus, out, "--max-steps", "3", "--connection", "PostLN", "--resume")) == 0
+    assert json.loads((out / "summary.json").read_text())["steps"] == 3
+
+
 def test_a_max_len_that_drops_every_pair_is_one_line(corpus, tmp_path, capsys):
     assert main(tiny_args(corpus, tmp_path / "run", "--max-len", "2")) == 2
     err = capsys.readouterr().err
@@ -403,6 +416,13 @@ def test_translate_names_a_bad_line_and_warns_about_a_long_one(corpus, tmp_path,
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 2
     assert "skiplab: warning: line 2 has" in captured.err and "more than the 13 this model takes" in captured.err
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\nA cat runs.\n")))
+    assert main(["translate", "--checkpoint", str(out), "--beam", "2"]) == 0
+    alone = capsys.readouterr().out.splitlines()
+    assert len(alone) == 2 and all(alone)  # the model says something for each
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\n\n  \nA cat runs.\n")))
+    assert main(["translate", "--checkpoint", str(out), "--beam", "2"]) == 0
+    assert capsys.readouterr().out.split("\n") == [alone[0], "", "", alone[1], ""]  # a blank line stays blank
 
 
 def test_compare_mt_varies_the_model(corpus, tmp_path, capsys):
