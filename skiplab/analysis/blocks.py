@@ -283,9 +283,9 @@ def header_lines(header: dict[str, Any], metric_label: str) -> list[str]:
     if header.get("budget"):
         out.append(header["budget"][0].upper() + header["budget"][1:] + ".")
     if header.get("reference") is not None:
-        out.append(f"Status: diverged (non-finite loss), stalled (finished within {header['margin']:g} of the "
-                   f"context-free reference, {header.get('reference_label') or 'reference'}: "
-                   f"{header['reference']:.3f}), else trained.")
+        out.append(f"Status: diverged (non-finite loss), stalled (finished less than {header['margin']:g} better "
+                   f"than the context-free reference, {header.get('reference_label') or 'reference'}: "
+                   f"{header['reference']:.3f}, or worse), else trained.")
     n = len(header["blocks"])
     out.append(f"Δ: the paired difference to {base} (row − {base} in the same block), mean over blocks, with its 95% "
                f"CI (Student's t); p paired: paired t-test; p Wilcoxon: exact signed-rank test of the same "

@@ -103,7 +103,8 @@ def markdown(result: dict[str, Any], brief: bool = False) -> str:
                      f"test of the same differences, uncorrected (with n = {n} blocks the smallest attainable exact "
                      f"Wilcoxon p is 2/2^{n} = {2 / 2 ** n:.2g}); p Holm: the paired t-test's p with Holm's "
                      f"correction over the {pairing['holm_m']} rows that have one and no failed run; stalled: "
-                     "finished within the task's margin of the context-free reference (skiplab.analysis.blocks).")
+                     "finished less than the task's margin better than the context-free reference, or worse "
+                     "(skiplab.analysis.blocks).")
         if pairing.get("failed"):
             parts.append("Failures are not findings: a row with a stalled or diverged run is outside Holm's family, "
                          "and where the baseline's run stalled or diverged no row is paired: "
