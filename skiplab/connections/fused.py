@@ -133,7 +133,8 @@ class _GatedNormSum(torch.autograd.Function):
             return vjp(_GatedNormSum.formula, (s, f, a, b, g, weight, bias, ctx.shape, ctx.eps), need, (dy,))
         mask = [need[0] or need[1], weight is not None and need[5], bias is not None and need[6]]
         dn = g * dy
-        if ctx.shape is None:
+        if ctx.shape is None:  # the kernel reads dn in h's memory format (as torch's own group-norm backward)
+            dn = dn.contiguous(memory_format=torch.contiguous_format if h.is_contiguous() else torch.channels_last)
             n_, c = h.shape[:2]
             dh, dw, dbias = torch.ops.aten.native_group_norm_backward(
                 dn, h, mean, rstd, weight, n_, c, h.shape[2:].numel(), 1, mask)

@@ -113,17 +113,18 @@ class NGPT(Connection):
         super().__init__(spec, dim, layout, in_dim, place)
         self.alpha = ScaleVector(dim, ALPHA_INIT, 1.0 / math.sqrt(dim))
 
-    def rate(self) -> Tensor:
-        """α = |α_p · α_init / α_scale|, shaped to broadcast over the layout's feature axis."""
+    def rate(self, dims: int = 4) -> Tensor:
+        """α = |α_p · α_init / α_scale|, shaped to broadcast over the layout's feature axis of a ``dims``-axis
+        tensor (conv: axis 1 of (N, C, ...))."""
         alpha = self.alpha().abs()
-        return alpha if feature_axis(self.layout) == -1 else alpha.view(-1, 1, 1)
+        return alpha if feature_axis(self.layout) == -1 else alpha.view(-1, *([1] * (dims - 2)))
 
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         axis = feature_axis(self.layout)
         s = x if skip is None else skip(x)
         # lerp(s, u, α) = s + α (u − s) in one kernel; the branch's output in the stream's dtype first (under autocast
         # a bf16 branch beside an fp32 stream, which lerp refuses and the written-out sum promoted)
-        return unit(torch.lerp(s, unit(branch(x), axis).to(s.dtype), self.rate().to(s.dtype)), axis)
+        return unit(torch.lerp(s, unit(branch(x), axis).to(s.dtype), self.rate(s.dim()).to(s.dtype)), axis)
 
     def stats(self) -> dict[str, Any]:
         alpha = self.alpha().detach().abs()

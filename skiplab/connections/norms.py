@@ -86,8 +86,9 @@ class DyT(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         w, b = self.weight, self.bias
-        if self.layout == "conv":  # (N, C, H, W): one γ, β per channel
-            w, b = w.view(-1, 1, 1), b.view(-1, 1, 1)
+        if self.layout == "conv":  # (N, C, ...): one γ, β per channel, whatever the number of spatial axes
+            shape = (-1, *([1] * (x.dim() - 2)))
+            w, b = w.view(shape), b.view(shape)
         return torch.addcmul(b, w, torch.tanh(self.alpha * x))
 
     @torch.no_grad()

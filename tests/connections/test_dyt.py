@@ -95,3 +95,17 @@ def test_a_gpt_with_the_llm_recipe_starts_each_dyt_by_its_site():
     tokens = torch.tensor([[1, 2, 3]])
     x = model.embed_norm(model.embed(tokens))
     torch.testing.assert_close(x, math.sqrt(d) * model.embed.weight[tokens])  # the embeddings times √d
+
+
+@pytest.mark.parametrize("shape", [(4, 4, 5), (4, 4, 3, 3), (2, 4, 2, 3, 4), (4, 4)])
+def test_conv_dyt_scales_per_channel_whatever_the_spatial_axes(shape):
+    """γ and β of a conv-layout DyT lie along the channel axis (axis 1) for (N, C), (N, C, L), (N, C, H, W) and
+    (N, C, D, H, W) alike; with N = C a view for four axes put them along the batch axis of a 3-d input, silently."""
+    norm = DyT(4, layout="conv", alpha=0.7)
+    with torch.no_grad():
+        norm.weight.copy_(torch.arange(1.0, 5.0))
+        norm.bias.copy_(torch.arange(-2.0, 2.0))
+    x = torch.randn(shape)
+    along = (1, 4) + (1,) * (len(shape) - 2)
+    want = norm.weight.view(along) * torch.tanh(0.7 * x) + norm.bias.view(along)
+    torch.testing.assert_close(norm(x), want)

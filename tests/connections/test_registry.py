@@ -5,7 +5,7 @@ import torch
 
 import skiplab
 from skiplab.connections import REGISTRY, parse_spec
-from tests.conftest import DIM, make_branch, make_input
+from tests.conftest import DIM, make_branch, make_input, randomise_affine
 
 # At least one spec per registered name; test_every_design_has_an_example keeps this list complete.
 EXAMPLES = [
@@ -222,3 +222,55 @@ def test_a_design_that_reads_x_itself_names_in_dim_when_a_projection_skip_change
         return
     again = skiplab.connection(spec, wide, layout=layout, in_dim=narrow, place=conn.place)
     assert again(x, body, skip=proj).shape == proj(x).shape
+
+
+@pytest.mark.parametrize("spec", [s for s in EXAMPLES if not REGISTRY[parse_spec(s).name].needs_stack])
+def test_conv_gradients_do_not_depend_on_the_memory_format(spec):
+    """Channels-last feature maps (a channels-last stem, or a gradient coming back channels-last) give the values
+    and gradients of contiguous ones, in float64 against the connection's own plain formula: SAS's fused backward
+    handed the group norm a gradient in another memory format than its input and was 0.26 off."""
+    torch.manual_seed(0)
+    conn = skiplab.connection(spec, DIM, layout="conv").double()
+    branch = make_branch("conv").double()
+    x = make_input("conv").detach().double()
+    w = torch.randn(x.shape, dtype=torch.float64)
+    last = torch.channels_last
+
+    def run(x, w):
+        x = x.clone().requires_grad_()
+        y = conn(x, branch)
+        return y.detach(), torch.autograd.grad((y * w).sum(), [x, *conn.parameters()], allow_unused=True)
+
+    conn.eval()  # BatchNorm: the same (running) statistics every time
+    with skiplab.plain_formulas():
+        want_y, want = run(x, w)
+    for xf, wf in [(last, torch.contiguous_format), (torch.contiguous_format, last), (last, last)]:
+        y, got = run(x.contiguous(memory_format=xf), w.contiguous(memory_format=wf))
+        torch.testing.assert_close(y, want_y)
+        for g, h in zip(got, want):
+            assert (g is None) == (h is None)
+            if g is not None:
+                torch.testing.assert_close(g, h)
+
+
+@pytest.mark.parametrize("spec", [s for s in EXAMPLES if not REGISTRY[parse_spec(s).name].needs_stack])
+def test_conv_designs_treat_one_and_three_spatial_axes_as_two(spec):
+    """The conv layout is (N, C, ...): on (N, C, L) and (N, C, D, H, W) a design computes what it does on the same
+    values with a spatial axis of length 1 added (or the last two merged), its per-channel parameters along axis 1;
+    with N = C, a DyT or nGPT rate viewed for four axes put them along the batch axis of a 3-d input, silently.
+    BatchNorm's 2-d form takes four axes only: the others are refused, not misread."""
+    torch.manual_seed(0)
+    conn = skiplab.connection(spec, DIM, layout="conv")
+    randomise_affine(conn)
+    conn.eval()
+    branch = lambda h: 0.5 * torch.tanh(h)  # noqa: E731  any number of axes
+    x3 = torch.randn(DIM, DIM, 5) * 1.3 + 0.2
+    x5 = torch.randn(2, DIM, 2, 3, 4)
+    if "BN" in spec:
+        for x in (x3, x5):
+            with pytest.raises((ValueError, RuntimeError), match="4D"):
+                conn(x, branch)
+        return
+    with torch.no_grad():
+        torch.testing.assert_close(conn(x3, branch), conn(x3.unsqueeze(-1), branch).squeeze(-1))
+        torch.testing.assert_close(conn(x5, branch), conn(x5.flatten(3), branch).view(x5.shape))
