@@ -258,7 +258,10 @@ def sinkhorn(logits: Tensor, iters: int = 20, kernel: bool = False) -> Tensor:
     iteration's convergence. Computed in at least float32 (a bf16 or fp16 input is cast up for the 40 steps) and
     returned in the input's dtype; the gradient is that of the unrolled iterations (:class:`_Sinkhorn`; under
     ``torch.compile``, autograd through the loop itself, which inductor fuses into a few kernels). ``kernel``: the
-    CPU kernel (:mod:`~skiplab.connections.kernels.sinkhorn`, the same formula) where it can run."""
+    CPU kernel (:mod:`~skiplab.connections.kernels.sinkhorn`, the same formula, the same values where a sum is
+    subnormal) where it can run. Eq. 9 has no ε: a column of exp(l − max l) that underflows to 0 everywhere (a
+    logit spread past about 87 in float32, 745 in float64) is 0/0, NaN, in both (transformers' port adds its
+    ``hc_eps`` to every sum, class :class:`MHC`)."""
     if kernel and sinkhorn_kernel.usable(logits):
         return sinkhorn_kernel.sinkhorn(logits, iters)
     if plain():

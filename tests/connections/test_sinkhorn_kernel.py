@@ -95,7 +95,8 @@ def test_usable_only_where_it_can_run_and_bad_calls_are_refused():
     ("for (int b = 1; b < n; b++) sum += m[first + b * stride];",
      "for (int b = 2; b < n; b++) sum += m[first + b * stride];"),             # a sum missing its second term
     ("(g[first + b * stride] - dot) * inv", "g[first + b * stride] * inv"),     # the backward without its sum
-    ("half_step(y, ss + h * n, (int)(h % 2), n);", "half_step(y, ss + h * n, 0, n);"),  # backward: columns only
+    ("half_step(y, ss + h * n, (int)(h % 2), n, divide, bad);",
+     "half_step(y, ss + h * n, 0, n, divide, bad);"),                          # backward: columns only
     ("lane[l] = src[(p0 + (l < count ? l : 0)) * nn + e];", "lane[l] = src[(p0 + (l < count ? 0 : 0)) * nn + e];"),
 ])
 def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_path):
@@ -109,6 +110,40 @@ def test_the_comparison_fails_for_a_mutated_kernel(mutation, monkeypatch, tmp_pa
     got = both(lambda t: skk.sinkhorn(t, 3), l, g)
     want = both(lambda t: hyper.sinkhorn(t, 3), l, g)
     assert not all(torch.allclose(u, w) for u, w in zip(got, want))
+
+
+def underflowing(dtype):
+    """Logits whose exponentials underflow: position 0 has a column whose sum is subnormal (its reciprocal
+    overflows), position 1 one whose every entry is 0 (0/0 in the formula itself), position 2 is ordinary."""
+    far = 95.0 if dtype == torch.float32 else 720.0  # exp(-far) subnormal
+    gone = 120.0 if dtype == torch.float32 else 760.0  # exp(-gone) = 0
+    rows = [[[0.0, -far], [-far, -far]], [[0.0, -gone], [-gone, -gone]], [[0.3, -1.2], [0.8, 0.1]]]
+    return torch.tensor(rows, dtype=dtype).repeat(7, 1, 1).requires_grad_()  # 21 positions: every lane of a group
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_sums_that_underflow_give_what_the_eager_iterations_give(dtype):
+    """Where a column's sum is subnormal the kernel's 1/s overflowed and 0 · ∞ made NaN where the eager quotient
+    is finite: the kernel now divides there, so it gives the eager form's values (finite for position 0, NaN
+    where the eager form's 0/0 is), and the ordinary positions sharing its lanes are untouched."""
+    l = underflowing(dtype)
+    g = torch.randn(l.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(dtype)
+    got = both(lambda t: skk.sinkhorn(t, 20), l, g)
+    want = both(lambda t: hyper.sinkhorn(t, 20), l, g)
+    for u, w in zip(got, want):
+        torch.testing.assert_close(u, w, rtol=1e-5, atol=0, equal_nan=True)
+    assert torch.isfinite(got[0][0::3]).all() and got[0][1::3].isnan().any()
+    torch.testing.assert_close(got[0][2::3], want[0][2::3])
+
+
+@needs_kernel
+def test_the_underflow_comparison_fails_without_the_division_fallback(monkeypatch, tmp_path):
+    """The check above can fail: with the overflow check dropped, the kernel gives NaN at position 0."""
+    lib = mutated("sinkhorn", skk.SIGNATURES, "static inline int overflowed(vreal bad) { return vsum(bad) != 0; }",
+                  "static inline int overflowed(vreal bad) { return 0 * vsum(bad) > 1; }", tmp_path, native=True)
+    monkeypatch.setattr(skk, "_kernel", lambda: lib)
+    assert skk.sinkhorn(underflowing(torch.float32), 20)[0].isnan().any()
 
 
 @needs_kernel

@@ -4,7 +4,10 @@
    `iters` times the columns and then the rows normalised to sum 1, each half-step y = m / s with s = m.sum over
    the rows (columns' sums) or over the columns (rows' sums), summed in index order, as the eager form
    (skiplab.connections.hyper._Sinkhorn) does, the division as a product with 1/s (n divisions a half-step, not
-   n^2: within an ulp of the quotient each time). Backward, the unrolled iterations' vector-Jacobian products, last
+   n^2: within an ulp of the quotient each time). Where a sum is 0 or subnormal its reciprocal overflows (inf, and
+   0 * inf = NaN where the quotient is 0): every 1/s of a group is checked (1/s - 1/s is 0 unless 1/s is not finite)
+   and a group with one that is not is computed again with the divisions themselves, as the eager form does (so the
+   kernel gives NaN where it does: a column whose every entry underflowed). Backward, the unrolled iterations' vector-Jacobian products, last
    half-step first, give dm0 (the caller's exponential's backward makes dl = dm0 * m0):
 
        g <- (g - sum_k(g * y)) / s
@@ -43,53 +46,84 @@ static void scatter(const vreal *m, int64_t p0, int64_t count, int64_t nn, REAL 
 }
 
 /* One half-step in place: k = 0 divides each column by its sum over the rows, k = 1 each row by its sum over the
-   columns; the n sums into s. */
-ALWAYS void half_step(vreal *m, vreal *s, int k, const int n) {
+   columns; the n sums into s. divide = 0: each entry times 1/s, and 1/s - 1/s added into *bad (NaN where 1/s
+   overflowed); divide = 1: each entry divided by s. */
+ALWAYS void half_step(vreal *m, vreal *s, int k, const int n, const int divide, vreal *bad) {
     for (int a = 0; a < n; a++) { /* a: the column (k = 0) or the row (k = 1) */
         const int stride = k ? 1 : n, first = k ? a * n : a;
         vreal sum = m[first];
         for (int b = 1; b < n; b++) sum += m[first + b * stride];
         s[a] = sum;
-        const vreal inv = 1 / sum; /* one division a sum, not one an entry: division is the slow operation */
-        for (int b = 0; b < n; b++) m[first + b * stride] *= inv;
+        if (divide) {
+            for (int b = 0; b < n; b++) m[first + b * stride] /= sum;
+        } else {
+            const vreal inv = 1 / sum; /* one division a sum, not one an entry: division is the slow operation */
+            *bad += inv - inv;
+            for (int b = 0; b < n; b++) m[first + b * stride] *= inv;
+        }
     }
 }
 
-/* The vector-Jacobian product of a half-step: g <- (g - sum_k(g * y)) / s. */
-ALWAYS void half_step_back(vreal *g, const vreal *y, const vreal *s, int k, const int n) {
+/* Whether a check sum of half_step holds a NaN (a reciprocal that overflowed). */
+static inline int overflowed(vreal bad) { return vsum(bad) != 0; }
+
+/* The vector-Jacobian product of a half-step: g <- (g - sum_k(g * y)) / s (divide: by s itself, else times 1/s).
+   */
+ALWAYS void half_step_back(vreal *g, const vreal *y, const vreal *s, int k, const int n, const int divide) {
     for (int a = 0; a < n; a++) {
         const int stride = k ? 1 : n, first = k ? a * n : a;
         vreal dot = g[first] * y[first];
         for (int b = 1; b < n; b++) dot += g[first + b * stride] * y[first + b * stride];
-        const vreal inv = 1 / s[a];
-        for (int b = 0; b < n; b++) g[first + b * stride] = (g[first + b * stride] - dot) * inv;
+        if (divide) {
+            for (int b = 0; b < n; b++) g[first + b * stride] = (g[first + b * stride] - dot) / s[a];
+        } else {
+            const vreal inv = 1 / s[a];
+            for (int b = 0; b < n; b++) g[first + b * stride] = (g[first + b * stride] - dot) * inv;
+        }
     }
+}
+
+/* The group's iterations; 1 where a reciprocal overflowed (nothing written: the caller divides instead). */
+ALWAYS int iterate_group(const REAL *m0, int64_t p0, int64_t count, int64_t iters, REAL *out, const int n,
+                         const int divide) {
+    vreal m[MAX_N * MAX_N], s[MAX_N], bad = {0};
+    gather(m0, p0, count, n * n, m);
+    for (int64_t t = 0; t < iters; t++) {
+        half_step(m, s, 0, n, divide, &bad);
+        half_step(m, s, 1, n, divide, &bad);
+    }
+    if (!divide && overflowed(bad)) return 1;
+    scatter(m, p0, count, n * n, out);
+    return 0;
 }
 
 ALWAYS void forward_group(const REAL *m0, int64_t p0, int64_t count, int64_t iters, REAL *out, const int n) {
-    vreal m[MAX_N * MAX_N], s[MAX_N];
-    gather(m0, p0, count, n * n, m);
-    for (int64_t t = 0; t < iters; t++) {
-        half_step(m, s, 0, n);
-        half_step(m, s, 1, n);
-    }
-    scatter(m, p0, count, n * n, out);
+    if (iterate_group(m0, p0, count, iters, out, n, 0)) iterate_group(m0, p0, count, iters, out, n, 1);
 }
 
 /* ys: (2 iters + 1) n*n vectors (m0 and each half-step's y), ss: 2 iters * n vectors. */
-ALWAYS void backward_group(const REAL *m0, const REAL *grad, int64_t p0, int64_t count, int64_t iters,
-                           REAL *dm0, vreal *ys, vreal *ss, const int n) {
+ALWAYS void backward_pass(const REAL *m0, const REAL *grad, int64_t p0, int64_t count, int64_t iters,
+                          REAL *dm0, vreal *ys, vreal *ss, const int n, const int divide, vreal *bad) {
     const int nn = n * n;
     gather(m0, p0, count, nn, ys);
     for (int64_t h = 0; h < 2 * iters; h++) {
         vreal *y = ys + (h + 1) * nn;
         for (int e = 0; e < nn; e++) y[e] = ys[h * nn + e];
-        half_step(y, ss + h * n, (int)(h % 2), n);
+        half_step(y, ss + h * n, (int)(h % 2), n, divide, bad);
     }
+    if (!divide && overflowed(*bad)) return;
     vreal g[MAX_N * MAX_N];
     gather(grad, p0, count, nn, g);
-    for (int64_t h = 2 * iters - 1; h >= 0; h--) half_step_back(g, ys + (h + 1) * nn, ss + h * n, (int)(h % 2), n);
+    for (int64_t h = 2 * iters - 1; h >= 0; h--)
+        half_step_back(g, ys + (h + 1) * nn, ss + h * n, (int)(h % 2), n, divide);
     scatter(g, p0, count, nn, dm0);
+}
+
+ALWAYS void backward_group(const REAL *m0, const REAL *grad, int64_t p0, int64_t count, int64_t iters,
+                           REAL *dm0, vreal *ys, vreal *ss, const int n) {
+    vreal bad = {0};
+    backward_pass(m0, grad, p0, count, iters, dm0, ys, ss, n, 0, &bad);
+    if (overflowed(bad)) backward_pass(m0, grad, p0, count, iters, dm0, ys, ss, n, 1, &bad);
 }
 
 #define GROUPS(p) (((p) + VL - 1) / VL)
