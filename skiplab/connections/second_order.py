@@ -53,10 +53,17 @@ def in_plain_formulas() -> bool:
     return _plain[0]
 
 
+def transforming() -> bool:
+    """Whether a ``torch.func`` transform (grad, vjp, jacrev, vmap, ...) is running: its wrapped tensors reach no
+    kernel (a ``data_ptr`` of their own) and the fused functions' ``forward(ctx, ...)`` is not one it takes."""
+    level = getattr(torch._C._functorch, "maybe_current_level", None)
+    return level is not None and level() is not None
+
+
 def plain() -> bool:
-    """Whether a fused function is to run its plain formula: while compiling (the compiler fuses it) or inside
-    :func:`plain_formulas`."""
-    return _plain[0] or torch.compiler.is_compiling()
+    """Whether a fused function is to run its plain formula: while compiling (the compiler fuses it), under a
+    ``torch.func`` transform (:func:`transforming`) or inside :func:`plain_formulas`."""
+    return _plain[0] or torch.compiler.is_compiling() or transforming()
 
 
 def graph_wanted() -> bool:

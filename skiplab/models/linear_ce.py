@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..connections.second_order import graph_wanted, in_plain_formulas
+from ..connections.second_order import graph_wanted, in_plain_formulas, transforming
 
 IMPLS = ("eager", "chunked", "liger")
 REDUCTIONS = ("mean", "sum")
@@ -138,7 +138,7 @@ def linear_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor, impl: str =
     if chunk is not None and chunk < 1:
         raise ValueError(f"chunk must be a positive number of rows, got {chunk}")
     h, targets = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
-    if impl == "eager" or in_plain_formulas():  # eager's, which autograd differentiates to any order
+    if impl == "eager" or in_plain_formulas() or transforming():  # eager's: autograd's to any order, torch.func's
         return F.cross_entropy(wide(F.linear(h, weight)), targets, ignore_index=ignore_index, reduction=reduction)
     return _fused(h, weight, targets, impl, ignore_index, reduction, chunk)
 

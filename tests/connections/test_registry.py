@@ -274,3 +274,32 @@ def test_conv_designs_treat_one_and_three_spatial_axes_as_two(spec):
     with torch.no_grad():
         torch.testing.assert_close(conn(x3, branch), conn(x3.unsqueeze(-1), branch).squeeze(-1))
         torch.testing.assert_close(conn(x5, branch), conn(x5.flatten(3), branch).view(x5.shape))
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
+def test_torch_func_grad_equals_autograds_for_every_design(spec, layout):
+    """``torch.func.grad`` over ``functional_call`` (the way a meta-learning or per-example-gradient user calls a
+    module): the fused functions and kernels step aside for their plain formulas under a transform (they refused it:
+    "an autograd.Function ... must override the setup_context staticmethod"), so the gradient is autograd's own."""
+    conn = build(spec, layout)
+    if conn is None:
+        return
+    randomise_affine(conn)
+    branch = make_branch(layout)
+    x = make_input(layout).detach()
+    if conn.needs_stack:
+        x = skiplab.input_norm(conn.spec, DIM)(x)
+    params = {k: v.detach() for k, v in conn.named_parameters()}
+
+    def loss(p, x):  # the buffers passed too (BatchNorm updates its running statistics in place)
+        buffers = {k: v.clone() for k, v in conn.named_buffers()}
+        y = torch.func.functional_call(conn, {**p, **buffers}, (x, branch))
+        return (y * torch.linspace(-1, 1, y.shape[-1])).square().sum()
+
+    got_p, got_x = torch.func.grad(loss, argnums=(0, 1))(params, x)
+    leaves = {k: v.clone().requires_grad_() for k, v in params.items()}
+    xl = x.clone().requires_grad_()
+    want = torch.autograd.grad(loss(leaves, xl), [*leaves.values(), xl], allow_unused=True)
+    for (name, g), w in zip(got_p.items(), want):
+        torch.testing.assert_close(g, torch.zeros_like(g) if w is None else w, msg=name)
+    torch.testing.assert_close(got_x, want[-1])

@@ -87,6 +87,17 @@ def test_only_the_inputs_that_ask_get_gradients():
         torch.testing.assert_close(linear_cross_entropy(h, w, y, chunk=4), F.cross_entropy(h @ w.T, y))
 
 
+def test_under_torch_func_grad_it_gives_the_eager_heads_gradient():
+    """``torch.func.grad`` takes no ``forward(ctx, ...)`` autograd function: the chunked head steps aside for the
+    eager one under a transform, with the same gradient."""
+    g = torch.Generator().manual_seed(1)
+    h, w, y = torch.randn(6, 8, generator=g), torch.randn(11, 8, generator=g), torch.randint(0, 11, (6,), generator=g)
+    dh, dw = torch.func.grad(lambda a, b: linear_cross_entropy(a, b, y, chunk=4), argnums=(0, 1))(h, w)
+    _, want_h, want_w = losses_and_grads(h, w, y, "eager")
+    torch.testing.assert_close(1.7 * dh, want_h)
+    torch.testing.assert_close(1.7 * dw, want_w)
+
+
 def test_under_cpu_autocast_it_computes_as_the_eager_head():
     """bf16 logits taken to float32, the gradient's two matmuls in bf16: the loss and ∂h as eager's within bf16's
     rounding, ∂W summed over chunks (one bf16 rounding per chunk) within a few of them; gradients in float32."""
