@@ -27,16 +27,12 @@ from .base import Branch, Connection, register
 from .norms import make_norm
 from .place import Place
 from .second_order import graph_wanted, plain, vjp
-from .spec import Option, Spec, choice
+from .spec import Option, Spec, choice, positive_int
 
 HC_SCALE = 0.01  # HC's s_α, s_β at initialisation (Zhu et al. 2025, Algorithm 2; the code's dynamic_alpha_scale)
 
 
-def _streams(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be an integer >= 1, got {text}")
-    return value
+_streams = positive_int  # n, iters: integers >= 1
 
 
 class Expand(nn.Module):

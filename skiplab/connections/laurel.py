@@ -14,16 +14,12 @@ from torch import Tensor, nn
 from .base import ACROSS, Branch, Connection, register
 from .norms import feature_axis, make_norm
 from .place import Place
-from .spec import Option, Spec, SpecError, choice
+from .spec import Option, Spec, SpecError, choice, positive_int
 
 GEMMA_STD = 0.02  # transformers' Gemma3nTextConfig.initializer_range: N(0, 0.02²) for every linear layer
 
 
-def _rank(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise ValueError(f"must be an integer >= 1, got {text}")
-    return value
+_rank = positive_int  # an integer >= 1
 
 
 def column_orthogonal(rank: int, dim: int) -> Tensor:

@@ -11,11 +11,11 @@ from torch import Tensor
 from .base import Branch, Connection, register
 from .norms import make_norm
 from .place import Place
-from .spec import Option, Spec
+from .spec import Option, Spec, number
 
 
 def _fraction(text: str) -> float:
-    value = float(text)
+    value = number(text)
     if not 0 <= value <= 1:
         raise ValueError(f"must be in [0, 1], got {text}")
     return value

@@ -86,15 +86,23 @@ def format_number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
 
 
+def number(text: str) -> float:
+    """``text`` as a float, or a one-line error saying it is not a number (not Python's own wording)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"must be a number, got {text}") from None
+
+
 def positive_float(text: str) -> float:
-    value = float(text)
+    value = number(text)
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"must be a finite number > 0, got {text}")
     return value
 
 
 def finite_float(text: str) -> float:
-    value = float(text)
+    value = number(text)
     if not math.isfinite(value):
         raise ValueError(f"must be finite, got {text}")
     return value
@@ -102,7 +110,7 @@ def finite_float(text: str) -> float:
 
 def nonnegative_float(text: str) -> float:
     """A finite number >= 0 (an exponent such as the depth scaling's α)."""
-    value = float(text)
+    value = number(text)
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"must be a finite number >= 0, got {text}")
     return value
@@ -169,6 +177,19 @@ def _options(cls: type, name: str, text: str | None, fail: Callable[[str], SpecE
     return options
 
 
+NORM_NAMES = ("LN", "BN", "RMS", "DyT")  # the grammar's norm
+
+
+def _unknown_plus(word: str, across: dict[str, type]) -> str:
+    """What a ``+word`` after a connection is not: a norm, or (where there are any) a design across the stack."""
+    known = [*NORM_NAMES, *across]
+    close = difflib.get_close_matches(word, known, n=1, cutoff=0.6)
+    hint = {k.lower(): k for k in known}.get(word.lower()) or (close[0] if close else None)
+    what = f"a normalisation ({', '.join(NORM_NAMES)})"
+    what = f"neither {what} nor a design across the stack ({', '.join(across)})" if across else f"not {what}"
+    return f"+{word} is {what}" + (f" (did you mean +{hint}? names are case-sensitive)" if hint else "")
+
+
 def parse(text: str, registry: dict[str, type], known: str, across: dict[str, type] | None = None) -> Spec:
     """Parse ``text`` against the classes in ``registry`` (and ``across``, the designs that may follow the
     connection after a ``+``); raise :class:`SpecError` naming the problem."""
@@ -179,7 +200,7 @@ def parse(text: str, registry: dict[str, type], known: str, across: dict[str, ty
 
     if not isinstance(text, str):
         raise SpecError(f"a connection spec must be a string, got {type(text).__name__}. Known: {known}")
-    spec, stack = text.replace(" ", ""), []
+    spec, stack = "".join(text.split()), []  # spaces, tabs and line breaks anywhere
     while (a := _ACROSS_RE.match(spec)) and a["name"] in (across or {}):  # peel "+ValueRes(...)" off the end
         if any(s.name == a["name"] for s in stack):
             raise fail(f"{a['name']} is given twice")
@@ -188,6 +209,9 @@ def parse(text: str, registry: dict[str, type], known: str, across: dict[str, ty
         spec = a["rest"]
     named = spec  # the connection as written, without the designs across the stack
     spec = ALIASES.get(spec, spec)
+    if (a := _ACROSS_RE.match(spec)) and a["name"] not in NORM_NAMES and (c := _SPEC_RE.match(a["rest"])) \
+            and (c["name"] in registry or c["name"] in ALIASES):  # "PreLN+Unet", "PreLN+ValueRes+Foo", "2xSkip+LM"
+        raise fail(_unknown_plus(a["name"], across or {}))
     m = _SPEC_RE.match(spec)
     if m is None:
         raise fail("not of the form [number]name[+NORM][(key=value, ...)]", names=True)

@@ -2,6 +2,7 @@
 forward pass, the special cases (λ = 0 is the plain model), gradients, and the families that refuse them."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -44,10 +45,12 @@ def test_the_grammar_reads_designs_across_the_stack_after_the_connection(text, c
     ("PreLN+UNet(depth=2)", "UNet has no option 'depth'"),
     ("PreLN+ValueRes(learn=maybe)", "option learn: must be one of no, yes"),
     ("PreLN+ValueRes(lambda=nan)", "option lambda: must be finite"),
-    ("PreLN+Unet", "PreLN takes no normalisation +Unet"),
+    ("PreLN+Unet", "+Unet is neither a normalisation (LN, BN, RMS, DyT) nor a design across the stack (ValueRes, "
+                   "UNet, DenseFormer, MUDD, AttnRes, Scalars, Backout) (did you mean +UNet? names are case-sensitive)"),
+    ("PreLN+ValueRes+Foo", "+Foo is neither a normalisation"),
 ])
 def test_bad_designs_across_the_stack_are_named(text, problem):
-    with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace("+", r"\+")):
+    with pytest.raises(ValueError, match=re.escape(problem)):
         parse_spec(text)
 
 

@@ -72,7 +72,12 @@ def test_the_spec_remembers_whether_its_norm_was_written(text, norm, written):
         ("2rSkip", "needs a normalisation"),
         ("2SAS", "SAS takes no leading number"),
         ("PreLN+LN", "PreLN takes no normalisation +LN"),
-        ("1xSkip+GN", "takes no normalisation +GN"),
+        ("1xSkip+GN", "+GN is neither a normalisation (LN, BN, RMS, DyT) nor a design across the stack"),
+        ("2xSkip+LM", "+LM is neither a normalisation"),
+        ("HC(n=1.5)", "option n: must be an integer >= 1, got 1.5"),
+        ("LAuReL(form=lr,rank=x)", "option rank: must be an integer >= 1, got x"),
+        ("ReZero(init=abc)", "option init: must be a number, got abc"),
+        ("MixLN(alpha=q)", "option alpha: must be a number, got q"),
         ("SAS(bogus=1)", "SAS has no option 'bogus'"),
         ("MixLN(alpha0=llm)", "alpha0 sets DyT's initial α and MixLN builds no DyT here: write +DyT"),
         ("PreDyT(alpha0=0)", "option alpha0: must be a finite number > 0, got 0"),
@@ -112,3 +117,10 @@ def test_bad_layout_and_dim():
         skiplab.connection(2, 8)
     with pytest.raises(TypeError, match="place must be a skiplab.connections.Place .* got str"):
         skiplab.connection("PreLN", 8, place="foo")
+
+
+@pytest.mark.parametrize("text", ["2r Skip + LN", "2rSkip+LN\t", "\t2rSkip+LN\n", "2rSkip\n+LN"])
+def test_whitespace_anywhere_in_a_spec_is_ignored(text):
+    """Spaces, tabs and line breaks (a spec read from a file or a shell variable) are all ignored, as the grammar
+    says; a tab was refused as "not of the form"."""
+    assert skiplab.connection(text, 8).spec == "2rSkip+LN"
