@@ -130,10 +130,34 @@ def parser_for(tp: Any):
     return _scalar_parser(tp)
 
 
+GIVEN = "given_options"  # the attribute of parsed arguments naming the fields given on the command line
+
+
+class _Store(argparse.Action):
+    """argparse's store action that also notes the field as given (:data:`GIVEN`), a value equal to its default
+    included: ``--resume --max-steps 2000`` asks for 2000 updates whatever the default is."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, GIVEN, frozenset({*(getattr(namespace, GIVEN, None) or ()), self.dest}))
+
+
+def given(args: argparse.Namespace, cls: type) -> set[str]:
+    """The fields of ``cls`` given on the command line (:func:`add_arguments`' options note them); for arguments
+    made another way (no note), the fields whose value differs from the field's default."""
+    names = {f.name for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    noted = getattr(args, GIVEN, None)
+    if noted is not None:
+        return names & set(noted)
+    return {f.name for f in dataclasses.fields(cls) if f.name in names and getattr(args, f.name) != f.default}
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
                   defaults: dict[str, Any] | None = None) -> None:
     """Add one ``--option`` per field of the dataclass ``cls`` (but ``skip``), defaulting to the field's default or,
-    where ``defaults`` names the field (a demo's sizes), to that value, which its help then shows."""
+    where ``defaults`` names the field (a demo's sizes), to that value, which its help then shows; each notes itself
+    as given when it is (:func:`given`)."""
+    parser.set_defaults(**{GIVEN: frozenset()})
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if f.name in skip:
@@ -146,6 +170,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
+            action=_Store,
             type=count(f.metadata["min"]) if "min" in f.metadata else parser_for(hints[f.name]),
             default=default,
             metavar=f.name.upper(),

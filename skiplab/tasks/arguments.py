@@ -32,8 +32,7 @@ def train_config(cls, args: argparse.Namespace):
                if run_dir.failed_start(Path(out)) else "no config.json there")
         raise run_dir.RunDirError(f"nothing to resume in {out}: {why}") from None
     stored = getattr(cls, "upgrade", dict)(stored)
-    given = config.absolute({f.name: getattr(args, f.name) for f in dataclasses.fields(cls)
-                             if getattr(args, f.name) != f.default})
+    given = config.absolute({name: getattr(args, name) for name in config.given(args, cls)})
     given["out"] = out
     stale = sorted(set(stored) - {f.name for f in dataclasses.fields(cls)})
     kind = payload.get("kind") or (run_dir.run_kind(Path(out)) if stale else None)

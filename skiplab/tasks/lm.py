@@ -23,6 +23,7 @@ from torch import Tensor
 
 from .. import run_dir
 from ..analysis.trained import Examples, Trained
+from .. import config
 from ..config import count
 from ..connections import connection
 from ..models import build_model, lm_families, with_options
@@ -163,8 +164,16 @@ class LMTask(Task):
         if args.branch:
             if args.resume:
                 raise ValueError("--branch makes a new run from a checkpoint; give it without --resume")
-            default = next(f.default for f in dataclasses.fields(lm.LMTrainConfig) if f.name == "max_steps")
-            lm_branch.branch(args.branch, args.out, args.overwrite, args.max_steps if args.max_steps != default else 0)
+            from .arguments import given_model_options  # here: arguments reads the task registry, which holds this
+
+            given = config.given(args, lm.LMTrainConfig)
+            other = sorted(given - {"max_steps", *lm_branch.BRANCH_MAY_SET}) + sorted(given_model_options(args))
+            if other:
+                flags = lambda names: ", ".join("--" + o.replace("_", "-") for o in names)  # noqa: E731
+                raise ValueError(f"--branch trains on with the checkpoint's options: give --max-steps (and --out, "
+                                 f"--overwrite, {flags(o for o in lm_branch.BRANCH_MAY_SET if o != 'out')}), "
+                                 f"not {flags(other)}")
+            lm_branch.branch(args.branch, args.out, args.overwrite, args.max_steps if "max_steps" in given else 0)
             args.resume, args.overwrite = True, False
 
     def shared_data(self, base: Any, root: Path, progress: bool = True) -> Any:

@@ -15,6 +15,11 @@ from .. import run_dir
 from .lm_config import BUDGET, LMTrainConfig
 
 
+# What a branch's command may set besides --max-steps: where the run is and what it logs (a resume may change them
+# too) and how many checkpoints it keeps; every other option is the checkpoint's.
+BRANCH_MAY_SET = (*run_dir.PLACE, *BUDGET)
+
+
 def check_branch(ckpt: dict[str, Any], cfg: LMTrainConfig) -> None:
     """A wsd run goes on to another budget only from its stable phase: every update it made had the lr of both
     budgets (its step <= both stable ends); else a one-line error."""

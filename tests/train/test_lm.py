@@ -15,6 +15,7 @@ from skiplab.cli import main
 from skiplab.models import GPT, GPTConfig
 from skiplab.models.generate import filter_logits, generate
 from skiplab.tasks import load_trained
+from skiplab.train import lm_branch
 from skiplab.train.lm import LMTrainConfig, learning_rate, parameter_groups, train
 from tests.train.test_distributed import ok, one_thread, torchrun
 from tests.train.test_mt import interrupt_after_step
@@ -686,3 +687,31 @@ def test_a_data_error_is_one_line_without_the_warm_up_warning_before_it(text, tm
     assert run(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("skiplab: error: ") and "nothere.jsonl" in err, err
+
+
+def test_an_option_given_at_its_default_value_counts_on_resume_and_branch(text, tmp_path, capsys, monkeypatch):
+    """--resume and --branch change only what the command gives; an option given at its default value is given
+    too (it read as not given: `--resume --lr <default>` on a run of another lr resumed silently at the run's lr,
+    and `--branch CK --max-steps 2000` decayed to the source run's budget). --branch with an option that is the
+    checkpoint's (--lr) is refused in one line before its folder is made."""
+    lr_default = next(f.default for f in dataclasses.fields(LMTrainConfig) if f.name == "lr")
+    steps_default = next(f.default for f in dataclasses.fields(LMTrainConfig) if f.name == "max_steps")
+    short = tmp_path / "short"
+    with one_thread():
+        assert run(args(text, short, *WSD, "--max-steps", "8")) == 0  # --lr 3e-3, not the default
+    capsys.readouterr()
+    assert run(["train", "lm", "--resume", "--out", short, "--lr", lr_default]) == 2
+    refused(capsys, "holds a run with another config (different lr)")
+    branched = tmp_path / "branched"
+    assert run(["train", "lm", "--branch", short / "checkpoint_4.pt", "--max-steps", "12", "--lr", "0.01",
+                "--d-model", "32", "--out", branched]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--branch trains on with the checkpoint's options: give --max-steps (and --out, " \
+        "--overwrite, --data-dir, --device" in err and err.strip().endswith("not --lr, --d-model"), err
+    assert not branched.exists()
+    asked = []
+    monkeypatch.setattr(lm_branch, "branch", lambda *a: asked.append(a[3]) or (_ for _ in ()).throw(ValueError("x")))
+    assert run(["train", "lm", "--branch", short / "checkpoint_4.pt", "--max-steps", steps_default,
+                "--out", branched]) == 2
+    assert run(["train", "lm", "--branch", short / "checkpoint_4.pt", "--out", branched]) == 2
+    assert asked == [steps_default, 0]  # given at the default: that budget; not given: the source run's
