@@ -140,6 +140,12 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
                       f"{cfg.lr * cfg.max_steps / max(cfg.warmup, 1):.3g} at most, never to --lr {cfg.lr:g}", stacklevel=2)
 
     mcfg = cfg.model_config(vocab)
+    stored = (ckpt or {}).get("model_config", {}).get("vocab_size")
+    if stored and stored > mcfg.vocab_size:  # an imported model whose vocabulary is padded past its tokenizer's (as
+        mcfg = cfg.model_config(stored)  # many hub models pad theirs) resumes at its own: the ids past it never occur
+    if len(train_data) < mcfg.context + 1:  # every update draws windows of context + 1 tokens: said before config.json
+        raise ValueError(f"{train_data.name}: {len(train_data):,} tokens, fewer than a window of context + 1 = "
+                         f"{mcfg.context + 1}")
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg).to(device)
     model.checkpointing = cfg.activation_checkpointing

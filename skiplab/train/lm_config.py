@@ -133,6 +133,17 @@ class LMTrainConfig:
             raise ValueError(f"adam_betas takes two values, got {self.adam_betas}")
         if not self.corpus and not (self.train_file and self.valid_file) and not self.data_dir:
             raise ValueError("with --corpus '' give --train-file and --valid-file (or --data-dir a prepared folder)")
+        if not self.corpus:  # a run reads token ids or text, not both: a text split is read with the tokenizer
+            files = {flag: path for flag, path in (("--train-file", self.train_file), ("--valid-file", self.valid_file),
+                                                   ("--test-file", self.test_file)) if path}
+            ids = [flag for flag, path in files.items() if path.endswith(".bin")]
+            if ids and len(ids) < len(files):
+                raise ValueError(f"{', '.join(ids)} {'is' if len(ids) == 1 else 'are'} token ids (.bin) and "
+                                 f"{', '.join(f for f in files if f not in ids)} text: give every split as .bin "
+                                 "files or every split as text")
+            if ids and self.valid_tokens:
+                raise ValueError("--valid-tokens takes the first documents of a text split; a .bin split has no "
+                                 "documents and is validated whole (give a shorter --valid-file)")
         if family_of(self.model) is not GPTConfig:
             raise ValueError(f"{self.model} is not a language model; known: "
                              f"{', '.join(n for n, (c, _) in PRESETS.items() if c is GPTConfig)}")

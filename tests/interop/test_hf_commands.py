@@ -252,15 +252,18 @@ def test_a_design_hf_cannot_hold_is_one_line_and_writes_nothing(text, tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
 
 
-def test_an_imported_run_fine_tunes_with_resume(text, tmp_path):
-    # train lm builds its model at the tokenizer's vocabulary: a padded one (VOCAB) does not resume
-    folder, out = hf_folder(tmp_path / "hf", "llama", vocab=300), tmp_path / "run"
+@pytest.mark.parametrize("vocab", [300, VOCAB])
+def test_an_imported_run_fine_tunes_with_resume(text, tmp_path, vocab):
+    """At the tokenizer's vocabulary (300) and padded past it (VOCAB, as hub models pad theirs: it was a state-dict
+    size-mismatch traceback), the run resumes at the model's own vocabulary and trains."""
+    folder, out = hf_folder(tmp_path / "hf", "llama", vocab=vocab), tmp_path / "run"
     with one_thread():
         recipe = ["--max-steps", "2", "--eval-every", "2", "--batch-size", "4", "--warmup", "1", "--device", "cpu"]
         assert run(["import", "hf", folder, "--out", out, *data(text), *recipe]) == 0
         assert run(["train", "lm", "--resume", "--out", out]) == 0
         ckpt, model, _ = load_run(out)
     assert ckpt["step"] == 2 and json.loads((out / "summary.json").read_text())["status"] == "finished"
+    assert model.cfg.vocab_size == vocab and ckpt["model_config"]["vocab_size"] == vocab
     with torch.no_grad():
         x = ids() % 300
         assert not torch.allclose(model(x), hf_logits(folder, x), atol=1e-3)  # it trained

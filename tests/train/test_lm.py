@@ -7,6 +7,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -715,3 +716,28 @@ def test_an_option_given_at_its_default_value_counts_on_resume_and_branch(text, 
                 "--out", branched]) == 2
     assert run(["train", "lm", "--branch", short / "checkpoint_4.pt", "--out", branched]) == 2
     assert asked == [steps_default, 0]  # given at the default: that budget; not given: the source run's
+
+
+def test_data_a_run_cannot_train_on_is_refused_before_its_folder_holds_anything(text, tmp_path, capsys):
+    """Splits mixing token ids (.bin) and text (a text run's validation ids were checked against --vocab-size and
+    failed at the first evaluation, or a .bin run read a text split without a tokenizer: a traceback); --valid-tokens
+    with .bin splits (it was ignored); a training split shorter than one window (found in the first update, after
+    config.json was written, so the same command, fixed, was refused): one line each, nothing left behind."""
+    np.arange(300, dtype=np.uint16).tofile(tmp_path / "ids.bin")
+    ids = tmp_path / "ids.bin"
+    cases = [
+        (["--valid-file", ids], "--valid-file is token ids (.bin) and --train-file, --test-file text: give every split"),
+        (["--train-file", ids, "--vocab-size", "300"], "--train-file is token ids (.bin) and --valid-file, --test-file"),
+        (["--train-file", ids, "--valid-file", ids, "--test-file", ids, "--vocab-size", "300", "--valid-tokens", "50"],
+         "--valid-tokens takes the first documents of a text split; a .bin split has no documents"),
+    ]
+    short = tmp_path / "short.jsonl"
+    short.write_text(json.dumps({"text": "tiny"}) + "\n")
+    cases.append((["--train-file", short], "short.jsonl: 5 tokens, fewer than a window of context + 1 = 33"))
+    for i, (extra, message) in enumerate(cases):
+        out = tmp_path / f"run{i}"
+        capsys.readouterr()
+        with one_thread():
+            assert run(args(text, out, *extra)) == 2
+        refused(capsys, message)
+        assert not out.exists()
