@@ -46,6 +46,14 @@ def read_run(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, Any
     return label, records, setting
 
 
+def axis(runs: list[tuple[str, list[dict[str, Any]], dict[str, Any]]]) -> str:
+    """``epoch`` for image runs (their records score the test split each epoch: ``test_error``, no ``valid_loss``;
+    they log their update ``step`` too), else ``step`` where every run logs one."""
+    if all("test_error" in r[1][0] and "valid_loss" not in r[1][0] for r in runs):
+        return "epoch"
+    return "step" if all("step" in r[1][0] for r in runs) else "epoch"
+
+
 def names(runs: list[tuple[str, list[dict[str, Any]], dict[str, Any]]]) -> list[str]:
     """Each run's line: its name, and where runs of that name differ in more than their seed, the settings in
     which they differ (``PreLN (lr=0.003)``), so that only seeds of one setting share a line."""
@@ -72,7 +80,7 @@ def plot_runs(paths: list[str], out: str | Path, keys: tuple[str, ...] = (), lab
     if labels and len(labels) != len(paths):
         raise ValueError(f"{len(labels)} labels for {len(paths)} runs")
     runs = [read_run(p) for p in paths]
-    x = "step" if all("step" in r[1][0] for r in runs) else "epoch"
+    x = axis(runs)
     given = bool(keys)
     keys = tuple(keys) or DEFAULT_KEYS[x]
     for path, (_, records, _) in zip(paths, runs):

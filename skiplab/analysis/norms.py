@@ -106,9 +106,11 @@ def norms(tr: Trained, split: str = "test", examples: int = 200, seed: int = 0, 
                 branches.clear()
                 tr.forward(ex)
                 for name, h in inputs.items():
-                    states[name].add(per_position(stream_state(h), tr.mask(ex, name), len(ex)))
+                    mask = tr.mask(ex, name)
+                    states[name].add(per_position(stream_state(h, mask), mask, len(ex)))
                 for stack, name in last.items():
-                    states[f"{stack}.out"].add(per_position(stream_state(outputs[name]), tr.mask(ex, name), len(ex)))
+                    mask = tr.mask(ex, name)
+                    states[f"{stack}.out"].add(per_position(stream_state(outputs[name], mask), mask, len(ex)))
                 for name, ys in branches.items():
                     mask = tr.mask(ex, tr.block_of(name))
                     for y in ys:

@@ -41,9 +41,10 @@ def angular_distance(a: Tensor, b: Tensor) -> Tensor:
     return torch.arccos(cos.clamp(-1.0, 1.0)) / math.pi
 
 
-def stream_state(x: Tensor) -> Tensor:
-    """The hidden state a block's first input stands for: (B, T, D) as it is, n streams (B, T, n, D) summed."""
-    return x.sum(-2) if x.dim() == 4 else x
+def stream_state(x: Tensor, mask: Tensor | None) -> Tensor:
+    """The hidden state a block's first input stands for: (B, T, D) as it is, n streams (B, T, n, D) summed; an
+    image run's feature map (B, C, H, W), whose positions have no ``mask``, as it is (it is not n streams)."""
+    return x.sum(-2) if x.dim() == 4 and mask is not None else x
 
 
 class Skipped(nn.Module):
@@ -111,7 +112,7 @@ def redundancy(tr: Trained, split: str = "test", examples: int = 200, seed: int 
                     names = [f"{s}.{i}" for i in range(length[s])]
                     mask = tr.mask(ex, names[0])
                     states = [inputs[names[0]]] + [leaving[n] for n in names]
-                    rows = torch.stack([per_position(stream_state(h), mask, len(ex)) for h in states])  # (L+1, N, D)
+                    rows = torch.stack([per_position(stream_state(h, mask), mask, len(ex)) for h in states])  # (L+1, N, D)
                     unit = rows.double() / rows.double().norm(dim=-1, keepdim=True)
                     cos = torch.einsum("lnd,mnd->lmn", unit, unit).clamp(-1.0, 1.0)
                     sums[s] += (torch.arccos(cos) / math.pi).sum(-1)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from skiplab.analysis.gradients import gradient_norms
 from skiplab.analysis.learned import learned, table
+from skiplab.analysis.norms import norms
 from skiplab.analysis.report import legend_labels, per_position
 from skiplab.tasks import load_trained
 from skiplab.cli import main
@@ -232,3 +233,26 @@ def test_legend_entries_say_only_what_differs_and_name_a_presets_own_connection(
         == ["PreLN", "2rSkip+LN"]  # gpt-mini's own connection, not "-"
     assert legend_labels([{"label": "gpt-mini(layers=4)"}, {"label": "gpt-mini(layers=8)"}]) == ["layers=4", "layers=8"]
     assert legend_labels([{"label": "SAS"}, {"label": "Highway"}]) == ["SAS", "Highway"]  # not model specs
+
+
+def test_norms_of_an_image_run_are_each_examples_feature_map(runs):
+    """An image run's state entering a block is its feature map (B, C, H, W), one row per example: a 4-d tensor
+    was summed over its height as if it were n hyper-connection streams (a 2rSkip+LN block's input, RMS 1 after its
+    norm, read about 20)."""
+    tr = load_trained(runs / "2rSkip+LN")
+    result = norms(tr, examples=16, progress=False)
+    entering: dict[str, list[torch.Tensor]] = {}
+    hooks = [b.register_forward_pre_hook(lambda m, a, name=name: entering.setdefault(name, []).append(a[0]))
+             for name, b in tr.blocks().items()]
+    with torch.no_grad():
+        for ex in tr.examples("test", 16, 0):
+            tr.forward(ex)
+    for h in hooks:
+        h.remove()
+    rows = {r["state"]: r for r in result["states"]}
+    for name, xs in entering.items():
+        rms = torch.cat(xs).double().flatten(1).pow(2).mean(-1).sqrt()
+        assert rows[name]["rms_mean"] == pytest.approx(rms.mean().item(), rel=1e-9), name
+        assert rows[name]["positions"] == 16
+    after_norm = [r["rms_mean"] for n, r in rows.items() if not n.endswith(".out") and not n.endswith(".0")]
+    assert max(after_norm) < 1.5  # each block after the first reads the previous block's LN(x + LN(x + F)) output

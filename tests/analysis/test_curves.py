@@ -1,5 +1,7 @@
 """``skiplab curves``: runs grouped by connection, plotted against step or epoch; bad input refused."""
 
+from pathlib import Path
+
 import pytest
 
 from skiplab.analysis import curves
@@ -54,6 +56,20 @@ def test_image_runs_use_the_epoch_and_the_cli_writes_a_png(tmp_path, capsys):
     assert main(["curves", *runs, "--out", str(out)]) == 2  # an existing figure is not replaced silently
     assert "exists; use --overwrite" in capsys.readouterr().err and out.read_bytes() == first
     assert main(["curves", *runs, "--out", str(out), "--overwrite", "--keys", "test_error"]) == 0
+
+
+RECORDED = Path(__file__).parents[2] / "docs" / "results" / "fmnist-r20" / "amd-epyc-avx512-2026-11-30"
+
+
+def test_a_recorded_image_run_plots_its_default_keys_against_the_epoch(tmp_path, monkeypatch):
+    """Image runs log their update step beside the epoch: the default keys and the epoch axis are still the image
+    task's (the step in the records chose the language model's keys, and every real image run was refused)."""
+    seen = {}
+    monkeypatch.setattr(curves, "plot_curves", lambda groups, keys, out, title, x: seen.update(keys=keys, x=x))
+    runs = [str(RECORDED / design / "seed1") for design in ("1xSkip", "2rSkip+LN")]
+    assert all('"step"' in Path(r, "metrics.jsonl").read_text().splitlines()[0] for r in runs)
+    curves.plot_runs(runs, tmp_path / "c.png")
+    assert seen == {"keys": ("train_loss", "test_error"), "x": "epoch"}
 
 
 def test_bad_runs_and_keys_are_named(tmp_path, capsys):
