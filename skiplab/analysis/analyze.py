@@ -11,7 +11,8 @@
 
 Each run gets ``analysis/<name>.json`` (with the checkpoint read: its step, and the machine and code version that
 made it), ``.md`` and ``.png``; with ``--compare`` the first run's
-``analysis/<name>_compare.png`` overlays them all. Nothing is overwritten without ``overwrite``.
+``analysis/<name>_compare.png`` overlays them all. A checkpoint file other than the run's last.pt adds its name:
+``RUN/avg5.pt`` writes ``analysis/<name>.avg5.json``, ... Nothing is overwritten without ``overwrite``.
 """
 
 from __future__ import annotations
@@ -43,15 +44,16 @@ def analyze(name: str, trained: list[Trained], overwrite: bool = False, progress
     kinds = {t.kind for t in trained}
     if len(kinds) > 1:
         raise ValueError(f"cannot overlay runs of different tasks ({', '.join(sorted(kinds))}) in one figure")
-    files = [outputs(t.path, name, overwrite) for t in trained]  # refuse before any work
-    overlay = trained[0].path / "analysis" / f"{name}_compare.png"
+    files = [outputs(t.path, name + t.analysis_name, overwrite) for t in trained]  # refuse before any work
+    overlay = trained[0].path / "analysis" / f"{name}{trained[0].analysis_name}_compare.png"
     if len(trained) > 1 and overlay.exists() and not overwrite:
         raise run_dir.RunDirError(f"{overlay} exists; use --overwrite to replace it")
     results = [compute(t, progress=progress, **options) for t in trained]  # every run's, before any file is written
     env = host.environment()
     for t, f, result in zip(trained, files, results):
         fig = figure([result])
-        made = {"checkpoint": {"path": str(t.path), "step": t.checkpoint.get("step"), "epoch": t.checkpoint.get("epoch"),
+        made = {"checkpoint": {"path": str(t.source or t.path), "step": t.checkpoint.get("step"),
+                               "epoch": t.checkpoint.get("epoch"),
                                "averaged": t.checkpoint.get("averaged")}, "environment": env}  # what and where from
         write(f, {**result, **made}, table(result), fig)
         pyplot().close(fig)

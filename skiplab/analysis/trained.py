@@ -41,6 +41,7 @@ class Trained:
     model: nn.Module
     config: dict[str, Any]
     checkpoint: dict[str, Any]
+    source: Path | None = None  # the checkpoint file read, where it is not the run's last.pt (an average, a step's)
 
     kind: ClassVar[str] = ""  # the task, as checkpoints name it
     splits: ClassVar[tuple[str, ...]] = ()
@@ -48,6 +49,13 @@ class Trained:
     metric: ClassVar[str] = ""  # what score_test measures, as result keys name it: "error", "bleu", ...
     metric_title: ClassVar[str] = ""  # and as text names it: "error", "BLEU", ...
     higher_is_better: ClassVar[bool] = False
+
+    @property
+    def analysis_name(self) -> str:
+        """What an analysis's files add to their name: nothing for the run's last.pt, ``.<stem>`` for another
+        checkpoint of it (``norms.avg5.json`` beside ``norms.json``), so the analyses of two checkpoints of one run
+        are kept apart."""
+        return f".{self.source.stem}" if self.source is not None else ""
 
     @property
     def label(self) -> str:

@@ -40,7 +40,10 @@ def load_trained(path: str | Path) -> Trained:
     ckpt = run_dir.load_checkpoint(path, kind=tuple(TASKS))
     model = model_from_checkpoint(ckpt, path)
     run = Path(path) if Path(path).is_dir() else Path(path).parent
-    return TASKS[ckpt["kind"]].trained(run, model.eval(), ckpt["config"], ckpt)
+    trained = TASKS[ckpt["kind"]].trained(run, model.eval(), ckpt["config"], ckpt)
+    if Path(path).is_file() and Path(path).name != "last.pt":
+        trained.source = Path(path)
+    return trained
 
 
 def check_same_run(cfg: Any, advice: str = "use another --out") -> None:

@@ -256,3 +256,19 @@ def test_norms_of_an_image_run_are_each_examples_feature_map(runs):
         assert rows[name]["positions"] == 16
     after_norm = [r["rms_mean"] for n, r in rows.items() if not n.endswith(".out") and not n.endswith(".0")]
     assert max(after_norm) < 1.5  # each block after the first reads the previous block's LN(x + LN(x + F)) output
+
+
+def test_another_checkpoint_of_a_run_writes_its_own_files(runs, tmp_path, capsys):
+    """An analysis of RUN/avg.pt (or a step's checkpoint) stands beside RUN's own: it was refused as "gates.json
+    exists", and with --overwrite replaced the last.pt analysis; its JSON names the file it read."""
+    run = runs / "Highway"
+    (run / "avg1.pt").write_bytes((run / "last.pt").read_bytes())  # another checkpoint file of the run
+    for target in (run, run / "avg1.pt"):
+        assert main(["analyze", "gates", str(target), "--examples", "10", "--overwrite"]) == 0
+    capsys.readouterr()
+    own = json.loads((run / "analysis" / "gates.json").read_text())
+    avg = json.loads((run / "analysis" / "gates.avg1.json").read_text())
+    assert own["checkpoint"]["path"] == str(run) and avg["checkpoint"]["path"] == str(run / "avg1.pt")
+    assert (run / "analysis" / "gates.avg1.md").is_file() and (run / "analysis" / "gates.avg1.png").is_file()
+    assert main(["analyze", "gates", str(run / "avg1.pt"), "--examples", "10"]) == 2
+    assert "gates.avg1.json exists; use --overwrite" in capsys.readouterr().err
