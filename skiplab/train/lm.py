@@ -88,6 +88,20 @@ def evaluate(model, data: Stream, context: int, device, amp: bool, stride: int =
             "words": data.n_words or None}
 
 
+def check_same_data(out: Path, train_data: Any, valid_data: Any) -> None:
+    """A resumed run reads the token counts its config.json recorded when it started (its splits' tokens): the
+    updates it makes are an uninterrupted run's only on the same data, so a split that has changed since (a file
+    edited, another one at the path) is refused in one line, naming it. Runs that recorded no counts (imported
+    ones) are not checked."""
+    data = (run_dir.read_json(out / "config.json") if (out / "config.json").is_file() else {}).get("data") or {}
+    for split, stream in (("train", train_data), ("valid", valid_data)):
+        recorded = data.get(f"{split}_tokens")
+        if isinstance(recorded, int) and recorded != len(stream):
+            raise run_dir.RunDirError(
+                f"{stream.name}: {len(stream):,} tokens, but {out} started on {recorded:,}: its {split} split changed "
+                "since, and a resumed run trains as the uninterrupted one only on the same data (start a new run)")
+
+
 def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
     """Train as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return the summary."""
     group, device = distributed.setup(pick_device(cfg.device))
@@ -139,6 +153,8 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         warnings.warn(f"--warmup {cfg.warmup} is more than --max-steps {cfg.max_steps}: the learning rate rises to "
                       f"{cfg.lr * cfg.max_steps / max(cfg.warmup, 1):.3g} at most, never to --lr {cfg.lr:g}", stacklevel=2)
 
+    if ckpt:
+        check_same_data(run.out, train_data, valid_data)
     mcfg = cfg.model_config(vocab)
     stored = (ckpt or {}).get("model_config", {}).get("vocab_size")
     if stored and stored > mcfg.vocab_size:  # an imported model whose vocabulary is padded past its tokenizer's (as

@@ -118,6 +118,9 @@ class LMTrainConfig:
             raise ValueError(f"unknown --decay-shape {self.decay_shape!r}; known: {', '.join(DECAY_SHAPES)}")
         if not 0 < self.decay <= 1:
             raise ValueError(f"--decay must be in (0, 1], got {self.decay:g}")
+        if self.schedule == "wsd" and stable_end(self) == self.max_steps:
+            raise ValueError(f"--decay {self.decay:g} of --max-steps {self.max_steps} is {self.decay * self.max_steps:g} "
+                             "updates, which round to none: the run would never decay (give a larger --decay)")
         if self.schedule == "wsd" and self.warmup > stable_end(self):
             raise ValueError(f"--warmup {self.warmup} runs into the decay, which starts after update "
                              f"{stable_end(self)} (--max-steps {self.max_steps}, --decay {self.decay:g})")

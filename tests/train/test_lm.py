@@ -18,6 +18,7 @@ from skiplab.models.generate import filter_logits, generate
 from skiplab.tasks import load_trained
 from skiplab.train import lm_branch
 from skiplab.train.lm import LMTrainConfig, learning_rate, parameter_groups, train
+from skiplab.train.lm_config import stable_end
 from tests.train.test_distributed import ok, one_thread, torchrun
 from tests.train.test_mt import interrupt_after_step
 
@@ -478,6 +479,10 @@ def test_wsd_warms_up_holds_then_decays_over_the_last_fraction():
         LMTrainConfig(schedule="wsd", warmup=90, max_steps=100)
     with pytest.raises(ValueError, match="--decay must be in"):
         LMTrainConfig(schedule="wsd", decay=0)
+    with pytest.raises(ValueError, match=r"--decay 0.04 of --max-steps 10 is 0.4 updates, which round to none"):
+        LMTrainConfig(schedule="wsd", decay=0.04, max_steps=10, warmup=1)  # it ran at the peak lr to the end
+    assert stable_end(LMTrainConfig(schedule="wsd", decay=0.06, max_steps=10, warmup=1)) == 9  # one update of decay
+
 
 
 def test_a_stable_phase_checkpoint_branches_into_a_longer_budget_exactly(text, tmp_path, capsys):
@@ -741,3 +746,20 @@ def test_data_a_run_cannot_train_on_is_refused_before_its_folder_holds_anything(
             assert run(args(text, out, *extra)) == 2
         refused(capsys, message)
         assert not out.exists()
+
+
+def test_a_resume_on_a_changed_split_is_refused(text, tmp_path, capsys):
+    """The token counts config.json recorded are checked on resume: a training file cut short since the run started
+    was resumed silently (the doc promises the updates of an uninterrupted run, which needs the same data)."""
+    data = tmp_path / "data"
+    shutil.copytree(text, data)
+    out = tmp_path / "run"
+    with one_thread():
+        assert run(args(data, out, "--schedule", "constant", "--max-steps", "3")) == 0
+    lines = (data / "train.jsonl").read_text().splitlines(keepends=True)
+    (data / "train.jsonl").write_text("".join(lines[: len(lines) // 2]))
+    before = (out / "last.pt").read_bytes()
+    capsys.readouterr()
+    assert run(["train", "lm", "--resume", "--out", out, "--max-steps", "6"]) == 2
+    refused(capsys, f"but {out} started on ")  # "train.jsonl: N tokens, but RUN started on M: its train split ..."
+    assert (out / "last.pt").read_bytes() == before
