@@ -239,6 +239,12 @@ def _write(cfg: DebdocsConfig, root: Path, chosen: list[tuple[Source, str]], hav
         for s in LM_SPLITS:
             writers[s].close()
             files[s].close()
+    empty = [s for s in LM_SPLITS if not splits[s]["documents"]]
+    if empty:  # every later prepare lm or train lm would fail on it ("empty corpus")
+        total = sum(v["documents"] for v in splits.values())
+        raise ValueError(f"debdocs: {', '.join(empty)} would hold no documents ({total:,} documents from "
+                         f"{', '.join(p['package'] for p in packages)}); a language model reads all three splits: "
+                         "give more --packages, or a larger --valid-per-mille / --test-per-mille")
     for s in LM_SPLITS:
         splits[s]["sha256"] = hashlib.sha256((work / splits[s]["file"]).read_bytes()).hexdigest()
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("out", "root")}

@@ -68,6 +68,10 @@ class PrepareConfig:
             raise ValueError(f"--shard-tokens must be at most {MAX_SHARD_TOKENS}, got {self.shard_tokens}")
         if not self.corpus and not (self.train_file and self.valid_file):
             raise ValueError("with --corpus '' give --train-file and --valid-file")
+        ids = [f"--{s}-file" for s in LM_SPLITS if getattr(self, f"{s}_file").endswith(".bin")]
+        if ids and not self.corpus:
+            raise ValueError(f"{', '.join(ids)}: .bin files are token ids already, which train lm reads as they are "
+                             "(--train-file X.bin ...); prepare lm tokenises text")
 
     def splits(self) -> tuple[str, ...]:
         return LM_SPLITS if self.corpus else tuple(s for s in LM_SPLITS if getattr(self, f"{s}_file"))

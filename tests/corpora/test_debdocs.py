@@ -125,7 +125,8 @@ def test_the_same_packages_give_the_same_bytes(root, tmp_path):
     for name in ("train.jsonl.gz", "valid.jsonl.gz", "test.jsonl.gz", "manifest.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
     c = tmp_path / "c"
-    m = build(cfg(c, root, min_chars=2000), FAKE, progress=False)  # another setting: another build hash
+    m = build(DebdocsConfig(out=str(c), root=str(root), valid_per_mille=200, test_per_mille=150), FAKE,
+              progress=False)  # another setting: another build hash
     assert m["build_sha256"] != json.loads((a / "manifest.json").read_text())["build_sha256"]
 
 
@@ -135,6 +136,16 @@ def test_a_missing_package_names_the_install_and_writes_nothing(root, tmp_path, 
     with pytest.raises(FileNotFoundError, match=r"not installed: nothere-doc-\*, fake-gone; run apt-get update "
                                                 r"&& apt-get install -y nothere-doc-<version> fake-gone"):
         build(cfg(out, root), sources, progress=False)
+    assert not out.exists() and not (tmp_path / "out.partial").exists()
+
+
+def test_a_split_left_without_documents_is_refused_and_writes_nothing(root, tmp_path):
+    """Too few documents for the per-mille shares (one package of a few pages) left valid or test empty, and the build
+    said it succeeded; every prepare lm or train lm on it then failed ("empty corpus")."""
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=r"debdocs: test would hold no documents \(\d+ documents from fake-html-1.0, "
+                                         r"fake-man, fake-rst, fake-txt\); a language model reads all three splits"):
+        build(DebdocsConfig(out=str(out), root=str(root), valid_per_mille=150, test_per_mille=0), FAKE, progress=False)
     assert not out.exists() and not (tmp_path / "out.partial").exists()
 
 

@@ -342,3 +342,17 @@ def test_prepare_never_removes_a_partial_folder_it_did_not_make(pydocs, tmp_path
     (mine / ".skiplab-prepare").write_text("")  # as an interrupted run leaves it
     assert run(argv) == 0
     assert not mine.exists() and sorted(p.name for p in (tmp_path / "out").iterdir() if p.name.startswith(".")) == []
+
+
+def test_prepare_refuses_token_files_naming_them(tmp_path, capsys):
+    """A .bin split is token ids already (train lm reads it as it is): it was read as text, "line 1 is not valid
+    UTF-8"."""
+    np.arange(10, dtype=np.uint16).tofile(tmp_path / "t.bin")
+    (tmp_path / "v.jsonl").write_text(json.dumps({"text": "hello"}) + "\n")
+    argv = ["prepare", "lm", "--corpus", "", "--train-file", str(tmp_path / "t.bin"), "--valid-file",
+            str(tmp_path / "v.jsonl"), "--out", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--train-file: .bin files are token ids already, which train lm reads as they are" \
+        in err, err
+    assert not (tmp_path / "out").exists()
