@@ -4,8 +4,9 @@ Where every run has per-step lines (``steps.jsonl``, :mod:`skiplab.train.telemet
 second row shows the loss and the gradient norm before clipping at every logged update (log scale), mean ± std
 over seeds, each run's loss spikes marked ``x``.
 
-Runs are named by their connection (from ``config.json``: the blocks' connection of an image run, the connections a
-translation or language model was built with, else its model spec) unless labels are given. Runs of one name and one
+Runs are named by their connection (from ``config.json``: as the model spec names it, ``connection=PostLN``, as
+``compare`` names it; else the blocks' connection of an image run, the connections a translation or language model
+was built with, else its model spec) unless labels are given. Runs of one name and one
 config but their seeds are seeds of one setting, drawn as mean ± std as in ``compare``, at the steps (epochs) every one
 of them recorded; runs of one name that differ in anything else (a learning rate, a budget) are lines of their own,
 their names given the settings that differ. Translation and language-model runs are plotted against the update step,
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import run_dir
+from ..models import parse_model_spec
 from .comparison import draw_curves, plot_curves
 
 DEFAULT_KEYS = {"step": ("train_loss", "valid_loss", "valid_ppl"), "epoch": ("train_loss", "test_error")}
@@ -36,14 +38,23 @@ def read_run(path: str | Path) -> tuple[str, list[dict[str, Any]], dict[str, Any
     try:
         stored = run_dir.read_json(path / "config.json")
         config = stored["config"]
+        written = _written_connection(config["model"])  # as the command named it (PostLN)
         if "dataset" in config:  # image runs: their blocks' connection
-            label = stored["model"]["connection"]
-        else:  # the connections as built (a preset's own one named), else the model spec
-            label = " / ".join(stored.get("connections") or []) or config["model"]
+            label = written or stored["model"]["connection"]
+        else:  # as named, else the connections as built (a preset's own ones), else the model spec
+            label = written or " / ".join(stored.get("connections") or []) or config["model"]
         setting = {k: v for k, v in config.items() if k not in ("seed", *run_dir.PLACE)}
     except (FileNotFoundError, KeyError, TypeError, AttributeError):
         label, setting = path.name, {"run": str(path)}
     return label, records, setting
+
+
+def _written_connection(model: str) -> str | None:
+    """The ``connection=`` option of a model spec as written, None where it has none (or is no model spec)."""
+    try:
+        return parse_model_spec(model)[1].get("connection")
+    except ValueError:
+        return None
 
 
 def axis(runs: list[tuple[str, list[dict[str, Any]], dict[str, Any]]]) -> str:

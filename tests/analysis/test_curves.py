@@ -152,3 +152,20 @@ def test_a_title_of_many_long_run_names_is_kept_within_the_figure(tmp_path, monk
     assert seen["title"] == "3 runs (named in the legend)"
     curves.plot_runs(short, tmp_path / "g.png")
     assert seen["title"] == "a"
+
+
+def test_runs_are_named_by_the_connection_as_their_command_named_it(tmp_path):
+    """A compare lm folder's PostLN runs are PostLN in the legend, as in its table (they read 1xSkip+LN, the
+    connection as built); a preset's own connection (no connection= in the spec) is named as built."""
+    named = tmp_path / "named"
+    named.mkdir()
+    run_dir.write_json(named / "config.json", {"config": {"corpus": "pydocs", "model": "gpt-mini(layers=2,connection="
+                                                                                         "PostLN)"},
+                                               "connections": ["1xSkip+LN"]})
+    run_dir.append_metrics(named, {"step": 1, "train_loss": 1.0})
+    preset = tmp_path / "preset"
+    preset.mkdir()
+    run_dir.write_json(preset / "config.json", {"config": {"corpus": "pydocs", "model": "gpt-mini"},
+                                                "connections": ["PreLN"]})
+    run_dir.append_metrics(preset, {"step": 1, "train_loss": 1.0})
+    assert curves.read_run(named)[0] == "PostLN" and curves.read_run(preset)[0] == "PreLN"
