@@ -89,6 +89,7 @@ def test_two_kinds_of_machine_or_two_metrics_are_refused_in_one_line(tmp_path, c
     assert cli.main(["analyze", "lr-depth", str(a), str(b), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "different kinds of machine" in err and "other-kind" in err
+    assert "--runs" not in err and "analyse each kind's sweeps apart" in err  # analyze lr-depth has no --runs
     c = _sweep(tmp_path / "c", "standard", [8], GRID, [1], metric="test_loss")
     assert cli.main(["analyze", "lr-depth", str(a), str(c), "--out", str(tmp_path / "o")]) == 2
     assert "its metric is test_loss, the first sweep's test_bpb" in capsys.readouterr().err
@@ -110,6 +111,15 @@ def test_a_diverged_neighbour_and_an_edge_are_named_under_the_table(tmp_path):
     text = lr_depth.tables(lr_depth.analyse(lr_depth.read([a]), samples=100))
     assert "PreLN at depth 4: lr 0.0005 beside the best (0.001) has not every run finished" in text
     assert "<= 0.00025 (edge)" in text and "PreLN at depth 32: the best lr is the grid's lowest" in text
+
+
+def test_a_cell_of_one_seed_reads_one_run_not_a_zero_spread(tmp_path):
+    one = lr_depth.tables(lr_depth.analyse(lr_depth.read([_sweep(tmp_path / "a", "standard", [4], GRID, [1])]),
+                                           samples=100))
+    two = lr_depth.tables(lr_depth.analyse(lr_depth.read([_sweep(tmp_path / "b", "standard", [4], GRID, [1, 2])]),
+                                           samples=100))
+    assert "(one run)" in one and "± 0.0000" not in one
+    assert "(one run)" not in two and "± " in two
 
 
 def test_a_grid_widened_at_one_depth_brackets_its_optimum_there_alone(tmp_path):

@@ -64,7 +64,8 @@ def read(sweeps: list[Path]) -> dict[str, Any]:
                                  f"{entry['value']}): are they two runs?")
     if metric is None:
         raise ValueError("give at least one sweep")
-    kind = one_kind([r for r in runs.values() if r["kinds"]])
+    kind = one_kind([r for r in runs.values() if r["kinds"]],
+                    advice="analyse each kind's sweeps apart (analyze lr-depth SWEEP ... of one kind)")
     return {"metric": metric, "metric_label": label_text, "higher_is_better": higher, "runs": list(runs.values()),
             "kind": kind}
 
@@ -98,7 +99,8 @@ def tables(result: dict[str, Any]) -> str:
     for d in result["designs"]:
         for o in d["optima"]:
             best = next((c for c in o["cells"] if c["lr"] == o["best_grid_lr"]), None)
-            at_best = "-" if best is None else f"{best['mean']:.4f} ± {best['std']:.4f}"
+            at_best = ("-" if best is None else f"{best['mean']:.4f} (one run)" if best["finished"] == 1
+                       else f"{best['mean']:.4f} ± {best['std']:.4f}")  # one seed has no spread to show
             diverged = sum(c["runs"] - c["finished"] for c in o["cells"])
             star = _lr(o["lr_star"]) if o["status"] == "bracketed" else o["status"]
             if o["status"] == "edge":

@@ -227,9 +227,10 @@ def paired(rows: list[dict[str, Any]], records: list[dict[str, Any]], spec: Any,
             "failed": [f"{r['connection']} at depth {r['depth']}, lr {r['lr']:g}" for r in rows if r.get("failed")]}
 
 
-def one_kind(records: list[dict[str, Any]], here: str | None = None) -> str | None:
+def one_kind(records: list[dict[str, Any]], here: str | None = None,
+             advice: str = "give each kind its own --out and --runs") -> str | None:
     """The one kind of machine of the runs (``kinds`` of each record; ``here``: the kind of runs left to train),
-    or a one-line error naming each kind's number of runs."""
+    or a one-line error naming each kind's number of runs and ``advice``."""
     counts: dict[str, int] = {}
     for r in records:
         kind = " + ".join(r["kinds"])
@@ -240,7 +241,7 @@ def one_kind(records: list[dict[str, Any]], here: str | None = None) -> str | No
         listed = "; ".join(f"{n} run{'s' if n != 1 else ''} on {k}" if n else f"runs to train here on {k}"
                            for k, n in counts.items())
         raise ValueError(f"a sweep's runs are of different kinds of machine ({listed}): one paired analysis pools "
-                         "one kind; give each kind its own --out and --runs")
+                         f"one kind; {advice}")
     return next(iter(counts), None)
 
 
