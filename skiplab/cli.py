@@ -100,7 +100,7 @@ def cmd_connections(args: argparse.Namespace) -> None:
 
 
 def cmd_gradient_flow(args: argparse.Namespace) -> None:
-    gradient_flow.run(config.from_arguments(gradient_flow.GradientFlowConfig, args))
+    gradient_flow.run(config.from_arguments(gradient_flow.GradientFlowConfig, args), overwrite=args.overwrite)
 
 
 def _print_summary(summary: dict) -> None:
@@ -416,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=gradient_flow.__doc__.split("\n\n")[1],
     )
     config.add_arguments(p, gradient_flow.GradientFlowConfig)
+    p.add_argument("--overwrite", action="store_true", help="replace the files already in --out")
     p.set_defaults(func=cmd_gradient_flow)
     return parser
 

@@ -1,7 +1,9 @@
+import json
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from skiplab import config
 from skiplab.cli import main
@@ -41,6 +43,15 @@ def test_demo_gradient_flow_from_the_console_script(tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert "| PostLN" in res.stdout and (tmp_path / "gradient_flow.png").exists()
+    record = json.loads((tmp_path / "gradient_flow.json").read_text())
+    assert record["environment"]["torch"] == torch.__version__ and "git_commit" in record["environment"]
+    head = (tmp_path / "gradient_flow.md").read_text().splitlines()[0]
+    assert "4 tanh blocks of width 8, batch" in head and "seed 0" in head and "torch " in head and "code " in head
+    before = (tmp_path / "gradient_flow.md").read_bytes()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # the files are not replaced silently
+    assert again.returncode == 2 and "gradient_flow.md exists; use --overwrite" in again.stderr
+    assert again.stderr.count("\n") == 1 and (tmp_path / "gradient_flow.md").read_bytes() == before
+    assert subprocess.run([*cmd, "--overwrite"], capture_output=True, timeout=120).returncode == 0
 
 
 def test_a_missing_optional_package_is_one_line(capsys, tmp_path, monkeypatch):

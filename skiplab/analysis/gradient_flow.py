@@ -22,6 +22,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from .. import host
 from ..config import check_bounds
 from ..connections import connection
 
@@ -117,19 +118,31 @@ def plot(grads: dict[str, list[float]], cfg: GradientFlowConfig, path: Path) -> 
     plt.close(fig)
 
 
-def run(cfg: GradientFlowConfig) -> dict[str, list[float]]:
-    """Measure every design, print the table, and write table, JSON (config, seed, results) and plot to ``cfg.out``."""
+FILES = ("gradient_flow.md", "gradient_flow.json", "gradient_flow.png")
+
+
+def run(cfg: GradientFlowConfig, overwrite: bool = False) -> dict[str, list[float]]:
+    """Measure every design, print the table, and write table (its settings above it), JSON (config, seed, results,
+    the machine and code version) and plot to ``cfg.out``; files already there are replaced only with
+    ``overwrite``."""
     for spec in cfg.designs:  # fail on a bad spec before any work
         connection(spec, 1)
+    out = Path(cfg.out)
+    present = [out / f for f in FILES if (out / f).exists()]
+    if present and not overwrite:
+        raise FileExistsError(f"{present[0]} exists; use --overwrite to replace it")
     grads = {spec: measure(spec, cfg) for spec in tqdm(cfg.designs, desc="gradient flow", unit="design")}
     table = format_table(grads, cfg.depth)
-    out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gradient_flow.md").write_text(table + "\n")
-    record = {"config": dataclasses.asdict(cfg), "torch": torch.__version__, "grad_mean_abs": grads}
+    env = host.environment()
+    head = (f"mean |dL/dh| at the input of block l; {cfg.depth} tanh blocks of width {cfg.width}, batch {cfg.batch}, "
+            f"seed {cfg.seed}; {host.machine_name(env)}, torch {env['torch']}, code {host.code_name(env)}")
+    (out / "gradient_flow.md").write_text(head + "\n\n" + table + "\n")
+    record = {"config": dataclasses.asdict(cfg), "torch": torch.__version__, "grad_mean_abs": grads,
+              "environment": env}
     (out / "gradient_flow.json").write_text(json.dumps(record, indent=2))
     plot(grads, cfg, out / "gradient_flow.png")
-    print(f"mean |dL/dh| at the input of block l; {cfg.depth} tanh blocks of width {cfg.width}, seed {cfg.seed}")
+    print(head)
     print(table)
     print(f"wrote {out / 'gradient_flow.png'}, {out / 'gradient_flow.json'}, {out / 'gradient_flow.md'}")
     return grads
