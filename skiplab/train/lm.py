@@ -94,11 +94,11 @@ def check_same_data(out: Path, train_data: Any, valid_data: Any) -> None:
     edited, another one at the path) is refused in one line, naming it. Runs that recorded no counts (imported
     ones) are not checked."""
     data = (run_dir.read_json(out / "config.json") if (out / "config.json").is_file() else {}).get("data") or {}
-    for split, stream in (("train", train_data), ("valid", valid_data)):
+    for split, tokens in (("train", train_data), ("valid", valid_data)):
         recorded = data.get(f"{split}_tokens")
-        if isinstance(recorded, int) and recorded != len(stream):
+        if isinstance(recorded, int) and recorded != len(tokens):
             raise run_dir.RunDirError(
-                f"{stream.name}: {len(stream):,} tokens, but {out} started on {recorded:,}: its {split} split changed "
+                f"{tokens.name}: {len(tokens):,} tokens, but {out} started on {recorded:,}: its {split} split changed "
                 "since, and a resumed run trains as the uninterrupted one only on the same data (start a new run)")
 
 
