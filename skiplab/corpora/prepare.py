@@ -66,6 +66,10 @@ class PrepareConfig:
         check_lm_tokenizer(self.tokenizer)
         if self.shard_tokens > MAX_SHARD_TOKENS:
             raise ValueError(f"--shard-tokens must be at most {MAX_SHARD_TOKENS}, got {self.shard_tokens}")
+        files = [f"--{s}-file" for s in ("train", "valid", "test") if getattr(self, f"{s}_file")]
+        if self.corpus and files:  # the named corpus's splits are read: the files would be ignored, silently
+            raise ValueError(f"{', '.join(files)} name{'s a file' if len(files) == 1 else ' files'}, which --corpus "
+                             f"{self.corpus} does not read: give --corpus '' to read files")
         if not self.corpus and not (self.train_file and self.valid_file):
             raise ValueError("with --corpus '' give --train-file and --valid-file")
         ids = [f"--{s}-file" for s in LM_SPLITS if getattr(self, f"{s}_file").endswith(".bin")]

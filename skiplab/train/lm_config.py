@@ -134,6 +134,10 @@ class LMTrainConfig:
             raise ValueError(f"unknown --bin-dtype {self.bin_dtype!r}; known: {', '.join(BIN_DTYPES)}")
         if len(self.adam_betas) != 2:
             raise ValueError(f"adam_betas takes two values, got {self.adam_betas}")
+        files = [f"--{s}-file" for s in ("train", "valid", "test") if getattr(self, f"{s}_file")]
+        if self.corpus and files:  # the named corpus's splits are read: the files would be ignored, silently
+            raise ValueError(f"{', '.join(files)} name{'s a file' if len(files) == 1 else ' files'}, which --corpus "
+                             f"{self.corpus} does not read: give --corpus '' to read files")
         if not self.corpus and not (self.train_file and self.valid_file) and not self.data_dir:
             raise ValueError("with --corpus '' give --train-file and --valid-file (or --data-dir a prepared folder)")
         if not self.corpus:  # a run reads token ids or text, not both: a text split is read with the tokenizer

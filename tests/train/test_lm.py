@@ -763,3 +763,15 @@ def test_a_resume_on_a_changed_split_is_refused(text, tmp_path, capsys):
     assert run(["train", "lm", "--resume", "--out", out, "--max-steps", "6"]) == 2
     refused(capsys, f"but {out} started on ")  # "train.jsonl: N tokens, but RUN started on M: its train split ..."
     assert (out / "last.pt").read_bytes() == before
+
+
+@pytest.mark.parametrize("command", [["train", "lm"], ["prepare", "lm"]])
+def test_files_given_beside_a_named_corpus_are_refused(text, tmp_path, capsys, command):
+    """--corpus is pydocs unless given: --train-file FILE without --corpus '' trained on pydocs, the file ignored."""
+    argv = [*command, "--train-file", text / "train.jsonl", "--valid-file", text / "valid.jsonl",
+            "--out", tmp_path / "out"]
+    assert run(argv) == 2
+    refused(capsys, "--train-file, --valid-file name files, which --corpus pydocs does not read: give --corpus ''")
+    assert run([*command, "--corpus", "enwik8", "--test-file", text / "test.jsonl", "--out", tmp_path / "out"]) == 2
+    refused(capsys, "--test-file names a file, which --corpus enwik8 does not read")
+    assert not (tmp_path / "out").exists()
