@@ -49,7 +49,7 @@ import time
 import warnings
 from pathlib import Path
 
-from . import bench, config, distributed, reproduce, run_dir, tasks
+from . import bench, config, distributed, host, reproduce, run_dir, tasks
 from .analysis import gradient_flow
 from .analysis import options as analysis_options
 from .analysis.analyze import analyze
@@ -115,7 +115,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
-    print(json.dumps(tasks.get(args.task).evaluate(args), indent=2))
+    """The task's scores of a checkpoint, with the machine and code version that computed them."""
+    print(json.dumps({**tasks.get(args.task).evaluate(args), "environment": host.environment()}, indent=2))
 
 
 def cmd_translate(args: argparse.Namespace) -> None:

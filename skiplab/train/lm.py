@@ -322,7 +322,7 @@ def evaluate_checkpoint(path: str | Path, split: str = "test", average: int = 0,
     result = evaluate(model.to(dev), data, model.cfg.context, dev, where["amp"] and dev.type == "cuda", stride,
                       progress=progress)
     return {"checkpoint": str(path), "step": ckpt.get("step"), "averaged": max(1, average), "model": where["model"],
-            "tokenizer": where["tokenizer"], "split": data.name, "stride": stride or model.cfg.context, **result,
+            "seed": where.get("seed"), "tokenizer": where["tokenizer"], "split": data.name, "stride": stride or model.cfg.context, **result,
             "covers": coverage(data, model.cfg.context, stride)}
 
 
@@ -332,6 +332,8 @@ def coverage(data: Stream, context: int, stride: int = 0) -> str:
                else f"windows of {context} tokens that do not overlap")
     text = ("bytes and words: the documents' text, separators aside" if data.n_words else
             "bytes: as the token files' sidecars record them; words unknown (no word perplexity)")
-    return (f"{data.name}: its documents, each followed by the end-of-text token, in one stream of {len(data)} tokens; "
+    what = ("its documents, each followed by the end-of-text token, in one stream" if data.n_words else
+            "its token ids as the file holds them, one stream")
+    return (f"{data.name}: {what} of {len(data)} tokens; "
             f"NLL over every token but the stream's first ({len(data) - 1} targets, end-of-text tokens included), "
             f"each once, in {windows}; {text}")

@@ -184,3 +184,16 @@ def test_a_bad_token_file_sidecar_is_one_line_naming_it(tmp_path, capsys, sideca
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith(f"skiplab: error: {tmp_path / 'valid.bin.json'}: {said}"), err
     assert not out.exists()
+
+
+def test_what_an_evaluation_covers_says_what_the_split_is():
+    """A text split is documents joined by the end-of-text token; a .bin split is its ids as the file holds them (it
+    read as documents, which a token file does not know)."""
+    from skiplab.corpora.windows import Stream
+    from skiplab.train.lm import coverage
+
+    text = coverage(Stream(np.zeros(10, dtype=np.uint16), 40, "test.jsonl", n_words=7), 8)
+    ids = coverage(Stream(np.zeros(10, dtype=np.uint16), 40, "test.bin"), 8)
+    assert text.startswith("test.jsonl: its documents, each followed by the end-of-text token, in one stream of 10")
+    assert ids.startswith("test.bin: its token ids as the file holds them, one stream of 10 tokens")
+    assert "documents" not in ids and "words unknown" in ids

@@ -145,6 +145,8 @@ def test_eval_generate_and_analyze_a_run(text, tmp_path, capsys):
         assert result["words"] == words and result["tokenizer"] == "bytes" and "test.jsonl" in result["covers"]
         assert result["word_ppl"] == pytest.approx(math.exp(result["nll"] / words))
         assert result["token_ppl"] == pytest.approx(math.exp(result["loss"]))
+        assert result["seed"] == 1 and result["environment"]["torch"] == torch.__version__  # what scored it
+        assert "git_commit" in result["environment"] and "its documents, each followed by" in result["covers"]
         assert run(["eval", "lm", "--checkpoint", out, "--average", "2"]) == 0
         assert json.loads(capsys.readouterr().out)["averaged"] == 2
         assert run(["generate", "--checkpoint", out, "--prompt", "the cat", "--max-new-tokens", "10",
