@@ -286,6 +286,14 @@ def resume_metrics(out: Path, upto: int, key: str = "epoch", record: dict[str, A
         if dropped else ""
 
 
+def require(summary: dict[str, Any], keys: tuple[str, ...], path: Path) -> None:
+    """A one-line error where a finished run's summary lacks one of ``keys`` (an edited or cut-short file)."""
+    missing = [k for k in keys if k not in summary]
+    if missing:
+        raise RunDirError(f"{path}: a finished run's summary without {', '.join(missing)}; remove the run to train it "
+                          "again")
+
+
 def changed_settings(stored: dict[str, Any], new: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
     """The fields of config ``new`` whose value differs from ``stored``'s, ``ignore`` aside, sorted.
 

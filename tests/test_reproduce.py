@@ -4,6 +4,7 @@ numbers against the papers' text, reuse of finished runs, the statistics, and ba
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import random
@@ -21,7 +22,8 @@ from skiplab.reproduce import runs as runs_mod
 from skiplab.reproduce import command as reproduce_mod
 from skiplab.reproduce import report
 from skiplab.reproduce.stats import welch_p
-from skiplab import tasks
+from skiplab import run_dir, tasks
+from skiplab.tasks import parallel
 from skiplab.tasks import mt as mt_task
 from tests.conftest import write_fashion_mnist
 from tests.data.test_cifar import write_cifar
@@ -432,3 +434,35 @@ def test_a_difference_that_rounds_to_zero_reads_plus_zero():
 
     assert [_signed(v) for v in (-0.001, -0.0, 0.004, -0.006, 1.5, None)] == ["+0.00", "+0.00", "+0.00", "-0.01",
                                                                               "+1.50", "-"]
+
+
+def test_a_finished_run_of_other_settings_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    """A run at a job's path that finished with other settings (trained by hand there with another --lr) was
+    counted in the table as it was; now it is one line naming what differs, and nothing trains."""
+    from skiplab.train.image import ImageTrainConfig
+
+    cfg = ImageTrainConfig(out=str(tmp_path / "run" / "seed1"))
+    other = dataclasses.replace(cfg, lr=5.0)
+    Path(cfg.out).mkdir(parents=True)
+    run_dir.write_json(Path(cfg.out) / "config.json", {"config": dataclasses.asdict(other)})
+    run_dir.write_json(Path(cfg.out) / "summary.json", {"status": "finished", "final_test_error": 1.0})
+    trained = []
+    monkeypatch.setattr(parallel, "_train", lambda *a: trained.append(a))
+    with pytest.raises(run_dir.RunDirError, match=r"holds a run with other settings \(lr\); remove it"):
+        parallel.train_missing([("image", cfg)], progress=False)
+    assert not trained
+    run_dir.write_json(Path(cfg.out) / "config.json", {"config": dataclasses.asdict(cfg)})  # the job's own: counted
+    assert parallel.train_missing([("image", cfg)], progress=False) == {cfg.out: {"status": "finished",
+                                                                                 "final_test_error": 1.0}}
+
+
+def test_a_finished_summary_without_its_measure_is_one_line(tmp_path):
+    """A summary.json that says finished but lacks the run's metric (edited, cut) was a KeyError traceback."""
+    from skiplab.train.image import ImageTrainConfig
+
+    cfg = ImageTrainConfig(out=str(tmp_path / "seed1"))
+    with pytest.raises(run_dir.RunDirError, match=r"seed1/summary.json: a finished run's summary without "
+                                                  r"final_test_error; remove the run to train it again"):
+        tasks.get("image").measure(cfg, {"status": "finished", "steps": 1}, "error", 1, 1, False)
+    with pytest.raises(run_dir.RunDirError, match="without train_time_s"):
+        run_dir.require({"status": "finished"}, ("train_time_s",), Path(cfg.out) / "summary.json")

@@ -145,6 +145,7 @@ def _measure(t: Table, r: Resolved, cfg: Any, sc: Scale, progress: bool) -> dict
     summary = run_dir.read_json(out / "summary.json") if (out / "summary.json").is_file() else {}
     if summary.get("status") != "finished":
         return None if not summary else {"value": None, "diverged": True}
+    run_dir.require(summary, ("train_time_s",), out / "summary.json")
     average = t.averaged(r.cell.run.setting)
     if t.probes:
         batch = tuple(_layer(c.run.probe) for c in t.cells if c.run and c.run.probe)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .. import run_dir
 from ..analysis.trained import Examples, Trained
 from ..connections import connection
 from ..data import load_image_dataset, normalise
@@ -112,6 +114,7 @@ class ImageTask(Task):
     def measure(self, cfg: Any, summary: dict[str, Any], metric: str, average: int, beam: int,
                 progress: bool) -> dict[str, Any]:
         """The final test error, or accuracy = 100 - error where the table reports accuracy."""
+        run_dir.require(summary, ("final_test_error",), Path(cfg.out) / "summary.json")
         error = summary["final_test_error"]
         return {"value": 100.0 - error if metric.startswith("accuracy") else error,
                 "train_time_s": summary["train_time_s"]}

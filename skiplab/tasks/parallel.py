@@ -96,12 +96,14 @@ def _leave_interrupts_to_the_parent() -> None:
 def train_missing(jobs: list[tuple[str, Any]], workers: int = 1, threads: int | None = None,
                   progress: bool = True, then: Callable[[str, Any], Any] | None = None) -> dict[str, dict[str, Any]]:
     """Train every run of ``jobs`` ((task, placed config)) not yet finished, in their order, ``workers`` side by
-    side (the next run begins as soon as a worker is free); return run dir -> summary. ``then(task, cfg)``, a
+    side (the next run begins as soon as a worker is free); return run dir -> summary. Every run already there,
+    finished ones too, is checked first to hold the job's settings (:func:`check_same`): a run trained with
+    others (copied in, or trained by hand at the path) is one line naming what differs, not a number counted. ``then(task, cfg)``, a
     module-level function (a worker receives it pickled), runs right after each run trains, in the same process
     (e.g. scoring the run while the other workers train)."""
-    todo = [(t, c) for t, c in jobs if state(c) in ("partial", "missing")]
-    for _, c in todo:
+    for _, c in jobs:  # a finished or diverged run counts as it is: its settings must be the job's too
         check_same(c)
+    todo = [(t, c) for t, c in jobs if state(c) in ("partial", "missing")]
     bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not progress or not todo)
     if workers <= 1 or len(todo) <= 1:
         for task, cfg in todo:
