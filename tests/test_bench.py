@@ -320,3 +320,35 @@ def test_a_record_in_out_is_kept_unless_overwrite(tmp_path, capsys):
 
 def test_a_value_not_measured_reads_as_a_dash():
     assert Row("gpu", "PreLN MFU", float("nan"), "%", "no known peak for this device").text() == "-"
+
+
+def test_a_run_cut_short_marks_its_record_incomplete_and_keeps_the_one_it_would_replace(tmp_path, monkeypatch):
+    """Stopped after its first group (Ctrl-C), a bench run leaves the rows it measured marked incomplete in both
+    files; with --overwrite over a complete record it writes beside it (bench.partial.*), so the record stays whole
+    until the new run completes and replaces it (an interrupted --overwrite left half a record, unmarked)."""
+    import skiplab.bench.suite as suite
+
+    def stop(sz, ctx):
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(suite.GROUPS, "image", lambda sz, ctx: [Row("image", "a step", 1.0, "x")])
+    monkeypatch.setitem(suite.GROUPS, "mt", stop)
+    fresh = tmp_path / "fresh"
+    with pytest.raises(KeyboardInterrupt):
+        run(quick=True, groups=("machine", "image", "mt"), out=str(fresh), progress=False)
+    record = json.loads((fresh / "bench.json").read_text())
+    assert not record["complete"] and record["measured"] == ["machine", "image"] and len(record["rows"]) == 3
+    assert "**Incomplete**: groups machine, image of machine, image, mt measured so far" in \
+        (fresh / "bench.md").read_text()
+    kept = tmp_path / "kept"
+    run(quick=True, groups=("machine", "image"), out=str(kept), progress=False)
+    whole = {f: (kept / f).read_bytes() for f in ("bench.md", "bench.json")}
+    assert json.loads(whole["bench.json"])["complete"] and b"Incomplete" not in whole["bench.md"]
+    with pytest.raises(KeyboardInterrupt):
+        run(quick=True, groups=("machine", "image", "mt"), out=str(kept), progress=False, overwrite=True)
+    assert {f: (kept / f).read_bytes() for f in ("bench.md", "bench.json")} == whole
+    assert not json.loads((kept / "bench.partial.json").read_text())["complete"]
+    monkeypatch.setitem(suite.GROUPS, "mt", lambda sz, ctx: [Row("mt", "a step", 1.0, "x")])
+    run(quick=True, groups=("machine", "image", "mt"), out=str(kept), progress=False, overwrite=True)
+    assert json.loads((kept / "bench.json").read_text())["measured"] == ["machine", "image", "mt"]
+    assert not (kept / "bench.partial.json").exists() and not (kept / "bench.partial.md").exists()

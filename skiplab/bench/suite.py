@@ -98,10 +98,15 @@ def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | N
     sz = QUICK if quick else Sizes()
     smoke_gpu = "gpu" in groups and not quick and not torch.cuda.is_available()
     sizes = "quick" if quick else "full" + ("; the gpu group at smoke size (no CUDA card)" if smoke_gpu else "")
-    header = f"Measured on {machine_name()}; sizes: {sizes}."
+    header = f"Measured on {machine_name()}; sizes: {sizes}; code {host.code_name(host.environment())}."
     rows: list[Row] = []
+    # the record so far, after every group (a run cut short keeps what it measured, marked incomplete); where it
+    # replaces a record, beside it (bench.partial.*) until the run completes, so an interrupted run loses nothing
+    stem = "bench.partial" if out and any(Path(out, f).exists() for f in ("bench.md", "bench.json")) else "bench"
+    done: list[str] = []
+    so_far = lambda partial: write(out, header, quick, sz, rows + partial, stem, groups, done)  # noqa: E731
     ctx: dict = {"data_dir": data_dir, "quick": quick, "gpu_budget_s": gpu_budget_s,
-                 "emit": lambda partial: write(out, header, quick, sz, rows + partial) if out else None}
+                 "emit": lambda partial: so_far(partial) if out else None}
     needed = {"machine", *groups} | ({"mt"} if "engine" in groups else set())
     for name in [g for g in GROUPS if g in needed]:
         if progress:
@@ -112,19 +117,32 @@ def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | N
             print(f"[bench] {name}: {time.perf_counter() - start:.0f} s", flush=True)
         if name in groups:
             rows += got
-            if out:
-                write(out, header, quick, sz, rows)
+            done.append(name)
+            if out and len(done) < len(groups):
+                so_far([])
+    if out:
+        write(out, header, quick, sz, rows, "bench", groups, done)
+        for f in ("bench.partial.md", "bench.partial.json"):
+            Path(out, f).unlink(missing_ok=True)
     print(markdown(rows, header + "\n"))
     return rows
 
 
-def write(out: str, header: str, quick: bool, sz: Sizes, rows: list[Row]) -> None:
-    """``out``/bench.md and bench.json: the rows so far, the machine, the sizes, the environment."""
+def write(out: str, header: str, quick: bool, sz: Sizes, rows: list[Row], stem: str = "bench",
+          groups: tuple[str, ...] = (), done: list[str] | None = None) -> None:
+    """``out``/<stem>.md and <stem>.json: the rows so far, the machine, the sizes, the environment; a record of
+    fewer groups than asked (``done`` of ``groups``) says it is incomplete, in both files."""
+    done = list(groups) if done is None else done
+    complete = all(g in done for g in groups)
+    if not complete:
+        header += (f"\n\n**Incomplete**: groups {', '.join(done) or 'none'} of {', '.join(groups)} measured so far "
+                   "(the run was stopped, or is still running).")
     Path(out).mkdir(parents=True, exist_ok=True)
-    Path(out, "bench.md").write_text(markdown(rows, header + "\n"))
-    Path(out, "bench.json").write_text(json.dumps({"machine": machine_name(), "quick": quick, "sizes": asdict(sz),
-                                                   "environment": environment(), "rows": [asdict(r) for r in rows]},
-                                                  indent=2) + "\n")
+    Path(out, f"{stem}.md").write_text(markdown(rows, header + "\n"))
+    Path(out, f"{stem}.json").write_text(json.dumps({"machine": machine_name(), "quick": quick, "sizes": asdict(sz),
+                                                     "complete": complete, "groups": list(groups), "measured": done,
+                                                     "environment": environment(),
+                                                     "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
 
 
 def environment() -> dict:
