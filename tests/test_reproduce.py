@@ -466,3 +466,21 @@ def test_a_finished_summary_without_its_measure_is_one_line(tmp_path):
         tasks.get("image").measure(cfg, {"status": "finished", "steps": 1}, "error", 1, 1, False)
     with pytest.raises(run_dir.RunDirError, match="without train_time_s"):
         run_dir.require({"status": "finished"}, ("train_time_s",), Path(cfg.out) / "summary.json")
+
+
+def test_a_table_of_more_seeds_is_not_replaced_by_fewer_without_overwrite(tmp_path, monkeypatch, capsys):
+    """`--seeds 1` after a 2-seed table rewrote it with one-seed cells, silently; now refused in one line before any
+    run, unless --overwrite (the runs stay either way); more seeds replace it as before."""
+    monkeypatch.setattr(runs_mod, "train_missing", lambda jobs, **kw: {})
+    reproduce(["000-table1"], "cpu", str(tmp_path), seeds=2, progress=False)
+    table_json = tmp_path / "cpu" / "000-table1" / "table.json"
+    before = table_json.read_bytes()
+    with pytest.raises(run_dir.RunDirError, match=r"000-table1 holds the table of another comparison, with seeds 2, "
+                                                  r"which this one lacks; give another --out, or --overwrite"):
+        reproduce(["000-table1"], "cpu", str(tmp_path), seeds=1, progress=False)
+    assert table_json.read_bytes() == before
+    assert cli.main(["reproduce", "000-table1", "--out", str(tmp_path), "--seeds", "1"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+    reproduce(["000-table1"], "cpu", str(tmp_path), seeds=3, progress=False)
+    reproduce(["000-table1"], "cpu", str(tmp_path), seeds=1, progress=False, overwrite=True)
+    assert json.loads(table_json.read_text())["seeds"] == 1

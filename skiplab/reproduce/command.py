@@ -174,13 +174,19 @@ def plan(t: Table, sc: Scale, seeds: int, root: Path, data_root: str = "", devic
     return resolved, list(jobs.values())
 
 
+def _table_dir(out: str, scale: str, table_id: str, dataset: str = "") -> Path:
+    """``OUT/<scale>/<table>[-<dataset>]``, where a table's files go."""
+    return Path(out) / scale / (f"{table_id}-{dataset}" if dataset else table_id)
+
+
 def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", seeds: int = 2, jobs: int = 1,
               data_root: str = "", device: str = "auto", progress: bool = True, argv: list[str] | None = None,
-              rows: tuple[str, ...] = (), dataset: str = "") -> list[dict[str, Any]]:
+              rows: tuple[str, ...] = (), dataset: str = "", overwrite: bool = False) -> list[dict[str, Any]]:
     """Run what ``table_ids`` need at ``scale_name`` (missing runs only; with ``rows``, only those rows' runs)
     and write each table, every cell whose runs exist measured; return the tables. With ``dataset``, the cells
     read that dataset instead of their setting's (their task must allow it) and each table is written to
-    ``OUT/<scale>/<table>-<dataset>/``, beside the setting's own."""
+    ``OUT/<scale>/<table>-<dataset>/``, beside the setting's own. A table of more seeds already there is
+    replaced by one of fewer only with ``overwrite`` (:func:`skiplab.run_dir.check_table_kept`; its runs stay)."""
     tables = [get_table(i) for i in table_ids]
     sc = get_scale(scale_name)
     if seeds < 1 or jobs < 1:
@@ -197,6 +203,13 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         if dataset and all(r.config is None for r in resolved):
             why = next((r.why for r in resolved if r.cell.run is not None), "it has no runs")
             raise ValueError(f"--dataset {dataset}: no cell of {t.id} at {sc.name} scale reads it ({why})")
+    for t in tables:  # a table of more seeds is not replaced by one of fewer unless asked, checked before any run
+        kept = _table_dir(out, sc.name, t.id, dataset) / "table.json"
+        if kept.is_file():
+            before = run_dir.read_json(kept).get("seeds")
+            if isinstance(before, int):
+                run_dir.check_table_kept(kept, {"seeds": list(range(1, before + 1))},
+                                         {"seeds": list(range(1, seeds + 1))}, overwrite)
     written = []
     for t in tables:
         t0 = time.time()
@@ -228,7 +241,7 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
             "run_kinds": run_kinds([Path(c.out) for _, c in needed]),
             "holm_m": holm_m,
         }
-        table_dir = Path(out) / sc.name / (f"{t.id}-{dataset}" if dataset else t.id)
+        table_dir = _table_dir(out, sc.name, t.id, dataset)
         table_dir.mkdir(parents=True, exist_ok=True)
         run_dir.write_json(table_dir / "table.json", result)
         (table_dir / "table.md").write_text(report.markdown(result))
@@ -453,6 +466,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run the cells on this dataset instead of their setting's, where their task allows it (e.g. "
                         "fashion-mnist-scenes-hard or fashion-mnist-scenes-crowded for 001-table5 at cpu scale); "
                         "the table goes to OUT/<scale>/<table>-<dataset>/ (default: the setting's)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a table of more seeds than --seeds gives (its runs stay)")
     p.set_defaults(func=command)
 
 
@@ -467,4 +482,5 @@ def command(args: argparse.Namespace) -> None:
     get_scale(args.scale)
     reproduce(parse_tables(",".join(args.tables)), args.scale, out=args.out, seeds=args.seeds, jobs=args.jobs,
               data_root=args.data_root, rows=tuple(args.rows), device=args.device, dataset=args.dataset,
+              overwrite=args.overwrite,
               argv=sys.argv[2:] if sys.argv[1:2] == ["reproduce"] else None)
