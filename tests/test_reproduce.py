@@ -484,3 +484,18 @@ def test_a_table_of_more_seeds_is_not_replaced_by_fewer_without_overwrite(tmp_pa
     reproduce(["000-table1"], "cpu", str(tmp_path), seeds=3, progress=False)
     reproduce(["000-table1"], "cpu", str(tmp_path), seeds=1, progress=False, overwrite=True)
     assert json.loads(table_json.read_text())["seeds"] == 1
+
+
+def test_the_docs_cpu_times_are_the_listings_estimates():
+    """docs/reproducing.md's table of tables gives each table's cpu-scale time as `reproduce --list` estimates it
+    (its image rows had gone stale, 1.4 times the listing's)."""
+    listed, current = {}, None
+    for line in reproduce_mod.listing().splitlines():
+        if m := re.match(r"^(\S+)  ", line):
+            current = m.group(1)
+        elif m := re.match(r"^\s+cpu\s*: .*?, (~[^()]+?) \(estimate", line):
+            listed[current] = m.group(1).strip()
+    doc = (Path(__file__).parents[1] / "docs" / "reproducing.md").read_text()
+    rows = dict(re.findall(r"^\| `([^`]+)` \| .* \| [^|]*?, \d+, (~\d+ h \d+ min|~\d+ h|~\d+ min \d+ s|~\d+ min)", doc,
+                           re.M))
+    assert set(rows) == set(listed) and rows == listed

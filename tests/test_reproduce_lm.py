@@ -358,7 +358,7 @@ def test_list_names_the_lm_tables_their_unit_and_time_per_scale(capsys):
     for tid in LM_IDS:
         assert tid in out and tid in TABLES
     block = out[out.index("mixln-table1"):out.index("lns-table1")]
-    assert re.search(r"cpu\s*: 16/16 cells, 16 runs \(2 seeds\), ~2 h 36 min here; ours in bits per byte, not the "
+    assert re.search(r"cpu\s*: 16/16 cells, 16 runs \(2 seeds\), ~2 h 36 min \(estimate for 2 CPU cores\); ours in bits per byte, not the "
                      r"paper's perplexity", block)  # 8 runs of 12 and 8 of 24 layers, two at a time
     assert re.search(r"paper: 0/16 cells, 0 runs \(5 seeds\), -\n", block)
     # what the paper scale runs given its prepared folder, and the command that makes the folder

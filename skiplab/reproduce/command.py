@@ -368,8 +368,9 @@ def _cell_result(t: Table, r: Resolved, sc: Scale, seeds: int, root: Path, resol
 
 
 def listing() -> str:
-    """Every table: rows, cells runnable per scale, runs needed and the estimated time on a 2-core CPU, and what
-    our numbers are where a scale measures them in another unit than the paper's."""
+    """Every table: rows, cells runnable per scale, runs needed and the estimated time on a 2-core CPU (each
+    setting's ``seconds_per_run``, timed once on such a machine, two runs side by side: not this machine's), and
+    what our numbers are where a scale measures them in another unit than the paper's."""
     lines = []
     for t in TABLES.values():
         lines.append(f"{t.id}  {t.title}  [{t.metric}, {'higher' if t.higher_is_better else 'lower'} is better]")
@@ -382,7 +383,7 @@ def listing() -> str:
                 estimate = report.gpu_estimate(resolved, sc.seeds)
             else:
                 secs = sum(r.setting.seconds_per_run for r in _distinct(resolved)) * sc.seeds / 2
-                estimate = f"~{report.duration(secs)} here" if ran else "-"
+                estimate = f"~{report.duration(secs)} (estimate for 2 CPU cores)" if ran else "-"
             ours = _ours_metric(t, resolved)
             unit = f"; ours in {ours}, not the paper's {t.metric}" if ours != t.metric else ""
             lines.append(f"    {name:5s}: {ran}/{len(resolved)} cells, {len(needed)} runs ({sc.seeds} seeds), "
