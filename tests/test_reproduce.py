@@ -295,7 +295,7 @@ def test_welch_p_against_a_hand_computed_case():
 @pytest.mark.parametrize("argv,message", [
     (["reproduce", "000-table9", "--scale", "smoke"], "unknown table '000-table9'; known: 000-table1"),
     (["reproduce", "000-table1", "--scale", "gpu"], "unknown scale 'gpu'; known: smoke, cpu, paper"),
-    (["reproduce", "000-table1", "--rows", "2xSkip,4xSkip"], "no row '4xSkip' in 000-table1; its rows: 1rSkip+LN"),
+    (["reproduce", "000-table1", "--rows", "2xSkip,4xSkip"], "no row '4xSkip' in 000-table1; its rows: '1rSkip+LN'"),
     (["reproduce", "000-table1", "--scale", "smoke", "--data-root", "/nonexistent/data"],
      "--data-root /nonexistent/data is not a folder"),
 ])
@@ -499,3 +499,17 @@ def test_the_docs_cpu_times_are_the_listings_estimates():
     rows = dict(re.findall(r"^\| `([^`]+)` \| .* \| [^|]*?, \d+, (~\d+ h \d+ min|~\d+ h|~\d+ min \d+ s|~\d+ min)", doc,
                            re.M))
     assert set(rows) == set(listed) and rows == listed
+
+
+def test_rows_whose_names_hold_a_comma_can_be_named(tmp_path, monkeypatch):
+    """000-table5's rows are "2rSkip+LN, 2 blocks" ...: --rows split them at the comma and named none."""
+    names = list(table("000-table5").rows)
+    assert reproduce_mod.rejoined(("2rSkip+LN", "2 blocks", "1xSkip+LN", "6 blocks"), names) == \
+        ("2rSkip+LN, 2 blocks", "1xSkip+LN, 6 blocks")
+    assert reproduce_mod.rejoined(("2rSkip+LN", "nope"), names) == ("2rSkip+LN", "nope")  # refused by name below
+    trained = []
+    monkeypatch.setattr(runs_mod, "train_missing", lambda jobs, **kw: trained.extend(jobs))
+    reproduce(["000-table5"], "cpu", str(tmp_path), rows=("2rSkip+LN", "2 blocks"), seeds=1, progress=False)
+    assert len(trained) == 1 and "2rSkip+LN" in trained[0][1].model
+    with pytest.raises(ValueError, match=r"no row '2rSkip\+LN', 'nope' in 000-table5; its rows: '1xSkip\+LN, 2 blocks'"):
+        reproduce(["000-table5"], "cpu", str(tmp_path), rows=("2rSkip+LN", "nope"), seeds=1, progress=False)

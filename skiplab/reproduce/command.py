@@ -174,6 +174,17 @@ def plan(t: Table, sc: Scale, seeds: int, root: Path, data_root: str = "", devic
     return resolved, list(jobs.values())
 
 
+def rejoined(pieces: tuple[str, ...], names: list[str]) -> tuple[str, ...]:
+    """``--rows`` split at its commas, put back together where a row's own name holds a comma ("2rSkip+LN, 2
+    blocks" of 000-table5): from each piece, the longest run of pieces that, joined by ", ", names a row."""
+    out, i = [], 0
+    while i < len(pieces):
+        j = next((j for j in range(len(pieces), i, -1) if ", ".join(pieces[i:j]) in names), i + 1)
+        out.append(", ".join(pieces[i:j]))
+        i = j
+    return tuple(out)
+
+
 def _table_dir(out: str, scale: str, table_id: str, dataset: str = "") -> Path:
     """``OUT/<scale>/<table>[-<dataset>]``, where a table's files go."""
     return Path(out) / scale / (f"{table_id}-{dataset}" if dataset else table_id)
@@ -193,10 +204,12 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         raise ValueError(f"--seeds and --jobs must be >= 1, got {seeds} and {jobs}")
     if data_root and not Path(data_root).is_dir():  # a missing data/ under it falls back; a missing root is a slip
         raise ValueError(f"--data-root {data_root} is not a folder")
-    unknown = [r for r in rows if not any(r in t.rows for t in tables)]
+    known = sorted({r for t in tables for r in t.rows})
+    rows = rejoined(rows, known)
+    unknown = [r for r in rows if r not in known]
     if unknown:
-        known = sorted({r for t in tables for r in t.rows})
-        raise ValueError(f"no row {', '.join(map(repr, unknown))} in {', '.join(table_ids)}; its rows: {', '.join(known)}")
+        raise ValueError(f"no row {', '.join(map(repr, unknown))} in {', '.join(table_ids)}; its rows: "
+                         f"{'; '.join(map(repr, known))}")
     root = Path(out) / sc.name / "runs"
     for t in tables:  # a --dataset that no cell of a table takes is refused before anything runs
         resolved = plan(t, sc, seeds, root, data_root, device, dataset=dataset)[0]
