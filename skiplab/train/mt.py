@@ -356,7 +356,8 @@ def train_seq2seq(cfg: Any, kind: str, source: Callable[[Any, distributed.Group]
                           "tokens_per_s": window["tokens"] / max(elapsed, 1e-9), "time": elapsed}
                 improved = record["valid_loss"] < best
                 best = min(best, record["valid_loss"])
-                if batch_pos + span > len(order):  # the epoch is over: a resume starts the next
+                closed = batch_pos + span > len(order)
+                if closed:  # the epoch is over: a resume starts the next, and so does this run (below)
                     epoch, batch_pos, epoch_rng = epoch + 1, 0, next_epoch_rng
                 state = run.checkpoint(record, rng={"epoch": epoch_rng}, step=step, epoch=epoch, batch_pos=batch_pos,
                                        best_valid_loss=best, tokenizer=data.vocab)
@@ -364,6 +365,8 @@ def train_seq2seq(cfg: Any, kind: str, source: Callable[[Any, distributed.Group]
                 bar.set_postfix(loss=f"{record['train_loss']:.3f}", valid=f"{record['valid_loss']:.3f}",
                                 ppl=f"{record['valid_ppl']:.1f}")
                 window = {"loss": 0.0, "tokens": 0, "time": time.time()}
+                if closed:  # the next epoch's order from its own RNG state (it walked this order again)
+                    break
         if batch_pos + span > len(order):
             epoch, batch_pos, epoch_rng = epoch + 1, 0, next_epoch_rng
     bar.close()

@@ -488,3 +488,25 @@ def test_a_start_that_fails_after_writing_its_tokenizer_leaves_a_folder_the_next
     assert main(tiny_args(corpus, mine)) == 2  # not a run: --overwrite is not offered, which would refuse it
     assert "holds files but no skiplab run (no config.json); give --out a new or empty folder" in capsys.readouterr().err
     assert (mine / "spm.model").read_text() == "not skiplab's"
+
+
+def test_an_epoch_closed_by_a_save_goes_on_to_the_next_epochs_order(corpus, tmp_path, monkeypatch):
+    """Where an epoch's last update is also a save step, the run walked that epoch's batch order a second time
+    instead of the next epoch's, so a run stopped at that save and resumed (which draws the next order) ended
+    elsewhere than the uninterrupted one; now both draw the next epoch's order and end on the same bits."""
+    probe = tmp_path / "probe"
+    assert main([*tiny_args(corpus, probe), "--max-steps", "2", "--save-every", "2"]) == 0
+    per_epoch = round(2 / json.loads((probe / "summary.json").read_text())["epochs"])  # updates in one epoch
+    assert per_epoch >= 3
+    budget = ["--max-steps", str(2 * per_epoch + 1), "--save-every", str(per_epoch)]
+    straight, stopped = tmp_path / "a", tmp_path / "b"
+    assert main([*tiny_args(corpus, straight), *budget]) == 0
+    undo = interrupt_after_step(monkeypatch, per_epoch)  # stopped at the save that closes epoch 1
+    assert main([*tiny_args(corpus, stopped), *budget]) == 130
+    undo()
+    assert main(["train", "mt", "--resume", "--out", str(stopped)]) == 0
+    a = torch.load(straight / "last.pt", weights_only=True)
+    b = torch.load(stopped / "last.pt", weights_only=True)
+    assert a["epoch"] == b["epoch"] == 2
+    for key in a["model"]:
+        torch.testing.assert_close(b["model"][key], a["model"][key], rtol=0, atol=0, msg=key)
