@@ -103,8 +103,12 @@ def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> P
     out.mkdir(parents=True, exist_ok=True)
     hold(out)
     try:
+        put_back(out)  # a replacement killed before its config.json: the run it replaced is there again
         if _check(out, resume, overwrite):
-            clear(out)
+            if (out / "config.json").is_file():  # a run: kept aside until its replacement writes config.json
+                set_aside(out)
+            else:
+                clear(out)
         if not (resume or (out / "config.json").is_file()):
             (out / STARTED).touch()
     except BaseException:
@@ -114,15 +118,44 @@ def prepare(out: str | Path, resume: bool = False, overwrite: bool = False) -> P
 
 
 def write_config(out: Path, payload: dict[str, Any]) -> None:
-    """OUT/config.json of a fresh run: from now on ``out`` holds a run (:func:`failed_start` no longer)."""
+    """OUT/config.json of a fresh run: from now on ``out`` holds a run (:func:`failed_start` no longer), and the run
+    it replaces (``--overwrite``, :func:`set_aside`) is gone."""
     write_json(out / "config.json", payload)
     (out / STARTED).unlink(missing_ok=True)
+    shutil.rmtree(out / REPLACED, ignore_errors=True)
+
+
+# OUT/.replaced: the files of the run that ``--overwrite`` replaces, kept until the new run has checked its data and
+# model and written its config.json; a start that fails or is interrupted before then puts them back
+REPLACED = ".replaced"
+
+
+def set_aside(out: Path) -> None:
+    """Move the run in ``out`` (all but the lock) into ``out``/.replaced."""
+    aside = out / REPLACED
+    shutil.rmtree(aside, ignore_errors=True)
+    aside.mkdir()
+    for path in out.iterdir():
+        if path.name not in (LOCK, REPLACED):
+            path.rename(aside / path.name)
+
+
+def put_back(out: Path) -> None:
+    """Where ``out``/.replaced is left and no new config.json was written: the new start's files removed, the
+    replaced run's moved back (a --overwrite whose data or model failed, or that was interrupted, loses nothing)."""
+    aside = out / REPLACED
+    if not aside.is_dir() or (out / "config.json").is_file():
+        return
+    clear(out)
+    for path in aside.iterdir():
+        path.rename(out / path.name)
+    aside.rmdir()
 
 
 def clear(out: Path) -> None:
-    """Remove everything in the run directory ``out`` but its lock."""
+    """Remove everything in the run directory ``out`` but its lock (and a replaced run set aside)."""
     for path in out.iterdir():
-        if path.name == LOCK:
+        if path.name in (LOCK, REPLACED):
             continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -191,6 +224,7 @@ def let_go() -> None:
     this process made (:func:`note_made`) that holds no file is removed (a sweep refused once its data were
     looked for)."""
     for key in list(_held):
+        put_back(key)  # before the lock goes: the replaced run back where its replacement never started
         release(key)
         if failed_start(key) and {p.name for p in key.iterdir()} <= {STARTED}:
             (key / STARTED).unlink(missing_ok=True)

@@ -777,3 +777,40 @@ def test_files_given_beside_a_named_corpus_are_refused(text, tmp_path, capsys, c
     assert run([*command, "--corpus", "enwik8", "--test-file", text / "test.jsonl", "--out", tmp_path / "out"]) == 2
     refused(capsys, "--test-file names a file, which --corpus enwik8 does not read")
     assert not (tmp_path / "out").exists()
+
+
+def test_overwrite_keeps_the_run_it_replaces_until_the_new_one_has_started(text, tmp_path, capsys):
+    """--overwrite with a typo in the data (or a model that cannot be built) emptied the run folder before the
+    error: the run it would replace is now kept aside until the new run writes its config.json, and put back
+    where the new one fails or is interrupted before that."""
+    out = tmp_path / "run"
+    with one_thread():
+        assert run(args(text, out)) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    for bad in (["--valid-file", text / "nope.jsonl"], ["--d-model", "30"]):
+        capsys.readouterr()
+        assert run([*args(text, out, *bad), "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("skiplab: error: "), err
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+        assert not (out / run_dir.REPLACED).exists()
+    with one_thread():
+        assert run([*args(text, out, "--lr", "2e-3"), "--overwrite"]) == 0
+    assert not (out / run_dir.REPLACED).exists()
+    assert json.loads((out / "config.json").read_text())["config"]["lr"] == 2e-3
+
+
+def test_a_replaced_run_left_aside_by_a_killed_start_comes_back(tmp_path):
+    """A --overwrite start killed (SIGKILL) before its config.json leaves the old run in .replaced: the next
+    command in that folder puts it back before deciding anything."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "config.json").write_text('{"config": {}}')
+    (out / "last.pt").write_bytes(b"old")
+    run_dir.set_aside(out)
+    (out / run_dir.STARTED).touch()
+    (out / "spm.model").write_bytes(b"new start's")
+    with pytest.raises(run_dir.RunDirError, match="already holds"):
+        run_dir.prepare(out)  # no --overwrite: the old run is back, and refused as any run is
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "last.pt"]
+    assert (out / "last.pt").read_bytes() == b"old"
