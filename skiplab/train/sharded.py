@@ -196,6 +196,27 @@ def prune(out: Path, state: dict[str, Any], group: distributed.Group) -> None:
     group.on_main(remove)
 
 
+def check_shards(path: Path) -> None:
+    """A one-line error where a file the sharded checkpoint ``path`` names is not there (a shard deleted or never
+    copied: dcp's traceback on every rank otherwise), checked before any rank starts reading."""
+    missing = sorted(p.name for p in _shard_files(path) if not p.is_file())
+    if missing:
+        raise run_dir.RunDirError(f"{path}: missing {', '.join(missing)}; the shards of last.pt's model and optimizer "
+                                  "are not all there")
+
+
+def _shard_files(path: Path) -> list[Path]:
+    """The files the sharded checkpoint ``path``'s .metadata names (its storage data: one file a rank and more)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        meta = FileSystemReader(str(path)).read_metadata()
+    except Exception as err:  # noqa: BLE001  an unreadable .metadata: said as one line
+        raise run_dir.RunDirError(f"{path / '.metadata'}: unreadable ({' '.join(str(err).split())[:200]})") from None
+    names = {getattr(info, "relative_path", None) for info in (meta.storage_data or {}).values()}
+    return [path / n for n in sorted(n for n in names if n)]
+
+
 def load_states(model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[str, Any], out: Path) -> None:
     """Model and optimizer from checkpoint ``ckpt`` of run ``out``; sharded: from the shards its ``dcp`` names
     (every rank calls it and loads its own)."""
@@ -212,7 +233,12 @@ def load_states(model: nn.Module, optimizer: torch.optim.Optimizer, ckpt: dict[s
     path = out / name
     if not (path / ".metadata").is_file():
         raise run_dir.RunDirError(f"{path}: missing; the shards of the model and optimizer of last.pt are not there")
+    check_shards(path)
     model_state, optim_state = get_state_dict(model, optimizer)
     loaded = {"model": model_state, "optimizer": optim_state}
-    dcp.load(loaded, checkpoint_id=path)
+    try:
+        dcp.load(loaded, checkpoint_id=path)
+    except Exception as err:  # a shard cut short or corrupt: dcp's per-rank traceback, as one line naming the folder
+        cause = " ".join(str(err).split())[:300] or type(err).__name__
+        raise run_dir.RunDirError(f"{path}: the shards could not be read ({cause})") from None
     set_state_dict(model, optimizer, model_state_dict=loaded["model"], optim_state_dict=loaded["optimizer"])

@@ -8,6 +8,7 @@ its processes started by the test (``python -m torch.distributed.run --standalon
 import gc
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -375,3 +376,20 @@ def test_leaving_the_group_first_frees_what_still_holds_it(monkeypatch):
                 gc.enable()
         assert not dist.is_initialized()
     assert freed_first == [True]
+
+
+def test_a_missing_shard_is_named_in_one_line(clipped, tmp_path):
+    """A shard file deleted from a sharded checkpoint gave dcp's traceback on every rank at resume; the files its
+    .metadata names are checked first, and an absent one is named."""
+    from skiplab import run_dir
+    from skiplab.train import sharded
+
+    copy = tmp_path / "step_6"
+    shutil.copytree(clipped[0] / "dcp" / "step_6", copy)
+    sharded.check_shards(copy)  # all there
+    (copy / "__1_0.distcp").unlink()
+    with pytest.raises(run_dir.RunDirError, match=r"step_6: missing __1_0.distcp; the shards of last.pt's model"):
+        sharded.check_shards(copy)
+    (copy / ".metadata").write_bytes(b"not a pickle")
+    with pytest.raises(run_dir.RunDirError, match=r"\.metadata: unreadable"):
+        sharded.check_shards(copy)
