@@ -508,8 +508,10 @@ def stop_diverged(out: Path, config: dict[str, Any], loss: float, epoch: int, st
 
 # -- checkpoint averaging (Vaswani et al. 2017, Section 6.1; how all three MT papers evaluate) ----------
 def step_checkpoints(run: Path) -> list[Path]:
-    """``checkpoint_<step>.pt`` files of a run directory, oldest first."""
-    return sorted(run.glob("checkpoint_*.pt"), key=lambda p: int(p.stem.split("_")[-1]))
+    """``checkpoint_<step>.pt`` files of a run directory, oldest first (other files named ``checkpoint_*.pt``,
+    ``checkpoint_avg.pt`` of ``average --out``, say, are not step checkpoints)."""
+    steps = [p for p in run.glob("checkpoint_*.pt") if p.stem.split("_")[-1].isdigit()]
+    return sorted(steps, key=lambda p: int(p.stem.split("_")[-1]))
 
 
 def average_checkpoints(run: str | Path, last: int, kind: str | None = "mt") -> tuple[dict[str, Any], list[Path]]:

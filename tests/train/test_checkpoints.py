@@ -64,3 +64,13 @@ def test_every_kind_of_run_loads_weights_only(kind, request, tmp_path):
         assert state["kind"] == kind.split()[0] and state["averaged"] == [p.name for p in steps]
     if kind == "lm token files":
         assert torch.load(out / "last.pt", weights_only=True)["tokenizer"] is None
+
+
+def test_step_checkpoints_are_the_numbered_ones(tmp_path):
+    """`average --out RUN/checkpoint_avg.pt` wrote a file whose name broke every later `average` and `eval --average`
+    of the run ("invalid literal for int()"): only checkpoint_<step>.pt files are step checkpoints."""
+    from skiplab import run_dir
+
+    for name in ("checkpoint_10.pt", "checkpoint_2.pt", "checkpoint_avg.pt", "checkpoint_.pt"):
+        (tmp_path / name).write_bytes(b"")
+    assert [p.name for p in run_dir.step_checkpoints(tmp_path)] == ["checkpoint_2.pt", "checkpoint_10.pt"]
