@@ -155,7 +155,8 @@ def cmd_export_hf(args: argparse.Namespace) -> None:
 
 def cmd_bootstrap(args: argparse.Namespace) -> None:
     refs, a, b = (read_lines(p) for p in (args.ref, args.a, args.b))
-    print(json.dumps(paired_bootstrap(refs, a, b, args.samples, args.seed, args.metric), indent=2))
+    result = paired_bootstrap(refs, a, b, args.samples, args.seed, args.metric)
+    print(json.dumps({**result, "seed": args.seed, "samples": args.samples}, indent=2))
 
 
 def cmd_curves(args: argparse.Namespace) -> None:

@@ -179,9 +179,11 @@ def read_lines(path: str | Path) -> list[str]:
     A leading UTF-8 byte-order mark is dropped; all other whitespace is kept.
     """
     path = Path(path)
-    if not path.is_file():
+    if path.is_dir():
+        raise IsADirectoryError(f"{path}: a folder, not a text file")
+    if not path.exists():
         raise FileNotFoundError(f"{path}: no such file")
-    data = path.read_bytes()
+    data = path.read_bytes()  # a file, or a device or pipe (/dev/stdin, <(...)) read as one
     if data.startswith(_GZIP_MAGIC):
         try:
             data = gzip.decompress(data)

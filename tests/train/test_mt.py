@@ -279,6 +279,9 @@ def test_bootstrap_command(tmp_path, capsys):
     assert main(["bootstrap", str(tmp_path / "ref"), str(tmp_path / "a"), str(tmp_path / "b"), "--samples", "200"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["better"] == "a" and result["p_value"] < 0.05
+    assert result["seed"] == 12345 and result["samples"] == 200  # what it can be run again with
+    assert main(["bootstrap", str(tmp_path / "ref"), str(tmp_path), str(tmp_path / "b")]) == 2
+    assert capsys.readouterr().err == f"skiplab: error: {tmp_path}: a folder, not a text file\n"  # was "no such file"
 
 
 def test_config_needs_steps_or_epochs():
