@@ -352,3 +352,13 @@ def test_a_run_cut_short_marks_its_record_incomplete_and_keeps_the_one_it_would_
     run(quick=True, groups=("machine", "image", "mt"), out=str(kept), progress=False, overwrite=True)
     assert json.loads((kept / "bench.json").read_text())["measured"] == ["machine", "image", "mt"]
     assert not (kept / "bench.partial.json").exists() and not (kept / "bench.partial.md").exists()
+
+
+def test_an_out_that_is_a_file_is_refused_before_measuring(tmp_path, monkeypatch):
+    import skiplab.bench.suite as suite
+
+    monkeypatch.setitem(suite.GROUPS, "machine", lambda sz, ctx: pytest.fail("measured before the check"))
+    (tmp_path / "afile").write_text("x")
+    for out in (tmp_path / "afile", tmp_path / "afile" / "b"):
+        with pytest.raises(ValueError, match=f"{tmp_path / 'afile'} is a file, not a folder"):
+            run(quick=True, groups=("machine",), out=str(out), progress=False)

@@ -243,7 +243,7 @@ def test_best_and_highest_stable_lr_on_hand_made_runs():
     ({"lrs": "1e-3,-1"}, "--lrs: a learning rate must be > 0, got -1"),
     ({"lrs": "0"}, "--lrs: a learning rate must be > 0, got 0"),
     ({"lrs": "1e-3,0.001"}, "--lrs: 0.001 is listed twice"),
-    ({"lrs": "1e-5"}, "need 0 <= --min-lr <= --lr"),  # below the schedule's floor: the config says so
+    ({"lrs": "1e-5"}, "--lrs 1e-05: need 0 <= --min-lr <= --lr"),  # below the schedule's floor: named as --lrs
     ({"model": "gpt-mini(layers=2)"}, "the sweep sets layers; leave it out of --model"),
     ({"model": "transformer-small"}, "transformer-small is not a language model"),
     ({"test_file": ""}, "scored on the test split: give --test-file"),

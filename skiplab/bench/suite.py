@@ -89,6 +89,8 @@ def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | N
     if unknown:
         raise ValueError(f"unknown benchmark group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
     out = auto_out() if out == "auto" else out
+    if out and (taken := next((p for p in (Path(out), *Path(out).parents) if p.exists() and not p.is_dir()), None)):
+        raise ValueError(f"--out {out}: {taken} is a file, not a folder")  # said before the minutes of measuring
     if out and not overwrite and any(Path(out, f).exists() for f in ("bench.md", "bench.json")):
         raise ValueError(f"{out} holds a benchmark record (bench.md, bench.json) already: give another --out, or "
                          "--overwrite to replace it")

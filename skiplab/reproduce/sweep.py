@@ -132,7 +132,11 @@ def plan(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any, 
         for depth in depths:
             model = with_options(v.changes["model"], **{name: depth for name in spec.depth_options})
             for lr in lrs:
-                points.append(Point(v.label, depth, lr, dataclasses.replace(base, model=model, lr=lr, seed=1)))
+                try:
+                    cfg = dataclasses.replace(base, model=model, lr=lr, seed=1)
+                except ValueError as err:  # the config's own check, which speaks of --lr: the sweep's is --lrs
+                    raise ValueError(f"--lrs {lr:g}: {err}") from None
+                points.append(Point(v.label, depth, lr, cfg))
     spec.check_scorable(base)
     axes = {"connections": [v.label for v in variants], "depths": list(depths), "lrs": list(lrs)}
     return points, axes
