@@ -290,7 +290,8 @@ def header_lines(header: dict[str, Any], metric_label: str) -> list[str]:
     out.append(f"Δ: the paired difference to {base} (row − {base} in the same block), mean over blocks, with its 95% "
                f"CI (Student's t); p paired: paired t-test; p Wilcoxon: exact signed-rank test of the same "
                f"differences, uncorrected (with n = {n} blocks the smallest attainable exact Wilcoxon p is "
-               f"2/2^{n} = {2 / 2 ** n:.2g}, larger for a row with fewer pairs); p Welch: unpaired; p Holm: Holm's correction of the paired t-test over "
+               f"2/2^{n} = {2 / 2 ** n:.2g}, larger for a row of fewer pairs than blocks); p Welch: unpaired; "
+               f"p Holm: Holm's correction of the paired t-test over "
                f"the {header['holm_m']} rows with a paired p and no failed run; holds: p Holm < {header['alpha']:g}.")
     if header.get("failed"):
         out.append(f"Failures are not findings: {', '.join(header['failed'])} had a stalled or diverged run; listed "

@@ -47,7 +47,9 @@ def test_run_writes_table_json_and_plot(tmp_path, capsys):
     assert record["config"]["seed"] == 0 and record["config"]["designs"] == list(cfg.designs)
     assert record["grad_mean_abs"]["1xSkip"] == pytest.approx(grads["1xSkip"])
     assert (tmp_path / "gradient_flow.png").read_bytes()[:4] == b"\x89PNG"
-    assert (tmp_path / "gradient_flow.md").read_text().startswith("| connection")
+    head, blank, table = (tmp_path / "gradient_flow.md").read_text().split("\n", 2)
+    assert head.startswith("mean |dL/dh| at the input of block l; 10 tanh blocks of width 16") and "code " in head
+    assert blank == "" and table.startswith("| connection")
 
 
 def test_bad_config_is_refused():

@@ -226,7 +226,7 @@ def test_the_renormalisation_equals_olmo_cores_normalize_matrices(olmo):
 
 MUTATIONS = {
     # α without its absolute value (the paper's and both codes' |α|)
-    "alpha sign": (ngpt_conn.NGPT, "rate", lambda self: self.alpha()),
+    "alpha sign": (ngpt_conn.NGPT, "rate", lambda self, dims=4: self.alpha()),
     # the update without the outer Norm: h + α (Norm(F(h)) − h)
     "no outer norm": (ngpt_conn.NGPT, "forward",
                       lambda self, x, branch, skip=None: torch.lerp(x, ngpt_conn.unit(branch(x)), self.rate())),
