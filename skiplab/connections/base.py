@@ -108,6 +108,8 @@ class Connection(nn.Module):
     # A design whose state across layers is not one (..., dim) tensor (hyper-connections' n streams) needs the
     # stack to begin and end with its own modules; models that cannot hold such a stack refuse it.
     needs_stack: ClassVar[bool] = False
+    # Whether the design has a skip path that reads the ``skip`` callable (NoSkip has none: y = F(x)).
+    has_skip: ClassVar[bool] = True
 
     @classmethod
     def stack_input(cls, spec: _spec.Spec, dim: int, layout: str) -> nn.Module:

@@ -86,6 +86,7 @@ class NoSkip(Connection):
 
     name = "NoSkip"
     patterns = {"NoSkip": "y = F(x)  (plain network, no skip connection)"}
+    has_skip = False
 
     def forward(self, x: Tensor, branch: Branch, skip: Branch | None = None) -> Tensor:
         return branch(x)

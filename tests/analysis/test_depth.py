@@ -148,3 +148,15 @@ def test_an_image_run_is_refused_with_the_reason():
     image = SimpleNamespace(kind="image")  # refused before anything of the run is read
     with pytest.raises(ValueError, match="an image model's stages change it"):
         redundancy(image)
+
+
+def test_redundancy_of_a_value_residual_run_takes_v1_from_the_first_layer_that_runs(tmp_path):
+    """Without layer 0 there is no V_1: `analyze redundancy` of a +ValueRes run stopped on a KeyError. The first
+    layer that runs gives V_1 there (layer 1, whose own values are then unmixed), and every block's loss increase is
+    finite; with every layer in place the model is the one trained."""
+    root = tiny_lm_runs(tmp_path, {"vr": TINY.format(layers=3, conn="PreLN+ValueRes")}, steps=2, eval_every=2)
+    tr = load_trained(root / "vr")
+    assert "ValueRes" in tr.config["model"]
+    result = redundancy(tr, examples=4, progress=False)
+    assert [b["block"] for b in result["blocks"]][:2] == ["layer.0", "layer.1"]
+    assert all(math.isfinite(b["loss_increase"]) for b in result["blocks"])

@@ -133,6 +133,8 @@ def test_the_spec_reads_back_to_itself(text, canonical):
     ("HC+Scalars(per=sublayer)", "+Scalars(per=sublayer) scales the skip path, which HC's streams have not; use "
                                  "per=layer"),
     ("mHC(n=2)+Scalars(per=sublayer)", "which mHC(n=2)'s streams have not"),
+    ("NoSkip+Scalars(per=sublayer)", "+Scalars(per=sublayer) scales the skip path, which NoSkip has not (y = F(x)); "
+                                     "use per=layer"),  # accepted, and its a_k, b_i never reached the model
 ])
 def test_bad_specs_are_named_in_one_line(text, problem):
     with pytest.raises(ValueError) as err:

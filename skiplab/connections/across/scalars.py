@@ -110,6 +110,8 @@ class Scalars(AcrossDesign):
         streams) or another design that runs the sub-layers means nothing with it."""
         if cls.runs_sublayers(next(s for s in spec.stack if s.name == cls.name)) and registry[spec.name].needs_stack:
             return f"+{cls.name}(per=sublayer) scales the skip path, which {named}'s streams have not; use per=layer"
+        if cls.runs_sublayers(next(s for s in spec.stack if s.name == cls.name)) and not registry[spec.name].has_skip:
+            return f"+{cls.name}(per=sublayer) scales the skip path, which {named} has not (y = F(x)); use per=layer"
         return super().conflict(spec, named, registry, across)
 
     def begin(self, x: Tensor, state: dict[str, Any]) -> None:

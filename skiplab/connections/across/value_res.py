@@ -45,8 +45,8 @@ class ValueRes(AcrossDesign):
             self.register_buffer("lam", lam)
 
     def values(self, i: int, v: Tensor, state: dict[str, Any]) -> Tensor:
-        if i == 0:
-            state["v1"] = v
+        if i == 0 or "v1" not in state:  # the first layer that runs gives V_1: layer 0, unless an analysis took it
+            state["v1"] = v  # out (analyze redundancy's stack without layer 0), where layer 1 does
             return v
         return torch.lerp(v, state["v1"], self.lam[i - 1].to(v.dtype))  # v + λ(v₁ − v): exactly v at λ = 0
 
