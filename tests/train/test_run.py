@@ -174,7 +174,9 @@ def test_a_lock_file_alone_is_not_a_run_and_overwrite_keeps_only_it(tmp_path):
     (run.out / "sub").mkdir()
     run.finish(lambda last: {})
     run_dir.prepare(out, overwrite=True)
-    assert sorted(p.name for p in out.iterdir()) == [run_dir.LOCK, run_dir.STARTED]  # a fresh start's, again
+    # a fresh start's, again, the run it replaces kept aside until its config.json
+    assert sorted(p.name for p in out.iterdir()) == [run_dir.LOCK, run_dir.REPLACED, run_dir.STARTED]
+    assert {"config.json", "sub"} <= {p.name for p in (out / run_dir.REPLACED).iterdir()}
     run_dir.release(out)
 
 
