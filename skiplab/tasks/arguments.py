@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import typing
 from typing import Any
 from pathlib import Path
 
 from .. import config, run_dir
-from ..models import model_config, options_of, with_options
+from ..models import model_config, with_options
 from . import get
+from .model_options import family_options, given_family_options
 
 def train_config(cls, args: argparse.Namespace):
     """The config from the options, model options added to its spec; with --resume, the stored run's config
@@ -51,19 +51,9 @@ def train_config(cls, args: argparse.Namespace):
     return dataclasses.replace(cfg, model=model)
 
 
-# The model options of a task: every field of its families' configs but those the data decides.
-MODEL_OPTION_SKIP = ("vocab_size", "pad_id", "in_channels", "num_classes")
-
-
 def model_options(task: str) -> dict[str, tuple[dataclasses.Field, type, list[str]]]:
     """name -> (field, type, the families that have it), over the task's model families' configs."""
-    options: dict[str, tuple[dataclasses.Field, type, list[str]]] = {}
-    for cls in get(task).families():
-        hints = typing.get_type_hints(cls)
-        for name, f in options_of(cls).items():
-            if name not in MODEL_OPTION_SKIP:
-                options.setdefault(name, (f, hints[name], []))[2].append(cls.__name__.removesuffix("Config"))
-    return options
+    return family_options(get(task).families())
 
 
 def add_model_options(p: argparse.ArgumentParser, task: str, skip: tuple[str, ...] = ()) -> None:
@@ -82,8 +72,7 @@ def add_model_options(p: argparse.ArgumentParser, task: str, skip: tuple[str, ..
 def given_model_options(args: argparse.Namespace) -> dict[str, Any]:
     """The model options given on the command line, by field name."""
     task = getattr(args, "model_options", None)
-    names = model_options(task) if task else {}
-    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    return given_family_options(args, get(task).families()) if task else {}
 
 
 def with_model_options(spec: str, args: argparse.Namespace) -> str:

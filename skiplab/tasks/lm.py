@@ -35,6 +35,7 @@ from ..corpora.shards import read_prepared
 from ..corpora.windows import eval_windows, sample_windows
 from ..train import lm, lm_branch, lm_data, parametrization
 from .base import Task
+from .model_options import given_family_options
 
 
 class LMTrained(Trained):
@@ -164,10 +165,9 @@ class LMTask(Task):
         if args.branch:
             if args.resume:
                 raise ValueError("--branch makes a new run from a checkpoint; give it without --resume")
-            from .arguments import given_model_options  # here: arguments reads the task registry, which holds this
-
             given = config.given(args, lm.LMTrainConfig)
-            other = sorted(given - {"max_steps", *lm_branch.BRANCH_MAY_SET}) + sorted(given_model_options(args))
+            other = sorted(given - {"max_steps", *lm_branch.BRANCH_MAY_SET}) + \
+                sorted(given_family_options(args, self.families()))
             if other:
                 flags = lambda names: ", ".join("--" + o.replace("_", "-") for o in names)  # noqa: E731
                 raise ValueError(f"--branch trains on with the checkpoint's options: give --max-steps (and --out, "
