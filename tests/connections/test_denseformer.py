@@ -170,6 +170,11 @@ def decoding_steps_give_the_full_pass(model: Transformer, src: torch.Tensor, tgt
     ("PreLN+DenseFormer(k=2)", "DenseFormer has no option 'k' (options: dilation, period)"),
     ("PreLN+DenseFormer+DenseFormer", "DenseFormer is given twice"),
     ("PreLN+DenseFormer+MUDD", "+MUDD replaces the residual sum; it cannot be combined with +DenseFormer"),
+    # a design written before it whose change of the stream the averages would throw away
+    ("PreLN+UNet+DenseFormer", "+DenseFormer's averages replace the stream that +UNet, written before it, changes; "
+                               "write +DenseFormer before +UNet"),
+    ("PreLN+Scalars+DenseFormer", "stream that +Scalars, written before it, changes"),
+    ("PreLN+ValueRes+Backout+DenseFormer(period=2)", "stream that +Backout, written before it, changes"),
 ])
 def test_bad_specs_are_refused_in_one_line(spec, problem):
     refused_in_one_line(spec, problem)
@@ -179,6 +184,50 @@ def refused_in_one_line(spec: str, problem: str) -> None:
     with pytest.raises(ValueError, match=re.escape(problem)) as err:
         parse_spec(spec)
     assert "\n" not in str(err.value)
+
+
+def test_designs_written_after_it_change_the_averaged_stream():
+    """``+DenseFormer+UNet+Backout``: after block i the DWA gives Y_i, the U-Net adds w_j · y_{h−1−j} to it (y the
+    layers' raw outputs) and the head reads N(Y_L − λ x_k); a hand-written forward, outputs and every gradient,
+    with every weight of the three designs moved from its start (each then changes the output)."""
+    model = gpt("PreLN+DenseFormer(dilation=2)+UNet+Backout(layer=1)", layers=5).double()
+    dense, unet, backout = model.across.designs
+    randomise(dense)
+    with torch.no_grad():
+        unet.weight.copy_(torch.tensor([0.7, -1.3]))
+        backout.lam.fill_(0.3)
+    x = tokens()
+    h = model.embed(x) + (model.pos_embed.weight[: x.shape[1]] if model.pos_embed is not None else 0)
+    outs, alphas, kept = [h], iter(dense.alpha), []
+    for i, layer in enumerate(model.layers):
+        if i in (2, 3):  # h = ⌊5/2⌋ = 2: layers 2 and 3 read layers 1's and 0's outputs; layer 4 none
+            h = h + unet.weight[i - 2] * kept.pop()
+        h = layer(h)
+        outs.append(h)
+        kept += [h] if i < 2 else []
+        backed = h if i == 1 else None if i == 0 else backed
+        a, js = next(alphas), [j for j in range(i + 2) if (i + 1 - j) % 2 == 0]
+        h = sum(w * outs[j] for w, j in zip(a, js))
+    want = F.linear(model.norm(h - backout.lam * backed), model.embed.weight)
+    got = model(x)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    params = [p for p in model.parameters()]
+    grads = torch.autograd.grad(got.sin().sum(), params)
+    for g, w in zip(grads, torch.autograd.grad(want.sin().sum(), params)):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-9)
+    for p in (unet.weight, backout.lam):
+        assert grads[next(i for i, q in enumerate(params) if q is p)].abs().min() > 0
+
+
+def test_stats_hold_under_another_default_dtype():
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        design = Across("PreLN+DenseFormer", Stack(2, 8)).designs[0]
+        randomise(design)
+        assert design.stats()["alpha_0"].tolist()[-1] == pytest.approx(design.alpha[-1][0].item(), rel=1e-6)
+    finally:
+        torch.set_default_dtype(before)
 
 
 def test_the_canonical_spec_leaves_defaults_out():

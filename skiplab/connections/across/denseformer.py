@@ -57,6 +57,21 @@ class DenseFormer(AcrossDesign):
             a[-1] = 1.0  # α_ii
         self.alpha = nn.ParameterList(nn.Parameter(a) for a in starts)
 
+    @classmethod
+    def conflict(cls, spec: Spec, named: str, registry: dict[str, type], across: dict[str, type]) -> str | None:
+        """A DWA's Y_i is made from the X_j alone, in place of the input it is handed: a design written before
+        this one that changes a layer's input or the stack's output (``+UNet``, ``+Scalars``, ``+Backout``) would
+        have its change thrown away, so it must come after (``PreLN+DenseFormer+UNet``: the U-Net adds to the
+        averaged input)."""
+        names = [s.name for s in spec.stack]
+        before = names[: names.index(cls.name)]
+        lost = next((n for n in before if across[n].enter is not AcrossDesign.enter
+                     or across[n].finish is not AcrossDesign.finish), None)
+        if lost:
+            return (f"+{cls.name}'s averages replace the stream that +{lost}, written before it, changes; write "
+                    f"+{cls.name} before +{lost}")
+        return super().conflict(spec, named, registry, across)
+
     def sources(self, i: int) -> list[int]:
         """S_i: the j whose X_j the DWA after block i reads, oldest first (the last is i)."""
         return list(range(i % self.dilation, i + 1, self.dilation))
@@ -91,7 +106,7 @@ class DenseFormer(AcrossDesign):
     def reads(self) -> Tensor:
         """The matrix M (L + 1, L + 1) of "layer i reads j": row i the weights of X_0, ..., X_L in layer i's
         input (0-based; row 0 the embeddings alone, row L the stack's output), zero where there is no weight."""
-        m = torch.eye(self.layers + 1)
+        m = torch.eye(self.layers + 1, dtype=torch.float32)
         for i, a in zip(self.points, self.alpha):
             m[i] = 0.0
             m[i, self.sources(i)] = a.detach().float().cpu()
