@@ -142,7 +142,7 @@ def _adapter_class() -> type:
                 new = generate(self.model, prompt, max_new, self.eot,
                                float(kwargs.get("temperature", 1.0)) if sample else 0.0,
                                int(kwargs.get("top_k", 0) or 0), float(kwargs.get("top_p", 1.0) or 1.0), gen,
-                               stop=stop if until else None)
+                               stop=stop if until else None, vocab=self.tok.vocab_size)
                 text = self.tok.decode(new)
                 cut = min((text.find(u) for u in until if u in text), default=len(text))
                 texts.append(text[:cut])

@@ -7,7 +7,9 @@ position's computation rather than the whole prefix's. The next token is drawn f
     p = softmax(logits / T), restricted to the ``top_k`` most likely tokens and to the smallest set whose
     probabilities reach ``top_p`` (nucleus sampling, Holtzman et al. 2020), renormalised;
 
-``temperature`` 0 takes the most likely token (greedy). Generation stops at ``max_new`` tokens, at the
+``temperature`` 0 takes the most likely token (greedy). With ``vocab`` (the tokenizer's size) below the model's
+output, the ids past it are never drawn: a model whose vocabulary is padded past its tokenizer's (as many imported
+ones are) has rows no text maps to. Generation stops at ``max_new`` tokens, at the
 end-of-text token, or where ``stop`` (a function of the tokens so far, e.g. a stop string in their text) says.
 """
 
@@ -36,9 +38,11 @@ def filter_logits(logits: Tensor, top_k: int = 0, top_p: float = 1.0) -> Tensor:
 @torch.no_grad()
 def generate(model: nn.Module, prompt: list[int], max_new: int, eot: int | None = None, temperature: float = 1.0,
              top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
-             cache: bool = True, stop: Callable[[list[int]], bool] | None = None) -> list[int]:
+             cache: bool = True, stop: Callable[[list[int]], bool] | None = None,
+             vocab: int | None = None) -> list[int]:
     """The tokens sampled after ``prompt`` (at most ``max_new``; ``eot`` ends early and is not returned).
-    ``cache`` false recomputes the whole prefix at every step (the reference the cache is measured against)."""
+    ``cache`` false recomputes the whole prefix at every step (the reference the cache is measured against);
+    ``vocab``: draw only ids below it (the tokenizer's vocabulary, where the model's output is padded past it)."""
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token (the end-of-text token starts a document)")
     if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
@@ -57,6 +61,9 @@ def generate(model: nn.Module, prompt: list[int], max_new: int, eot: int | None 
         log_probs = model(torch.tensor([prompt], device=device))[0, -1].float().log_softmax(-1)
     out: list[int] = []
     for _ in range(max_new):
+        if vocab is not None and vocab < log_probs.shape[-1]:
+            log_probs = log_probs.clone()
+            log_probs[vocab:] = float("-inf")
         if temperature == 0:
             token = int(log_probs.argmax())
         else:

@@ -295,5 +295,5 @@ def sample_text(path: str, prompt: str, max_new: int | None = None, temperature:
                       f"{max_new} of them for the new tokens", stacklevel=2)
         ids = ids[cut:]
     gen = torch.Generator().manual_seed(seed)
-    new = generate(model, ids, max_new, tok.eot, temperature, top_k, top_p, gen)
+    new = generate(model, ids, max_new, tok.eot, temperature, top_k, top_p, gen, vocab=tok.vocab_size)
     return tok.decode(new)

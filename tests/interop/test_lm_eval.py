@@ -21,6 +21,7 @@ from lm_eval.tasks import TaskManager  # noqa: E402
 from skiplab.interop.lm_eval import harness_model  # noqa: E402
 from skiplab.models.generate import generate  # noqa: E402
 from skiplab.train.lm import LMTrainConfig, load_run, train  # noqa: E402
+from tests.train.test_lm import Padded  # noqa: E402
 
 TINY = "gpt-mini(d_model=32,heads=2,layers=2,ffn_dim=64,context=32)"
 STORY = "the cat sat on the mat. the dog sat on the log. "
@@ -147,6 +148,17 @@ def test_generation_stops_at_the_stop_strings(trained):
     generate(model, [tok.eot] + tok.encode("the dog"), 20, tok.eot, temperature=0,
              stop=lambda out: calls.append(len(out)) or len(out) == 3)
     assert calls == [1, 2, 3]  # generation ended when stop said so
+
+
+def test_generation_draws_only_the_tokenizers_ids(trained):
+    """A model whose output is padded past its tokenizer's vocabulary, the padding the most likely (an import's
+    untrained rows): generate_until writes the tokenizer's ids alone, as the unpadded model does."""
+    path, model, tok = trained
+    lm = harness_model(path)
+    want = lm.generate_until(requests("generate_until", [("the dog", {"until": ["never"], "max_gen_toks": 6})]))
+    lm.model = Padded(lm.model)
+    got = lm.generate_until(requests("generate_until", [("the dog", {"until": ["never"], "max_gen_toks": 6})]))
+    assert got == want and len(got[0]) > 0
 
 
 def test_without_lm_eval_the_error_names_the_package(trained, monkeypatch):

@@ -15,7 +15,9 @@ from skiplab import host, run_dir
 from skiplab.cli import main
 from skiplab.models import GPT, GPTConfig
 from skiplab.models.generate import filter_logits, generate
+from skiplab.tasks import lm as lm_task
 from skiplab.tasks import load_trained
+from skiplab.tokenization.lm import ByteTokenizer
 from skiplab.train import lm_branch
 from skiplab.train.lm import LMTrainConfig, learning_rate, parameter_groups, train
 from skiplab.train.lm_config import stable_end
@@ -207,6 +209,52 @@ def test_cached_generation_equals_recomputing_the_prefix():
     assert a == b and len(a) == 20
     with pytest.raises(ValueError, match="a prompt of 3 tokens and 38 new ones are more than the model's context"):
         generate(model, [1, 2, 3], 38)
+
+
+class Padded(torch.nn.Module):
+    """A model whose output is padded past its tokenizer's vocabulary, the padded rows the most likely: as an
+    imported model with untrained padding rows may be."""
+
+    def __init__(self, model, pad=6, lift=50.0):
+        super().__init__()
+        self.inner, self.pad, self.lift, self.cfg = model, pad, lift, model.cfg
+
+    def _padded(self, logits):
+        return torch.cat([logits, logits.new_full((*logits.shape[:-1], self.pad), self.lift)], -1).log_softmax(-1)
+
+    def forward(self, tokens):
+        return self._padded(self.inner(tokens))
+
+    def start(self, prefix):
+        return self.inner.start(prefix)
+
+    def step(self, tokens, state):
+        return self._padded(self.inner.step(tokens, state))
+
+
+@torch.no_grad()
+def test_generation_never_draws_an_id_past_the_tokenizers_vocabulary():
+    torch.manual_seed(0)
+    model = Padded(GPT(GPTConfig(vocab_size=30, d_model=32, heads=4, layers=2, ffn_dim=64, context=40)).eval())
+    assert generate(model, [1, 2, 3], 1, temperature=0)[0] >= 30  # the padding wins where nothing stops it
+    greedy = generate(model, [1, 2, 3], 20, temperature=0, vocab=30)
+    assert greedy == generate(model.inner, [1, 2, 3], 20, temperature=0)  # the tokenizer's ids, as unpadded
+    assert greedy == generate(model, [1, 2, 3], 20, temperature=0, vocab=30, cache=False)
+    drawn = generate(model, [1, 2, 3], 36, temperature=3.0, top_p=0.99, vocab=30,
+                     generator=torch.Generator().manual_seed(1))
+    assert len(drawn) == 36 and max(drawn) < 30
+
+
+def test_generate_draws_only_the_tokenizers_ids(monkeypatch, tmp_path, capsys):
+    """``skiplab generate`` hands the tokenizer's vocabulary to the sampler: a model padded past it (an import)
+    never yields an id the tokenizer cannot write."""
+    torch.manual_seed(0)
+    model = Padded(GPT(GPTConfig(vocab_size=257, d_model=32, heads=4, layers=2, ffn_dim=64, context=40)).eval())
+    tok = ByteTokenizer()
+    monkeypatch.setattr(lm_task.lm, "load_run", lambda path, average=0: ({}, model, tok))
+    assert main(["generate", "--checkpoint", str(tmp_path), "--prompt", "the", "--max-new-tokens", "8",
+                 "--temperature", "0"]) == 0
+    assert capsys.readouterr().out.startswith("the")
 
 
 def test_top_k_and_top_p_keep_the_right_tokens():
