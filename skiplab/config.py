@@ -1,8 +1,8 @@
 """Typed, frozen dataclass configs and the command-line options derived from them.
 
 Each field becomes ``--field-name``; its type (int, float, str, bool, or a tuple of those, written
-comma-separated) and its ``help`` metadata give the option's parser and text. A count's ``min`` metadata
-is its lower bound, checked once where options are parsed (:func:`count`) and again where the config is
+comma-separated) and its ``help`` metadata give the option's parser and text; a float is a finite number. A
+count's (or a float's) ``min`` metadata is its lower bound, checked once where options are parsed (:func:`count`) and again where the config is
 made (:func:`check_bounds`), so a zero or negative count is a one-line error before anything is written.
 Configs hold only strings and numbers, so they serialise to JSON beside every result.
 """
@@ -41,8 +41,19 @@ def boolean(text: str) -> bool:
         raise BadValue(f"expected a boolean ({', '.join(BOOLEANS)}), got {text!r}") from None
 
 
+def finite(text: str) -> float:
+    """A float option: a finite number (``nan`` and ``inf`` are no learning rate, momentum or decay)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadValue(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise BadValue(f"expected a finite number, got {text!r}")
+    return value
+
+
 def _scalar_parser(tp: type):
-    return boolean if tp is bool else tp
+    return boolean if tp is bool else finite if tp is float else tp
 
 
 def parse_list(text: str) -> tuple[str, ...]:
@@ -116,8 +127,12 @@ def seed_list(text: str) -> tuple[int, ...]:
 
 
 def check_bounds(cfg: Any) -> None:
-    """A ``ValueError`` naming the first field of ``cfg`` below its ``min`` metadata."""
+    """A ``ValueError`` naming the first field of ``cfg`` that is a float but not finite, or below its ``min``
+    metadata."""
     for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"--{f.name.replace('_', '-')} must be a finite number, got {value}")
         low = f.metadata.get("min")
         if low is not None and getattr(cfg, f.name) < low:
             raise ValueError(f"--{f.name.replace('_', '-')} must be >= {low}, got {getattr(cfg, f.name)}")
@@ -171,7 +186,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
             "--" + f.name.replace("_", "-"),
             dest=f.name,
             action=_Store,
-            type=count(f.metadata["min"]) if "min" in f.metadata else parser_for(hints[f.name]),
+            type=(parser_for(hints[f.name]) if "min" not in f.metadata
+                  else at_least(f.metadata["min"]) if hints[f.name] is float else count(f.metadata["min"])),
             default=default,
             metavar=f.name.upper(),
             help=f"{f.metadata.get('help', '')} (default: {shown})",

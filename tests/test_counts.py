@@ -6,6 +6,8 @@ import pytest
 
 from skiplab import run_dir
 from skiplab.cli import main
+from skiplab.train.image import ImageTrainConfig
+from skiplab.train.lm_config import LMTrainConfig
 
 # (command, option, the least it takes): every count option of every command
 COUNTS = [
@@ -77,3 +79,38 @@ def test_seeds_as_a_count_a_range_or_a_list():
                       ("3-1", "at least one"), ("2,2", "none twice"), ("0-2", "must be >= 1")):
         with pytest.raises(argparse.ArgumentTypeError, match=re.escape(said)):
             seed_list(bad)
+
+
+# (command, a float option): a number that is not finite is no rate, momentum, decay or bound
+FLOATS = [(["train", "image"], "--lr"), (["train", "image"], "--momentum"), (["train", "image"], "--weight-decay"),
+          (["train", "lm"], "--lr"), (["train", "lm"], "--min-lr"), (["train", "lm"], "--clip-norm"),
+          (["train", "lm"], "--weight-decay"), (["train", "mt"], "--lr"), (["train", "mt"], "--label-smoothing"),
+          (["train", "mt"], "--weight-decay")]
+
+
+@pytest.mark.parametrize("command,option", FLOATS, ids=[f"{' '.join(c)} {o}" for c, o in FLOATS])
+def test_a_float_that_is_not_a_finite_number_is_a_one_line_error(command, option, tmp_path, capsys, monkeypatch):
+    """``--lr nan`` trained and was recorded as a diverged run (inside compare: a design that diverged)."""
+    monkeypatch.chdir(tmp_path)
+    for value in ("nan", "inf", "-inf"):
+        with pytest.raises(SystemExit) as stop:
+            main([*command, f"{option}={value}"])  # -inf would read as an option
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: argument {option}: " in err and "finite number" in err and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("option", ["--momentum", "--weight-decay"])
+def test_sgds_momentum_and_decay_are_not_negative(option, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["train", "image", option, "-5"])
+    assert f"error: argument {option}: must be a finite number >= 0, got -5\n" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_config_made_in_python_refuses_a_float_that_is_not_finite():
+    for cls, field in ((ImageTrainConfig, "momentum"), (ImageTrainConfig, "lr"), (LMTrainConfig, "clip_norm")):
+        with pytest.raises(ValueError, match=rf"--{field.replace('_', '-')} must be a finite number, got nan"):
+            cls(**{field: float("nan")})

@@ -62,14 +62,18 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
 
 
-def read_idx_split(images_path: Path, labels_path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """One split: uint8 images (N, 1, 32, 32), zero-padded from 28x28, and int64 labels (N,)."""
+def read_idx_split(images_path: Path, labels_path: Path, num_classes: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split: uint8 images (N, 1, 32, 32), zero-padded from 28x28, and int64 labels (N,), each in
+    [0, ``num_classes``) (the IDX datasets' ten)."""
     images = read_idx(images_path, IMAGES_MAGIC)
     if images.shape[1:] != (28, 28):
         raise ValueError(f"{images_path}: expected 28x28 images, found {images.shape[1]}x{images.shape[2]}")
     labels = read_idx(labels_path, LABELS_MAGIC)
     if len(labels) != len(images):
         raise ValueError(f"{labels_path}: {len(labels)} labels but {images_path} holds {len(images)} images")
+    if len(labels) and labels.max() >= num_classes:  # unsigned bytes: none below 0
+        raise ValueError(f"{labels_path}: labels must lie in [0, {num_classes}), found {int(labels.min())}.."
+                         f"{int(labels.max())}")
     return torch.from_numpy(pad_to_32(images)), torch.from_numpy(labels.astype(np.int64))
 
 

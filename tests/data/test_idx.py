@@ -95,6 +95,18 @@ def test_label_count_must_match(tmp_path):
         read_idx_split(images, labels)
 
 
+@pytest.mark.parametrize("bad", [10, 255])
+def test_labels_must_name_one_of_the_ten_classes(tmp_path, bad):
+    """A label outside 0-9 is one line naming the file when it is read, not an index error mid-training."""
+    images = write_idx(tmp_path / "i.gz", idx_bytes(np.zeros((3, 28, 28), np.uint8)))
+    labels = write_idx(tmp_path / "l.gz", idx_bytes(np.array([0, bad, 9], np.uint8)))
+    with pytest.raises(ValueError, match=rf"l.gz: labels must lie in \[0, 10\), found 0..{bad}") as err:
+        read_idx_split(images, labels)
+    assert "\n" not in str(err.value)
+    labels = write_idx(tmp_path / "l.gz", idx_bytes(np.array([0, 9, 9], np.uint8)))
+    assert read_idx_split(images, labels)[1].tolist() == [0, 9, 9]
+
+
 def test_images_must_be_28x28(tmp_path):
     images = write_idx(tmp_path / "i.gz", idx_bytes(np.zeros((2, 32, 32), np.uint8)))
     labels = write_idx(tmp_path / "l.gz", idx_bytes(np.zeros(2, np.uint8)))
