@@ -62,7 +62,8 @@ class Admin(Connection):
     The paper writes ω_i = √(Σ_{j<i} Var[F_j]), which leaves out the input's variance (and would give the first
     block no skip at all); skiplab counts it, as the code does. A separate ω per sub-layer and one chain per
     stack, as the code has (its decoder's self, cross and FFN ω share one ``decoder_ratio`` chain). The code
-    profiles in training mode, after dropout; skiplab profiles in evaluation mode, so the profile is deterministic.
+    profiles in training mode, after dropout; skiplab profiles with dropout off, so the profile is deterministic,
+    and otherwise as training runs (a batch norm, in the PreAct-ResNet's branches, on the batch's statistics).
 
     ``init=auto`` (default): the closed form where its assumption holds, the profile where it does not. The
     closed form assumes branches of about their input's variance (:func:`admin_omega`); the paper's ω follows the
@@ -128,23 +129,34 @@ class Admin(Connection):
 
 def _probed(model: nn.Module, probes: dict[Admin, Callable[[Admin, Tensor, Tensor], None]],
             forward: Callable[[], Any]) -> None:
-    """One call of ``forward`` in evaluation mode (dropout off) with each connection's ``probe`` set."""
+    """One call of ``forward`` with each connection's ``probe`` set, the model as training runs it but for dropout:
+    dropout off (evaluation mode), and every batch norm on the batch's statistics, as in training (in evaluation
+    mode it would read its running statistics, at initialisation mean 0 and variance 1: no normalisation at all),
+    its running statistics kept as they were."""
     for conn, probe in probes.items():
         conn.probe = probe
     was_training = model.training
     model.eval()
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    kept = [{k: v.clone() for k, v in m.named_buffers(recurse=False)} for m in norms]
+    for m in norms:
+        m.train()
     try:
         with torch.no_grad():
             forward()
     finally:
         model.train(was_training)
+        with torch.no_grad():
+            for m, buffers in zip(norms, kept):
+                for k, v in buffers.items():
+                    getattr(m, k).copy_(v)
         for conn in probes:
             conn.probe = None
 
 
 def shares(model: nn.Module, forward: Callable[[], Any]) -> dict[str, float]:
     """Var[F_i] / Var[ω_i ⊙ x + F_i] of every Admin connection of ``model`` (qualified name; ω as it is now) in
-    one call of ``forward`` (a forward pass on a batch, evaluation mode); {} when it has none. Their sum over a
+    one call of ``forward`` (a forward pass on a batch, dropout off: :func:`_probed`); {} when it has none. Their sum over a
     stack is the quantity Admin keeps O(log n) (module docstring)."""
     out: dict[str, float] = {}
     conns = {c: n for n, c in iter_connections(model) if isinstance(c, Admin)}

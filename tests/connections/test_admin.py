@@ -9,6 +9,7 @@ import skiplab
 from skiplab.connections import admin
 from skiplab.connections.admin import admin_omega, profile, shares, summary
 from skiplab.connections.place import Place
+from skiplab.models import build_model, model_config
 from skiplab.models.gpt import GPT, GPTConfig
 from skiplab.models.transformer import Transformer, TransformerConfig
 from tests.conftest import DIM, make_branch, make_input, randomise_affine
@@ -157,3 +158,37 @@ def test_profiling_twice_decides_the_same():
         omegas = [c.omega.clone() for _, c in skiplab.iter_connections(model)]
         assert profile(model, batch(model)) == first and {r["built"] for r in summary(model).values()} == {built}
         assert all(torch.equal(a, c.omega) for a, (_, c) in zip(omegas, skiplab.iter_connections(model)))
+
+
+def test_a_batch_normed_network_is_profiled_as_training_runs_it():
+    """The PreAct-ResNet's branches hold batch norms: the profile reads them on the batch's statistics, as
+    training does (in evaluation mode they would read their initial running statistics, mean 0 and variance 1:
+    no normalisation), and leaves their running statistics as they were."""
+    def resnet():
+        torch.manual_seed(0)
+        return build_model(model_config("preact-resnet20", depth=8, connection="Admin(init=profile)", in_channels=1,
+                                        num_classes=10))
+
+    x = torch.randn(16, 1, 16, 16, generator=torch.Generator().manual_seed(4)) * 3 + 1
+    model, by_hand = resnet(), resnet()
+    before = {k: v.clone() for k, v in model.state_dict().items() if "running" in k or "tracked" in k}
+    got = profile(model, lambda: model(x))
+    after = {k: v for k, v in model.state_dict().items() if k in before}
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert model.training
+    want, chain = {}, 1.0  # the chain by hand, every module in training mode: ω_{i+1} = √(Var[ω_i x] + Var[F_i])
+    conns = list(skiplab.iter_connections(by_hand))
+    seen = {}
+
+    def record(conn, s, fx):
+        seen[conn] = (s.var(unbiased=False).item(), fx.var(unbiased=False).item())
+
+    for n, c in conns:
+        c.probe = record
+    with torch.no_grad():
+        by_hand.train()(x)
+    for n, c in conns:
+        want[n] = chain
+        vs, vf = seen[c]
+        chain = (chain ** 2 * vs + vf) ** 0.5
+    assert got == pytest.approx(want, rel=1e-5)
