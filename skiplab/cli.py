@@ -161,6 +161,10 @@ def cmd_bootstrap(args: argparse.Namespace) -> None:
 
 def cmd_curves(args: argparse.Namespace) -> None:
     out = Path(args.out)
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder; give the figure's file, e.g. {out / 'curves.png'}")
+    if not out.suffix:  # the file matplotlib writes: its default format's suffix added
+        out = out.with_name(out.name + ".png")
     if out.exists() and not args.overwrite:
         raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
     if args.layers:  # one run's layers.jsonl as heatmaps
@@ -192,7 +196,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 
 def _add_compare(sub, task: str, help: str, defaults: dict, connections: tuple[str, ...], seeds: int):
-    p = sub.add_parser(task, help=help, description=help)
+    p = sub.add_parser(task, help=help.replace("%", "%%"), description=help)  # help is %-formatted: "error %"
     config.add_arguments(p, tasks.get(task).config, skip=("seed",), defaults=defaults)
     arguments.add_model_options(p, task, skip=("connection",))
     p.add_argument("--models", type=config.parse_list, default=(), metavar="SPECS",
@@ -236,10 +240,10 @@ def cmd_sweep(args: argparse.Namespace) -> None:
 def _add_sweep(sub, task: tasks.Task):
     """``skiplab sweep <task>``: the task's training options (but the seed and the lr, which are axes), its model
     options (but the connection and the depth, likewise), and the axes."""
-    help = (f"{task.help}: every design x depth x lr x seed one run, then a {task.metric_label} table and figures "
-            "against depth")
+    help = (f"{task.help}: every design x depth x lr x seed one run, then a table of {task.metric_label} and "
+            "figures against depth")
     lr = next(f.default for f in dataclasses.fields(task.config) if f.name == "lr")
-    p = sub.add_parser(task.name, help=help, description=help)
+    p = sub.add_parser(task.name, help=help.replace("%", "%%"), description=help)  # help is %-formatted
     config.add_arguments(p, task.config, skip=("seed", "lr"))
     arguments.add_model_options(p, task.name, skip=("connection", *task.depth_options))
     p.add_argument("--connections", type=config.parse_list, required=True, metavar="SPECS",
@@ -367,7 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--labels", type=config.parse_list, default=(), metavar="LABELS",
                    help="one label per run, comma-separated (default: each run's connection)")
     p.add_argument("--title", default="", help="figure title (default: the run names)")
-    p.add_argument("--out", default="curves.png", help="figure file (default: curves.png)")
+    p.add_argument("--out", default="curves.png",
+                   help="figure file; its suffix names the format, .png where it has none (default: curves.png)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.add_argument("--layers", action="store_true",
                    help="one run's per-layer telemetry (train lm --log-layers): a heatmap (sub-layer x update) per "
@@ -386,8 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmp = sub.add_parser("compare", help="compare connections over seeds").add_subparsers(dest="task", required=True, metavar="TASK")
     for task in tasks.TASKS.values():
-        _add_compare(cmp, task.name, f"{task.help}: every model x connection x seed, then a "
-                                                f"{task.metric_label} table",
+        _add_compare(cmp, task.name, f"{task.help}: every model x connection x seed, then a table of "
+                                                f"{task.metric_label}",
                      {"out": task.compare_out}, task.compare_connections, task.compare_seeds)
 
     p = sub.add_parser("bench", help="what each design and the engine cost on this machine (ratios, side by side)",

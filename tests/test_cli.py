@@ -1,3 +1,4 @@
+import argparse
 import json
 import subprocess
 import sys
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from skiplab import config
-from skiplab.cli import main
+from skiplab.cli import build_parser, main
 
 
 def test_connections_lists_every_design(capsys):
@@ -117,3 +118,22 @@ def test_demo_with_options_is_the_main_job_and_its_help_shows_its_own_defaults(m
     for said in ("(default: fashion-mnist)", "(default: 6)", "(default: runs/demo)", "(default: 2000)"):
         assert said in shown, said
     assert "(default: cifar10)" not in shown and "(default: 164)" not in shown
+
+
+def test_every_commands_help_prints(capsys):
+    """``--help`` of every command and sub-command, all the way down: argparse %-formats each help text, so a
+    stray % (a metric named "error %") was a traceback of ``skiplab compare --help``."""
+    def walk(parser, path):
+        yield path
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from walk(sub, [*path, name])
+
+    paths = list(walk(build_parser(), []))
+    assert ["compare", "image"] in paths and ["analyze", "gates"] in paths
+    for path in paths:
+        with pytest.raises(SystemExit) as stop:
+            main([*path, "--help"])
+        assert stop.value.code == 0, path
+        assert capsys.readouterr().out.startswith("usage: skiplab")

@@ -6,6 +6,7 @@ import pytest
 
 from skiplab import run_dir
 from skiplab.cli import main
+from skiplab.models import GPTConfig
 from skiplab.train.image import ImageTrainConfig
 from skiplab.train.lm_config import LMTrainConfig
 
@@ -101,11 +102,14 @@ def test_a_float_that_is_not_a_finite_number_is_a_one_line_error(command, option
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("option", ["--momentum", "--weight-decay"])
-def test_sgds_momentum_and_decay_are_not_negative(option, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("command,option", [(["train", "image"], "--momentum"), (["train", "image"], "--weight-decay"),
+                                            (["train", "lm"], "--clip-norm"), (["train", "mt"], "--clip-norm"),
+                                            (["generate", "--checkpoint", "RUN"], "--temperature")])
+def test_momentum_decay_clipping_and_temperature_are_not_negative(command, option, tmp_path, capsys, monkeypatch):
+    """--clip-norm -1 turned clipping off silently (0 is off); a negative momentum failed in torch's words."""
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):
-        main(["train", "image", option, "-5"])
+        main([*command, f"{option}=-5"])
     assert f"error: argument {option}: must be a finite number >= 0, got -5\n" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
 
@@ -114,3 +118,19 @@ def test_a_config_made_in_python_refuses_a_float_that_is_not_finite():
     for cls, field in ((ImageTrainConfig, "momentum"), (ImageTrainConfig, "lr"), (LMTrainConfig, "clip_norm")):
         with pytest.raises(ValueError, match=rf"--{field.replace('_', '-')} must be a finite number, got nan"):
             cls(**{field: float("nan")})
+
+
+@pytest.mark.parametrize("value,said", [("nan", "expected a finite number, got 'nan'"), ("0", "must be in (0, 1], got 0"),
+                                        ("1.5", "must be in (0, 1], got 1.5")])
+def test_generates_nucleus_mass_is_a_probability(value, said, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["generate", "--checkpoint", "RUN", "--top-p", value])
+    assert f"error: argument --top-p: {said}\n" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("base", [-1.0, 0.0, float("nan")])
+def test_a_rotary_base_that_gives_no_angles_is_refused(base):
+    """A negative base to a fractional power is NaN: the run diverged at its first step (and exited 0)."""
+    with pytest.raises(ValueError, match="rope_base must be a finite number > 0"):
+        GPTConfig(positions="rope", rope_base=base)

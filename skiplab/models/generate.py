@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import math
+
 import torch
 from torch import Tensor, nn
 
@@ -45,7 +47,7 @@ def generate(model: nn.Module, prompt: list[int], max_new: int, eot: int | None 
     ``vocab``: draw only ids below it (the tokenizer's vocabulary, where the model's output is padded past it)."""
     if not prompt:
         raise ValueError("the prompt is empty: give at least one token (the end-of-text token starts a document)")
-    if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+    if not (math.isfinite(temperature) and temperature >= 0 and 0 < top_p <= 1 and top_k >= 0):
         raise ValueError(f"need temperature >= 0, 0 < top_p <= 1, top_k >= 0; got {temperature}, {top_p}, {top_k}")
     context = model.cfg.context
     if len(prompt) + max_new > context:

@@ -124,6 +124,9 @@ class GPTConfig:
             raise ValueError(f"pad_vocab must be >= 0, got {self.pad_vocab}")
         if not 0 < self.norm_eps < 1:
             raise ValueError(f"norm_eps must be in (0, 1), got {self.norm_eps:g}")
+        if not (math.isfinite(self.rope_base) and self.rope_base > 0):
+            raise ValueError(f"rope_base must be a finite number > 0 (theta_i = base^(-2i/d_head)), got "
+                             f"{self.rope_base:g}")
         if not 0 <= self.dropout < 1:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
         check_qk_norm(self.qk_norm)

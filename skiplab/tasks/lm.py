@@ -267,12 +267,21 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default="", help="the text to continue (default: none, a new document)")
     p.add_argument("--max-new-tokens", type=count(1), default=None,
                    help="tokens to add (default: 200, or as many as the model's context leaves after the prompt)")
-    p.add_argument("--temperature", type=float, default=1.0, help="softmax temperature; 0 is greedy (default: 1)")
+    p.add_argument("--temperature", type=config.at_least(0.0), default=1.0,
+                   help="softmax temperature; 0 is greedy (default: 1)")
     p.add_argument("--top-k", type=count(0), default=0, help="sample from the k likeliest (default: 0, all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sample from the nucleus of mass p (default: 1, all)")
+    p.add_argument("--top-p", type=_nucleus, default=1.0, help="sample from the nucleus of mass p (default: 1, all)")
     p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
     p.add_argument("--average", type=count(0), default=0,
                    help="average the run's last N step checkpoints (default: 0, off)")
+
+
+def _nucleus(text: str) -> float:
+    """``--top-p``: a probability mass in (0, 1]."""
+    p = config.finite(text)
+    if not 0 < p <= 1:
+        raise config.BadValue(f"must be in (0, 1], got {text}")
+    return p
 
 
 def sample_text(path: str, prompt: str, max_new: int | None = None, temperature: float = 1.0, top_k: int = 0,

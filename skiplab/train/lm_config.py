@@ -67,7 +67,7 @@ class LMTrainConfig:
     adam_betas: tuple[float, float] = field(default=(0.9, 0.95), metadata={"help": "AdamW betas"})
     adam_eps: float = field(default=1e-8, metadata={"help": "AdamW epsilon"})
     weight_decay: float = field(default=0.1, metadata={"min": 0.0, "help": "AdamW weight decay, on matrices only"})
-    clip_norm: float = field(default=1.0, metadata={"help": "clip the gradient's global norm (0 = off)"})
+    clip_norm: float = field(default=1.0, metadata={"min": 0.0, "help": "clip the gradient's global norm (0 = off)"})
     eval_every: int = field(default=200, metadata={"min": 1, "help": "validate and save every N updates"})
     log_every: int = field(default=1, metadata={
         "min": 0, "help": "a line of steps.jsonl every N updates: loss, lr, gradient norm, clipped, spike, tokens/s, "

@@ -69,7 +69,7 @@ class Seq2SeqRecipe:
     adam_eps: float = field(default=1e-9, metadata={"help": "Adam ε"})
     weight_decay: float = field(default=0.0, metadata={"min": 0.0, "help": "decoupled weight decay (AdamW); 0 = plain Adam"})
     label_smoothing: float = field(default=0.1, metadata={"help": "ε of the label-smoothed cross-entropy"})
-    clip_norm: float = field(default=0.0, metadata={"help": "clip the gradient norm to this (0 = off)"})
+    clip_norm: float = field(default=0.0, metadata={"min": 0.0, "help": "clip the gradient norm to this (0 = off)"})
     max_steps: int = field(default=0, metadata={"min": 0, "help": "updates to train for (0 = use --epochs)"})
     epochs: int = field(default=0, metadata={"min": 0, "help": "epochs to train for when --max-steps is 0"})
     save_every: int = field(default=1000, metadata={"min": 1, "help": "validate and save a checkpoint every N updates"})

@@ -58,6 +58,22 @@ def test_image_runs_use_the_epoch_and_the_cli_writes_a_png(tmp_path, capsys):
     assert main(["curves", *runs, "--out", str(out), "--overwrite", "--keys", "test_error"]) == 0
 
 
+def test_an_out_without_a_suffix_is_the_png_checked_and_named(tmp_path, capsys):
+    """matplotlib writes ``pic`` as ``pic.png``: that is the file checked for, replaced only with --overwrite, and
+    named; a folder is refused."""
+    runs = [fake_run(tmp_path / "r", "1xSkip", [{"epoch": e, "train_loss": 1 / e, "test_error": 50 / e}
+                                                for e in (1, 2)])]
+    assert main(["curves", *runs, "--out", str(tmp_path / "pic")]) == 0
+    assert capsys.readouterr().out == f"wrote {tmp_path / 'pic.png'}\n" and not (tmp_path / "pic").exists()
+    first = (tmp_path / "pic.png").read_bytes()
+    assert main(["curves", *runs, "--out", str(tmp_path / "pic")]) == 2
+    assert f"{tmp_path / 'pic.png'} exists; use --overwrite" in capsys.readouterr().err
+    assert (tmp_path / "pic.png").read_bytes() == first
+    assert main(["curves", *runs, "--out", str(tmp_path / "r"), "--overwrite"]) == 2
+    assert "is a folder; give the figure's file" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pic.png", "r"]
+
+
 RECORDED = Path(__file__).parents[2] / "docs" / "results" / "fmnist-r20" / "amd-epyc-avx512-2026-11-30"
 
 

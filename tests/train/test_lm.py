@@ -209,6 +209,9 @@ def test_cached_generation_equals_recomputing_the_prefix():
     assert a == b and len(a) == 20
     with pytest.raises(ValueError, match="a prompt of 3 tokens and 38 new ones are more than the model's context"):
         generate(model, [1, 2, 3], 38)
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match="need temperature >= 0"):
+            generate(model, [1, 2, 3], 2, temperature=bad)
 
 
 class Padded(torch.nn.Module):
