@@ -194,17 +194,19 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
         )
 
 
-ABSOLUTE = ("data_dir",)  # folders a config names, made absolute: its run is read later from anywhere
+# folders and files a config names, made absolute: its run is read later from anywhere (eval, analyze, resume
+# from another folder)
+ABSOLUTE = ("data_dir", "train_file", "valid_file", "test_file", "train_prefix", "valid_prefix", "test_prefix")
 
 
 def from_arguments(cls: type[T], args: argparse.Namespace) -> T:
-    """The ``cls`` instance holding the parsed values of its fields; a relative :data:`ABSOLUTE` folder made
-    absolute, so that a run's config names its data wherever the run is evaluated or analysed from."""
+    """The ``cls`` instance holding the parsed values of its fields; a relative :data:`ABSOLUTE` folder or file
+    made absolute, so that a run's config names its data wherever the run is evaluated or analysed from."""
     return cls(**absolute({f.name: getattr(args, f.name) for f in dataclasses.fields(cls)}))
 
 
 def absolute(values: dict[str, Any]) -> dict[str, Any]:
-    """``values`` (a config's fields, or some of them) with each relative :data:`ABSOLUTE` folder made absolute."""
+    """``values`` (a config's fields, or some of them) with each relative :data:`ABSOLUTE` path made absolute."""
     values = dict(values)
     for name in ABSOLUTE:
         if isinstance(values.get(name), str) and values[name]:

@@ -35,7 +35,7 @@ from typing import IO, Any
 import torch
 from torch import Tensor
 
-from . import host
+from . import config, host
 
 try:
     import fcntl
@@ -332,9 +332,10 @@ def changed_settings(stored: dict[str, Any], new: dict[str, Any], ignore: tuple[
     """The fields of config ``new`` whose value differs from ``stored``'s, ``ignore`` aside, sorted.
 
     Both are compared as JSON, so a config read back from config.json (lists) equals the dataclass it
-    was written from (tuples).
+    was written from (tuples); the data's paths (:data:`~skiplab.config.ABSOLUTE`) as absolute paths, so that a
+    run that stored them as given (relative, before they were made absolute) equals the same files named now.
     """
-    stored, new = json.loads(json.dumps(stored)), json.loads(json.dumps(new))
+    stored, new = (json.loads(json.dumps(config.absolute(c))) for c in (stored, new))
     return sorted(k for k in new if k not in ignore and stored.get(k) != new[k])
 
 

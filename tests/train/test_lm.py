@@ -739,6 +739,33 @@ def test_a_relative_data_dir_is_recorded_absolute(text, tmp_path, monkeypatch, c
         in capsys.readouterr().err
 
 
+def test_relative_data_files_are_recorded_absolute_and_evaluated_from_elsewhere(text, tmp_path, monkeypatch,
+                                                                               capsys):
+    """--train-file data/train.jsonl (relative to where the command ran) is recorded as an absolute path: `eval`
+    from another folder reads the same test file (it read a path relative to wherever eval ran); a run that stored
+    them relative, as runs did before, resumes with the same files named absolute."""
+    shutil.copytree(text, tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    argv = args(Path("data"), "run", "--max-steps", "2")
+    with one_thread():
+        assert run(argv) == 0
+    stored = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert [stored[f"{s}_file"] for s in ("train", "valid", "test")] == [
+        str(tmp_path / "data" / f"{s}.jsonl") for s in ("train", "valid", "test")]
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert run(["eval", "lm", "--checkpoint", tmp_path / "run", "--device", "cpu"]) == 0
+    assert json.loads(capsys.readouterr().out)["tokens"] > 0
+    monkeypatch.chdir(tmp_path)
+    payload = json.loads((tmp_path / "run" / "config.json").read_text())
+    payload["config"].update({f"{s}_file": f"data/{s}.jsonl" for s in ("train", "valid", "test")})
+    (tmp_path / "run" / "config.json").write_text(json.dumps(payload))
+    assert run_dir.changed_settings(payload["config"], {**payload["config"], **stored}) == []
+    with one_thread():
+        assert run(args(Path("data"), "run", "--max-steps", "2", "--resume")) == 0, capsys.readouterr().err
+
+
 def test_a_data_error_is_one_line_without_the_warm_up_warning_before_it(text, tmp_path, capsys):
     """The warm-up warning is said once the data are there: a missing training file is the one line printed."""
     argv = args(text, tmp_path / "run", "--max-steps", "2", "--warmup", "4")

@@ -5,6 +5,7 @@ import gzip
 import io
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -513,3 +514,18 @@ def test_an_epoch_closed_by_a_save_goes_on_to_the_next_epochs_order(corpus, tmp_
     assert a["epoch"] == b["epoch"] == 2
     for key in a["model"]:
         torch.testing.assert_close(b["model"][key], a["model"][key], rtol=0, atol=0, msg=key)
+
+
+def test_relative_prefixes_are_recorded_absolute_and_evaluated_from_elsewhere(corpus, tmp_path, capsys, monkeypatch):
+    """--train-prefix pc/tr (relative to where the command ran) is recorded absolute: `eval mt` from another
+    folder reads the same test files (it looked for pc/va.en beside wherever eval ran)."""
+    shutil.copytree(corpus, tmp_path / "pc")
+    monkeypatch.chdir(tmp_path)
+    argv = tiny_args(Path("pc"), "run")
+    assert main(argv) == 0
+    stored = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert stored["test_prefix"] == str(tmp_path / "pc" / "test_2016_flickr")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    capsys.readouterr()
+    assert main(["eval", "mt", "--checkpoint", str(tmp_path / "run"), "--beam", "1"]) == 0, capsys.readouterr().err
