@@ -125,8 +125,10 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     n_best: int = 1,
+    max_len: int | None = None,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search: per sentence up to ``n_best`` hypotheses, best score first.
+    """Batched beam search: per sentence up to ``n_best`` hypotheses, best score first; at most
+    ``int(a·|x| + b)`` tokens (:func:`max_lengths`), and at most ``max_len`` where given (the model's positions).
 
     B sentences × ``beam`` rows are stepped together, one ``model.step`` per position. At step t
     (generating token t+1):
@@ -151,6 +153,8 @@ def beam_search(
     batch, device = src.size(0), src.device
     rows = batch * beam
     limit = max_lengths(src, max_len_a, max_len_b).to(device)
+    if max_len is not None:
+        limit = limit.clamp(max=max_len)
     sentence_of_row = torch.arange(batch, device=device).repeat_interleave(beam)
     # Encode once per sentence, then copy the state to its beam rows.
     state = model.select(model.start(model.encode(src)), sentence_of_row)

@@ -56,11 +56,12 @@ class Translator:
         The text is in the form the model was trained on: Moses-tokenised for a model trained on a
         tokenised corpus (WMT'14, IWSLT'15), whose ``lines`` should be Moses-tokenised too.
 
-        A line longer than the model takes (its positions must cover the source and an output of up to
-        source + ``max_len_b`` tokens) is cut to that length, with a warning naming the line. An empty (or blank)
-        line is given back empty, not decoded: from an end-of-sentence alone a model invents a sentence.
+        The output is at most source + ``max_len_b`` tokens, and no more than the model's positions cover
+        (``max_positions`` − 1, with the start token). A line longer than the encoder's positions take (with its
+        end of sentence) is cut to that length, with a warning naming the line. An empty (or blank) line is given
+        back empty, not decoded: from an end-of-sentence alone a model invents a sentence.
         """
-        limit = self.model.cfg.max_positions - max_len_b - 1
+        limit = self.model.cfg.max_positions - 1
         ids = self.tok.encode_batch(lines)
         for i, s in enumerate(ids):
             if len(s) > limit:
@@ -75,7 +76,8 @@ class Translator:
                              f"end of sentence); give --max-tokens {longest} or more")
         batches = make_batches(ids, None, max_tokens, indices=[i for i, line in enumerate(lines) if line.strip()])
         for b in tqdm(batches, desc="translate", unit="batch", disable=not progress):
-            hyps = beam_search(self.model, b.src.to(self.device), beam=beam, alpha=alpha, max_len_b=max_len_b)
+            hyps = beam_search(self.model, b.src.to(self.device), beam=beam, alpha=alpha, max_len_b=max_len_b,
+                               max_len=limit)
             for i, h in zip(b.index.tolist(), hyps):
                 out[i] = self.tok.decode(h[0].tokens)
         return out

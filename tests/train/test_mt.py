@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from skiplab.cli import main
+from skiplab.decoding.search import EOS, beam_search
+from skiplab.translate.translator import Translator
 from skiplab import run_dir
 from skiplab.train.mt import MTTrainConfig, train
 from skiplab.run_dir import average_state_dicts
@@ -414,12 +416,12 @@ def test_translate_names_a_bad_line_and_warns_about_a_long_one(corpus, tmp_path,
     assert main(["translate", "--checkpoint", str(out)]) == 2
     err = capsys.readouterr().err
     assert "standard input: line 2 is not valid UTF-8" in err and err.count("\n") == 1
-    long = " ".join(["a man in a red shirt rides a bike"] * 6)
+    long = " ".join(["a man in a red shirt rides a bike"] * 14)
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(f"A dog.\n{long}\n".encode())))
     assert main(["translate", "--checkpoint", str(out), "--beam", "1"]) == 0
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 2
-    assert "skiplab: warning: line 2 has" in captured.err and "more than the 13 this model takes" in captured.err
+    assert "skiplab: warning: line 2 has" in captured.err and "more than the 63 this model takes" in captured.err
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\nA cat runs.\n")))
     assert main(["translate", "--checkpoint", str(out), "--beam", "2"]) == 0
     alone = capsys.readouterr().out.splitlines()
@@ -427,6 +429,25 @@ def test_translate_names_a_bad_line_and_warns_about_a_long_one(corpus, tmp_path,
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\n\n  \nA cat runs.\n")))
     assert main(["translate", "--checkpoint", str(out), "--beam", "2"]) == 0
     assert capsys.readouterr().out.split("\n") == [alone[0], "", "", alone[1], ""]  # a blank line stays blank
+
+
+def test_a_model_of_few_positions_translates_and_evaluates_within_them(corpus, tmp_path, capsys, monkeypatch):
+    """max_positions 40, below the output's allowance (source + 50): sources are not cut (they were, to
+    40 − 50 − 1 = −11 tokens: "translating its first -11", then eval failed on a 41-token output); the output stops
+    at the positions' end."""
+    out = tmp_path / "run"
+    assert main(tiny_args(corpus, out, "--max-positions", "40", "--max-len", "30", "--max-steps", "2")) == 0
+    capsys.readouterr()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"A man in a red shirt.\n")))
+    assert main(["translate", "--checkpoint", str(out), "--beam", "2"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() and "warning" not in captured.err
+    tr = Translator.load(out)
+    hyps = beam_search(tr.model, torch.tensor([tr.tok.encode("A man in a red shirt.") + [EOS]]), beam=2, max_len=39)
+    assert len(hyps[0][0].tokens) <= 39
+    assert main(["eval", "mt", "--checkpoint", str(out), "--beam", "1"]) == 0, capsys.readouterr().err
+    warned = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert all("more than the 39 this model takes" in line for line in warned)  # test lines past the positions
 
 
 def test_compare_mt_varies_the_model(corpus, tmp_path, capsys):
