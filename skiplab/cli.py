@@ -135,6 +135,11 @@ def cmd_average(args: argparse.Namespace) -> None:
     out = Path(args.out)
     if out.is_dir():
         raise run_dir.RunDirError(f"{out} is a folder; --out names the averaged checkpoint's file")
+    run = Path(args.checkpoint)
+    if out.parent.resolve() == run.resolve() and (out.name in ("last.pt", "best.pt")
+                                                   or run_dir.is_step_checkpoint(out)):
+        raise run_dir.RunDirError(f"{out} is the run's own checkpoint's name (resumed from, or averaged as a step); "
+                                  f"give the average another, e.g. {run / f'avg{args.last}.pt'}")
     if out.exists() and not args.overwrite:
         raise run_dir.RunDirError(f"{out} exists; use --overwrite to replace it")
     state, files = run_dir.average_checkpoints(args.checkpoint, args.last, kind=None)  # the run's own task

@@ -511,8 +511,12 @@ def stop_diverged(out: Path, config: dict[str, Any], loss: float, epoch: int, st
 def step_checkpoints(run: Path) -> list[Path]:
     """``checkpoint_<step>.pt`` files of a run directory, oldest first (other files named ``checkpoint_*.pt``,
     ``checkpoint_avg.pt`` of ``average --out``, say, are not step checkpoints)."""
-    steps = [p for p in run.glob("checkpoint_*.pt") if p.stem.split("_")[-1].isdigit()]
-    return sorted(steps, key=lambda p: int(p.stem.split("_")[-1]))
+    return sorted(filter(is_step_checkpoint, run.glob("checkpoint_*.pt")), key=lambda p: int(p.stem.split("_")[-1]))
+
+
+def is_step_checkpoint(path: Path) -> bool:
+    """Whether ``path`` is named as a step checkpoint: ``checkpoint_*<digits>.pt``."""
+    return path.name.startswith("checkpoint_") and path.suffix == ".pt" and path.stem.split("_")[-1].isdigit()
 
 
 def average_checkpoints(run: str | Path, last: int, kind: str | None = "mt") -> tuple[dict[str, Any], list[Path]]:
@@ -530,6 +534,10 @@ def average_checkpoints(run: str | Path, last: int, kind: str | None = "mt") -> 
     if kind is None:
         kind = str(load_checkpoint(files[-1], kind=TASK_KINDS).get("kind"))
     states = [load_checkpoint(f, kind=kind) for f in files]
+    mean = next((f for f, s in zip(files, states) if "averaged" in s), None)
+    if mean is not None:
+        raise ValueError(f"{mean}: an average of {', '.join(states[files.index(mean)]['averaged'])}, not a step "
+                         "checkpoint; move it out of the run (or name it as average --out does, e.g. avg5.pt)")
     if any(s["model_config"] != states[-1]["model_config"] for s in states):
         raise ValueError(f"{run}: the checkpoints to average hold different models")
     return dict(states[-1], model=average_state_dicts([s["model"] for s in states]), averaged=[f.name for f in files]), files

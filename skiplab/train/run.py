@@ -120,6 +120,9 @@ class Run:
             self.say(f"{self.out}: stopped before its first checkpoint; the run starts again from the beginning")
             return None
         ckpt = run_dir.load_checkpoint(self.out / "last.pt", kind=self.kind)
+        if "averaged" in ckpt:  # `average --out RUN/last.pt`: a mean of weights beside one step's optimizer
+            raise run_dir.RunDirError(f"{self.out / 'last.pt'} is an average of {', '.join(ckpt['averaged'])}, not "
+                                      "a training step's state: nothing to resume from")
         self.resume_step = int(ckpt.get("step", 0))
         self.stored = upgrade(ckpt["config"]) if upgrade else ckpt["config"]
         self.changed = run_dir.check_resumable(self.out, self.stored, self.config, extendable=extendable,

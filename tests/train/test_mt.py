@@ -169,6 +169,33 @@ def test_train_translate_score_average_end_to_end(corpus, tmp_path, capsys, monk
     assert main(["average", "--checkpoint", str(out), "--last", "2", "--out", str(tmp_path / "avg.pt")]) == 2
 
 
+def test_an_average_never_takes_a_step_checkpoints_or_last_checkpoints_place(corpus, tmp_path, capsys):
+    """`average --out RUN/checkpoint_999.pt` was then averaged as a step (a mean of means), and `average --out
+    RUN/last.pt --overwrite` resumed from a mean of weights with one step's optimizer, silently: both names are
+    refused, an average found among the step checkpoints is named, and --resume refuses an averaged last.pt."""
+    out = tmp_path / "run"
+    assert main(tiny_args(corpus, out)) == 0
+    capsys.readouterr()
+    for name in ("checkpoint_999.pt", "last.pt", "best.pt"):
+        before = (out / name).read_bytes() if (out / name).exists() else None
+        assert main(["average", "--checkpoint", str(out), "--last", "2", "--out", str(out / name), "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert "is the run's own checkpoint's name" in err and f"{out / 'avg2.pt'}" in err and err.count("\n") == 1
+        assert ((out / name).read_bytes() if (out / name).exists() else None) == before
+    assert main(["average", "--checkpoint", str(out), "--last", "2", "--out", str(out / "avg2.pt")]) == 0
+    state, _ = run_dir.average_checkpoints(out, 2)
+    run_dir.save_checkpoint(out / "checkpoint_999.pt", state)  # as a script might
+    capsys.readouterr()
+    assert main(["eval", "mt", "--checkpoint", str(out), "--average", "2"]) == 2
+    assert "checkpoint_999.pt: an average of checkpoint_2.pt, checkpoint_4.pt, not a step checkpoint" in \
+        capsys.readouterr().err
+    (out / "checkpoint_999.pt").unlink()
+    run_dir.save_checkpoint(out / "last.pt", state)
+    assert main(tiny_args(corpus, out, "--max-steps", "6", "--resume")) == 2
+    assert "last.pt is an average of checkpoint_2.pt, checkpoint_4.pt, not a training step's state" in \
+        capsys.readouterr().err
+
+
 def interrupt_after_step(monkeypatch, step: int):
     """Make training stop (as Ctrl-C does) once step ``step``'s checkpoint and metrics are written; return the
     undo."""
