@@ -12,7 +12,9 @@ The formats read:
 Both give :class:`CaptionedImage` records. A COCO caption is tokenised here (:func:`tokenize`, Karpathy's rule:
 lower-case, split on every character that is not a letter or digit, empties dropped: "A t-shirt." -> ["a", "t",
 "shirt"]; the COCO evaluation toolkit's PTB tokenizer, which scores against the raw captions, keeps "t-shirt"
-whole); a Karpathy sentence keeps its own "tokens" (tokenised from "raw" only where it has none). Karpathy's
+whole); a Karpathy sentence keeps its own "tokens" (tokenised from "raw" only where it has none; its "raw", the
+reference scored against, is its tokens joined by spaces where it has none). An image id given twice is an error
+in both formats (captions and scores are kept by id). Karpathy's
 "restval" images (the 30,504 COCO val2014 images in neither his val nor test) are read as "train", as in common
 practice (neuraltalk2, self-critical.pytorch): training on train + restval is what the papers report, the
 MSCOCO experiment of the Self-Adaptive Scaling paper among them (113,287 / 5,000 / 5,000 images).
@@ -99,17 +101,21 @@ def read_karpathy(path: str | Path, split: str | None = None) -> list[CaptionedI
     path = Path(path)
     if split is not None and split not in KARPATHY_SPLITS[:3]:
         raise ValueError(f"unknown split {split!r}; known: {', '.join(KARPATHY_SPLITS[:3])}")
-    out = []
+    out, seen = [], set()
     for i, image in enumerate(_list(_read_json(path), "images", path)):
         where = f"images[{i}]"
         _need(image, {"filename": str, "imgid": int, "split": str, "sentences": list}, path, where)
+        key = image.get("cocoid", image["imgid"])
+        if key in seen:  # captions and scores are kept by image id: a second image would replace the first
+            raise ValueError(f"{path}: {where}: image id {key} appears twice")
+        seen.add(key)
         if image["split"] not in KARPATHY_SPLITS:
             raise ValueError(f"{path}: {where}: unknown split {image['split']!r}; known: {', '.join(KARPATHY_SPLITS)}")
         found = "train" if image["split"] == "restval" else image["split"]
         if split is None or found == split:
             sentences = [_sentence(s, path, f"{where}.sentences[{j}]") for j, s in enumerate(image["sentences"])]
             file_name = str(Path(image.get("filepath", "")) / image["filename"])
-            out.append(CaptionedImage(image.get("cocoid", image["imgid"]), file_name,
+            out.append(CaptionedImage(key, file_name,
                                       [t for t, _ in sentences], [r for _, r in sentences], found))
     return out
 
@@ -438,7 +444,8 @@ def _need(entry: object, fields: dict[str, type], path: Path, where: str) -> Non
 
 
 def _sentence(sentence: object, path: Path, where: str) -> tuple[list[str], str]:
-    """(tokens, raw) of a Karpathy sentence; tokens from raw where the file gives none."""
+    """(tokens, raw) of a Karpathy sentence; tokens from raw where the file gives none, raw the tokens joined by
+    spaces where it gives none (the reference the scores read: it was an empty one)."""
     if not isinstance(sentence, dict) or not isinstance(sentence.get("raw", ""), str):
         raise ValueError(f"{path}: {where} is not an object with a \"raw\" string")
     raw, tokens = sentence.get("raw", ""), sentence.get("tokens")
@@ -448,4 +455,4 @@ def _sentence(sentence: object, path: Path, where: str) -> tuple[list[str], str]
         return tokenize(raw), raw
     if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
         raise ValueError(f"{path}: {where}: \"tokens\" is not a list of strings")
-    return tokens, raw
+    return tokens, raw if "raw" in sentence else " ".join(tokens)

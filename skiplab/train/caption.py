@@ -175,7 +175,7 @@ def load_split(cfg: CaptionTrainConfig | dict[str, Any], split: str) -> Split:
         pixels = scenes.pixels
         return Split(f"{c['dataset']} {split} ({n} scenes, seed {c['scene_seed']})", list(range(n)), scenes.captions,
                      [[tokenize(t) for t in caps] for caps in scenes.captions], lambda i: pixels[i])
-    records = _records(c, split)
+    records, source = _records(c, split)
     mcfg = model_config(c["model"], vocab_size=10)
     if c["feature_dir"]:  # any number of regions, each of the model's width
         features = FeatureFolder(data_path(c, "feature_dir"), shape=(None, mcfg.feature_dim))
@@ -185,7 +185,7 @@ def load_split(cfg: CaptionTrainConfig | dict[str, Any], split: str) -> Split:
         images = ImageFolder(data_path(c, "image_dir"), size=(size, size), mode="RGB" if mcfg.channels == 3 else None,
                              channels=mcfg.channels)
         load, files = (lambda i: images[records[i]]), (lambda i: images.check(records[i]))
-    name = f"{Path(c['captions']).name} {split} ({len(records)} images)"  # no folder: the same wherever it lies
+    name = f"{source.name} {split} ({len(records)} images)"  # no folder: the same wherever it lies
     return Split(name, [r.id for r in records], [r.raw for r in records], [r.captions for r in records], load, files)
 
 
@@ -230,15 +230,21 @@ def data_path(c: dict[str, Any], key: str) -> str:
     return value
 
 
-def _records(c: dict[str, Any], split: str) -> list[CaptionedImage]:
-    """A split's records from Karpathy's file (its splits) or the COCO captions file named for the split."""
+def _records(c: dict[str, Any], split: str) -> tuple[list[CaptionedImage], Path]:
+    """A split's records from Karpathy's file (its splits) or the COCO captions file named for the split, and
+    that file. An image without captions is left out, in either format: nothing to learn from or score against."""
     path = Path(data_path(c, "captions"))
     if _is_coco(path):
         files = {"train": "captions", "valid": "valid_captions", "test": "test_captions"}
         if not c[files[split]]:
             raise ValueError(f"{path} is a COCO captions file: give --{split}-captions for the {split} split")
-        return [r for r in read_coco_captions(data_path(c, files[split])) if r.captions]
-    return read_karpathy(path, "val" if split == "valid" else split)
+        source = Path(data_path(c, files[split]))
+        return [r for r in read_coco_captions(source) if r.captions], source
+    given = [f"--{k.replace('_', '-')}" for k in ("valid_captions", "test_captions") if c.get(k)]
+    if given:
+        raise ValueError(f"{path} is a Karpathy split file, which holds every split itself: {' and '.join(given)} "
+                         "name a COCO file's other splits; leave them out")
+    return [r for r in read_karpathy(path, "val" if split == "valid" else split) if r.captions], path
 
 
 def _is_coco(path: Path) -> bool:
@@ -437,7 +443,8 @@ class CaptionSource:
             lambda shuffle, gen: image_batches(self.train, cfg.batch_size, cfg.scst_samples, shuffle, gen),
             valid, (first.src, first.tgt_in), {**info, "scst_from": cfg.scst_from, "scst_from_step": start["step"]},
             f"self-critical training from {cfg.scst_from} (step {start['step']}), {cfg.scst_samples} samples an "
-            f"image; {said}", objective=objective, init=None if ckpt else start["model"])
+            f"image; {said}", objective=objective, init=None if ckpt else start["model"],
+            generators={"scst": objective.generator})
 
 
 def train(cfg: CaptionTrainConfig, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:

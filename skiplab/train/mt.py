@@ -191,6 +191,7 @@ class Seq2SeqData:
     # device) -> the batch's summed loss, normalised like it by the update's ``ntokens`` (self-critical training)
     objective: Callable[[Any, Any, Any], torch.Tensor] | None = None
     init: dict[str, torch.Tensor] | None = None  # the weights a fresh run starts from (None: the initialisation)
+    generators: dict[str, torch.Generator] = field(default_factory=dict)  # the objective's, saved and resumed
 
 
 class MTSource:
@@ -282,6 +283,7 @@ def train_seq2seq(cfg: Any, kind: str, source: Callable[[Any, distributed.Group]
     epoch_rng = gen.get_state()
     valid_batches = data.valid
 
+    run.generators.update(data.generators)
     if ckpt:
         run.restore(ckpt, key="step")
         step, epoch, batch_pos, best = ckpt["step"], ckpt["epoch"], ckpt["batch_pos"], ckpt["best_valid_loss"]

@@ -86,6 +86,9 @@ class Run:
         self.changed: list[str] = []
         self.resume_step = 0  # the step of the checkpoint a resumed run goes on from
         self.watch = Telemetry(0)  # per-step telemetry (skiplab.train.telemetry), made by attach
+        # generators a task draws from as it trains (self-critical sampling), saved with every rank's RNG states
+        # and restored with them, so that a resumed run draws what the uninterrupted one would
+        self.generators: dict[str, torch.Generator] = {}
 
     @property
     def config(self) -> dict[str, Any]:
@@ -159,7 +162,11 @@ class Run:
         if "step" in ckpt:  # the lines a killed run wrote past its checkpoint
             self.group.on_main(lambda: telemetry.cut_lines(self.out, ckpt["step"]))
         ranks = ckpt["rng"].get("ranks")
-        run_dir.restore_rng(ranks[self.group.rank] if ranks else ckpt["rng"])
+        state = ranks[self.group.rank] if ranks else ckpt["rng"]
+        run_dir.restore_rng(state)
+        for name, generator in self.generators.items():
+            if name in state:  # (a checkpoint written before the generator was saved: it starts at its seed)
+                generator.set_state(state[name])
         for line in self.group.on_main(lambda: (
                 run_dir.note_changes(self.out, self.stored, self.config, self.changed),
                 run_dir.note_machine(self.out, int(ckpt.get(key, 0)), str(self.device), self.amp),
@@ -191,9 +198,10 @@ class Run:
     def checkpoint(self, record: dict[str, Any], rng: dict[str, Any], **extras: Any) -> dict[str, Any]:
         """The checkpoint of now: the task's ``extras`` (epoch, step, best, ...) and ``rng`` (its own
         generators' states) with the model, optimizer and global RNG states. Every rank calls it."""
-        rng = {**rng, **run_dir.rng_state()}
+        own = {**run_dir.rng_state(), **{name: g.get_state() for name, g in self.generators.items()}}
+        rng = {**rng, **own}
         if self.group.active:  # every rank's own state, each restored to its rank on resume
-            rng["ranks"] = self.group.gather(run_dir.rng_state())
+            rng["ranks"] = self.group.gather(own)
         return {"kind": self.kind, "config": self.config, "model_config": dataclasses.asdict(self.model_config),
                 **sharded.states(self.model, self.optimizer), **extras,  # --fsdp: the full model, no optimizer
                 "telemetry": self.watch.state(), "rng": rng,

@@ -226,6 +226,61 @@ def test_coco_and_karpathy_files_load_and_train_a_step(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "needs images" in err and not (tmp_path / "feats.png").exists()
 
 
+def test_karpathy_files_read_as_their_references_say(tmp_path, capsys):
+    """A sentence without "raw" is scored against its tokens joined (it was an empty reference: CIDEr 181 read
+    42, silently); an image id given twice is refused (the second image replaced the first in the scores while the
+    count said both); an image without sentences is left out, as in a COCO file; --test-captions beside a Karpathy
+    file is refused (it was ignored); a COCO run names each split's own file."""
+    coco = write_coco(tmp_path / "coco")
+    karpathy = json.loads(coco["karpathy"].read_text())
+    test = [im for im in karpathy["images"] if im["split"] == "test"]
+    for sentence in test[0]["sentences"][1:]:
+        del sentence["raw"]
+    config = dict(dataset="", captions=str(coco["karpathy"]), valid_captions="", test_captions="",
+                  image_dir=str(coco["images"]), feature_dir="", data_dir="", model=TINY.replace(")", ",channels=3)"))
+    coco["karpathy"].write_text(json.dumps(karpathy))
+    split = load_split(config, "test")
+    assert split.raw[0][1:] == [" ".join(s["tokens"]) for s in test[0]["sentences"][1:]]
+    assert split.raw[0][0] == test[0]["sentences"][0]["raw"]
+    test[1]["sentences"] = []
+    coco["karpathy"].write_text(json.dumps(karpathy))
+    split = load_split(config, "test")
+    assert split.ids == [test[0]["cocoid"]] and split.name == "dataset_coco.json test (1 images)"
+    test[1]["cocoid"] = test[0]["cocoid"]
+    coco["karpathy"].write_text(json.dumps(karpathy))
+    with pytest.raises(ValueError, match=f"image id {test[0]['cocoid']} appears twice"):
+        load_split(config, "test")
+    with pytest.raises(ValueError, match="a Karpathy split file, which holds every split itself: --test-captions"):
+        load_split({**config, "test_captions": "no_such_file.json"}, "test")
+    files = {**config, "captions": str(coco["train"]), "valid_captions": str(coco["val"]),
+             "test_captions": str(coco["test"])}
+    assert load_split(files, "test").name == "captions_test2014.json test (2 images)"
+    assert load_split(files, "train").name == "captions_train2014.json train (6 images)"
+
+
+def test_a_self_critical_run_resumes_as_it_would_have_gone_on(scenes_dir, tmp_path):
+    """The sampling generator is saved with the checkpoint: a self-critical run stopped at step 2 and resumed
+    draws the samples the uninterrupted run drew (it started again from the seed: other samples, other losses
+    from step 3 on)."""
+    xe = tmp_path / "xe"
+    assert main(scene_args(scenes_dir, xe)) == 0
+
+    def scst(out, steps, *extra):
+        args = scene_args(scenes_dir, out, "--scst-from", str(xe), "--scst-samples", "3", "--schedule", "constant",
+                          "--lr", "5e-3", "--warmup", "0", *extra)
+        args[args.index("--batch-size") + 1] = "8"
+        args[args.index("--max-steps") + 1] = str(steps)
+        return main(args)
+
+    assert scst(tmp_path / "full", 4) == 0
+    assert scst(tmp_path / "cut", 2) == 0 and scst(tmp_path / "cut", 4, "--resume") == 0
+    losses = [[json.loads(x)["loss"] for x in (tmp_path / run / "steps.jsonl").read_text().splitlines()]
+              for run in ("full", "cut")]
+    assert len(losses[0]) == 4 and losses[0] == losses[1]
+    full, cut = (torch.load(tmp_path / run / "last.pt", weights_only=True)["model"] for run in ("full", "cut"))
+    assert all(torch.equal(full[k], cut[k]) for k in full)
+
+
 def test_bad_caption_data_is_one_line_and_writes_nothing(tmp_path, capsys):
     coco = write_coco(tmp_path / "coco")
     pixels = "captioner-small(d_model=32,ffn_dim=64,heads=2,encoder_layers=1,decoder_layers=1,trunk_width=4,channels=3,image_size=32)"
