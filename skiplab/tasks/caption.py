@@ -98,9 +98,11 @@ def load_model(path: str | Path, average: int = 0, device: str = "auto") -> tupl
 @torch.no_grad()
 def caption_images(model: Any, vocab: Vocabulary, arrays: list[Any], beam: int, limit: int) -> list[str]:
     """The best caption of each image (uint8 array, or features) by beam search (beam 1: greedy), at most ``limit``
-    tokens with EOS."""
+    tokens with EOS: at most ``limit`` − 1 words, as training cut its captions (a hypothesis the search ended at
+    the limit, with no EOS, keeps its first ``limit`` − 1)."""
     src = caption.stack_sources(arrays).to(next(model.parameters()).device)
-    return [vocab.decode(h[0].tokens) for h in beam_search(model, src, beam=beam, max_len_a=0, max_len_b=limit)]
+    return [" ".join(vocab.tokens(h[0].tokens)[: limit - 1])
+            for h in beam_search(model, src, beam=beam, max_len_a=0, max_len_b=limit)]
 
 
 @torch.no_grad()

@@ -15,8 +15,9 @@ from skiplab.decoding import beam_search, greedy_search
 from skiplab.decoding.search import max_lengths
 from skiplab.models import build_model, model_config
 from skiplab.tasks import get as get_task, load_trained
-from skiplab.tasks.caption import describe_split, load_model
-from skiplab.train.caption import CaptionTrainConfig, load_split
+from skiplab.data.captions import Vocabulary
+from skiplab.tasks.caption import caption_images, describe_split, load_model
+from skiplab.train.caption import CaptionTrainConfig, load_split, stack_sources
 from skiplab.train.mt import MTTrainConfig
 from tests.conftest import write_fashion_mnist
 
@@ -129,6 +130,22 @@ def test_beam_one_is_greedy_and_the_cache_equals_recomputation(scenes_dir):
         torch.testing.assert_close(model.step(prefix[:, t], state), full[:, t], atol=1e-5, rtol=1e-5)
     beams = beam_search(model, images, beam=1, max_len_a=0, max_len_b=6)
     assert [b[0].tokens for b in beams] == greedy_search(model, images, 0, 6)
+
+
+def test_a_caption_has_at_most_the_words_training_cut_captions_to():
+    """A limit of 5 tokens with EOS is at most 4 words: a hypothesis the search ended at the limit (no EOS: five
+    words) keeps its first four (captions decoded one word past --max-caption-len before)."""
+    vocab = Vocabulary.build([["a", "red", "coat", "and", "a", "bag"]], min_count=1)
+    torch.manual_seed(0)
+    model = build_model(model_config(TINY, vocab_size=len(vocab))).eval()
+    with torch.no_grad():  # the output layer (tied) far from end of sentence: every caption runs to the limit
+        model.embed.weight[vocab.words.index("red")] = -50 * model.embed.weight[4:].mean(0)
+    images = [np.random.default_rng(k).integers(0, 256, (64, 64, 1), dtype=np.uint8) for k in range(4)]
+    hyps = beam_search(model, stack_sources(images), beam=2, max_len_a=0, max_len_b=5)
+    words = [vocab.tokens(h[0].tokens) for h in hyps]
+    assert max(len(w) for w in words) == 5  # the untrained model runs to the limit
+    got = caption_images(model, vocab, images, 2, 5)
+    assert got == [" ".join(w[:4]) for w in words]
 
 
 def test_a_source_of_images_has_no_length():
