@@ -134,3 +134,12 @@ def test_a_rotary_base_that_gives_no_angles_is_refused(base):
     """A negative base to a fractional power is NaN: the run diverged at its first step (and exited 0)."""
     with pytest.raises(ValueError, match="rope_base must be a finite number > 0"):
         GPTConfig(positions="rope", rope_base=base)
+
+
+@pytest.mark.parametrize("task", ["image", "mt", "lm", "caption"])
+def test_resume_and_overwrite_together_are_named_whatever_the_folder_holds(task, tmp_path, capsys, monkeypatch):
+    """On a fresh folder the error read "nothing to resume in X", naming neither option."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", task, "--out", "fresh", "--resume", "--overwrite"]) == 2
+    assert capsys.readouterr().err == "skiplab: error: --resume and --overwrite exclude each other\n"
+    assert list(tmp_path.iterdir()) == []

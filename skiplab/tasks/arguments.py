@@ -23,6 +23,8 @@ def train_config(cls, args: argparse.Namespace):
     if not getattr(args, "resume", False):
         cfg = config.from_arguments(cls, args)
         return dataclasses.replace(cfg, model=with_model_options(cfg.model, args))
+    if getattr(args, "overwrite", False):
+        raise run_dir.RunDirError("--resume and --overwrite exclude each other")
     out = getattr(args, "out")
     try:
         payload = run_dir.read_json(Path(out) / "config.json")

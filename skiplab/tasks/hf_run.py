@@ -246,6 +246,8 @@ def import_hf(source: str | Path, out: str | Path, overwrite: bool = False, **op
     :class:`~skiplab.train.lm_config.LMTrainConfig` fields (its data: corpus, data_dir, train_file, ...; the recipe a
     ``train lm --resume`` fine-tunes with), but :data:`FROM_FOLDER`."""
     source, out = Path(source), Path(out)
+    if out.resolve() == source.resolve():
+        raise run_dir.RunDirError(f"--out {out} is the folder imported from; give the run another folder")
     check_out(out, overwrite)
     if not source.is_dir():
         raise FileNotFoundError(f"{source}: no such folder")

@@ -219,6 +219,10 @@ def test_an_existing_out_is_refused_unless_overwrite(text, tmp_path, capsys):
     assert run(["import", "hf", folder, "--out", other, "--overwrite", *data(text)]) == 2
     one_line_error(capsys, r"holds no config\.json .* refusing to overwrite")
     assert [p.name for p in other.iterdir()] == ["notes.txt"]
+    weights = (folder / "model.safetensors").read_bytes()  # the folder imported from, never its own run's --out
+    assert run(["import", "hf", folder, "--out", folder, "--overwrite", *data(text)]) == 2
+    one_line_error(capsys, r"hf is the folder imported from; give the run another folder")
+    assert (folder / "model.safetensors").read_bytes() == weights
     with one_thread():
         assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 0
         assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 2
