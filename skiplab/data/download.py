@@ -1,17 +1,23 @@
 """Fetch one file over HTTP(S), verified by md5, without ever leaving a partial file behind.
 
 The bytes go to a hidden temporary file in the destination's folder (same file system, so the final
-rename is atomic); only once the md5 matches is it linked into place. An existing destination is
+rename is atomic), named with the downloading process's id; only once the md5 matches is it linked into place. A
+download stopped by an error, Ctrl-C or SIGTERM removes its file; one killed outright (SIGKILL) leaves it, and the
+next download of the same file removes it, its process being gone. An existing destination is
 never overwritten: a file the user already has is used as it is, unchecked (the Debian package's
 Fashion-MNIST files, for one, are recompressed and do not match the published md5s).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.client
 import os
+import re
+import signal
 import tempfile
+import threading
 import urllib.request
 from pathlib import Path
 from typing import BinaryIO
@@ -43,18 +49,10 @@ def download(url: str, dest: Path, md5: str | None, timeout: float = TIMEOUT_S) 
         raise NotADirectoryError(f"{blocked} is a file, not a folder that {dest.name} can be downloaded into")
     made = [p for p in dest.parents if not p.exists()]  # the folders mkdir makes, innermost first
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale_parts(dest)
     try:
-        fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".part")
-        tmp = Path(tmp_name)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                actual = _fetch(url, dest, out, timeout)
-            if md5 is not None and actual != md5:
-                raise ValueError(f"{url}: checksum mismatch for {dest.name}: expected md5 {md5}, got {actual}; "
-                                 "the download was deleted")
-            _place(tmp, dest)
-        finally:
-            tmp.unlink(missing_ok=True)
+        with _terminated_as_exit():
+            _download(url, dest, md5, timeout)
     except BaseException:
         for folder in made:  # a mistyped folder is not left behind, made and empty
             try:
@@ -63,6 +61,58 @@ def download(url: str, dest: Path, md5: str | None, timeout: float = TIMEOUT_S) 
                 break
         raise
     return dest
+
+
+def _download(url: str, dest: Path, md5: str | None, timeout: float) -> None:
+    """:func:`download`'s fetch into the temporary file, checked and put in place; the file removed whatever
+    happens."""
+    fd, tmp_name = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.{os.getpid()}.", suffix=".part")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            actual = _fetch(url, dest, out, timeout)
+        if md5 is not None and actual != md5:
+            raise ValueError(f"{url}: checksum mismatch for {dest.name}: expected md5 {md5}, got {actual}; "
+                             "the download was deleted")
+        _place(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _remove_stale_parts(dest: Path) -> None:
+    """Remove the temporary files of ``dest`` left by downloads whose process is gone (killed outright)."""
+    for part in dest.parent.glob(f".{dest.name}.*.part"):
+        found = re.fullmatch(rf"\.{re.escape(dest.name)}\.(\d+)\.[^.]+\.part", part.name)
+        if found and not _alive(int(found.group(1))):
+            part.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _terminated_as_exit():
+    """Within the block, SIGTERM (``timeout``, a job scheduler) exits through Python, as Ctrl-C does, so that the
+    download's clean-up runs; the signal's own handler again after. Only the main thread can set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _fetch(url: str, dest: Path, out: BinaryIO, timeout: float) -> str:

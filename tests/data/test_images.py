@@ -5,6 +5,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import os
+import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -230,3 +234,29 @@ def test_a_data_dir_that_is_the_system_folder_is_read(tmp_path, monkeypatch):
     monkeypatch.setitem(IMAGE_DATASETS, "fashion-mnist",
                         dataclasses.replace(IMAGE_DATASETS["fashion-mnist"], system_dirs=(system,)))
     assert load_image_dataset("fashion-mnist", data_dir=system, download=False).train_x.shape[0] == 6
+
+
+def test_a_download_stopped_by_sigterm_leaves_nothing_and_a_killed_ones_file_goes_next_time(tmp_path, monkeypatch):
+    """SIGTERM (``timeout``'s signal) killed the process without the clean-up: its partial file and the folders
+    it made stayed, and files of downloads killed outright were never removed."""
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parents[2])!r})\n"
+              "import io, os, signal, urllib.request\n"
+              "from pathlib import Path\n"
+              "from skiplab.data.download import download\n"
+              "class Slow(io.BytesIO):\n"
+              "    def read(self, n=-1):\n"
+              "        os.kill(os.getpid(), signal.SIGTERM)  # mid-download\n"
+              "        return b'x' * 10\n"
+              "urllib.request.urlopen = lambda url, timeout=None: Slow()\n"
+              f"download('http://unused', Path({str(tmp_path / 'made' / 'f.gz')!r}), None)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert list(tmp_path.iterdir()) == []
+    stale = tmp_path / ".f.gz.999999999.abc123.part"  # a process id no process has
+    mine = tmp_path / f".f.gz.{os.getpid()}.abc123.part"  # a download still running (this process)
+    older = tmp_path / ".f.gz.abc123.part"  # named before process ids were: left alone
+    for p in (stale, mine, older):
+        p.write_bytes(b"partial")
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout=None: io.BytesIO(b"whole"))
+    download("http://unused", tmp_path / "f.gz", None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([mine.name, older.name, "f.gz"])
