@@ -2,8 +2,9 @@
 
 Each field becomes ``--field-name``; its type (int, float, str, bool, or a tuple of those, written
 comma-separated) and its ``help`` metadata give the option's parser and text; a float is a finite number. A
-count's (or a float's) ``min`` metadata is its lower bound, checked once where options are parsed (:func:`count`) and again where the config is
-made (:func:`check_bounds`), so a zero or negative count is a one-line error before anything is written.
+count's (or a float's) ``min`` metadata is its lower bound, checked once where options are parsed (:func:`count`,
+:func:`at_least`) and again where the config is made (:func:`check_bounds`), so a zero or negative count is a
+one-line error before anything is written.
 Configs hold only strings and numbers, so they serialise to JSON beside every result.
 """
 

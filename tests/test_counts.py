@@ -120,8 +120,8 @@ def test_a_config_made_in_python_refuses_a_float_that_is_not_finite():
             cls(**{field: float("nan")})
 
 
-@pytest.mark.parametrize("value,said", [("nan", "expected a finite number, got 'nan'"), ("0", "must be in (0, 1], got 0"),
-                                        ("1.5", "must be in (0, 1], got 1.5")])
+@pytest.mark.parametrize("value,said", [("nan", "expected a finite number, got 'nan'"),
+                                        ("0", "must be in (0, 1], got 0"), ("1.5", "must be in (0, 1], got 1.5")])
 def test_generates_nucleus_mass_is_a_probability(value, said, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit):

@@ -156,8 +156,8 @@ def _probed(model: nn.Module, probes: dict[Admin, Callable[[Admin, Tensor, Tenso
 
 def shares(model: nn.Module, forward: Callable[[], Any]) -> dict[str, float]:
     """Var[F_i] / Var[ω_i ⊙ x + F_i] of every Admin connection of ``model`` (qualified name; ω as it is now) in
-    one call of ``forward`` (a forward pass on a batch, dropout off: :func:`_probed`); {} when it has none. Their sum over a
-    stack is the quantity Admin keeps O(log n) (module docstring)."""
+    one call of ``forward`` (a forward pass on a batch, dropout off: :func:`_probed`); {} when it has none. Their
+    sum over a stack is the quantity Admin keeps O(log n) (module docstring)."""
     out: dict[str, float] = {}
     conns = {c: n for n, c in iter_connections(model) if isinstance(c, Admin)}
 

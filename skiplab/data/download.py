@@ -112,7 +112,7 @@ def _terminated_as_exit():
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, before)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if before is None else before)  # None: set outside Python
 
 
 def _fetch(url: str, dest: Path, out: BinaryIO, timeout: float) -> str:

@@ -15,9 +15,8 @@ end-of-text token, or where ``stop`` (a function of the tokens so far, e.g. a st
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn

@@ -48,7 +48,8 @@ class ImageTrainConfig:
     batch_size: int = field(default=128, metadata={"min": 1, "help": "mini-batch size"})
     lr: float = field(default=0.1, metadata={"help": "peak learning rate"})
     momentum: float = field(default=0.9, metadata={"min": 0.0, "help": "SGD momentum"})
-    weight_decay: float = field(default=2e-4, metadata={"min": 0.0, "help": "L2 weight decay (2e-4 as the papers; 1e-4 as He et al.)"})
+    weight_decay: float = field(default=2e-4, metadata={
+        "min": 0.0, "help": "L2 weight decay (2e-4 as the papers; 1e-4 as He et al.)"})
     warmup_iters: int = field(default=-1, metadata={"min": -1, "help": "iterations at lr 0.01 first; -1 = 400 for depth >= 110, else 0"})
     seed: int = field(default=1, metadata={"help": "seed for initialisation, subsets, shuffling and augmentation"})
     train_subset: int = field(default=0, metadata={"min": 0, "help": "train on a fixed random subset of N images (0 = all)"})

@@ -67,7 +67,8 @@ class Seq2SeqRecipe:
     warmup: int = field(default=4000, metadata={"min": 0, "help": "linear warm-up steps (8000 in the depth-wise LSTM paper)"})
     adam_betas: tuple[float, ...] = field(default=(0.9, 0.98), metadata={"help": "Adam β1, β2"})
     adam_eps: float = field(default=1e-9, metadata={"help": "Adam ε"})
-    weight_decay: float = field(default=0.0, metadata={"min": 0.0, "help": "decoupled weight decay (AdamW); 0 = plain Adam"})
+    weight_decay: float = field(default=0.0, metadata={
+        "min": 0.0, "help": "decoupled weight decay (AdamW); 0 = plain Adam"})
     label_smoothing: float = field(default=0.1, metadata={"help": "ε of the label-smoothed cross-entropy"})
     clip_norm: float = field(default=0.0, metadata={"min": 0.0, "help": "clip the gradient norm to this (0 = off)"})
     max_steps: int = field(default=0, metadata={"min": 0, "help": "updates to train for (0 = use --epochs)"})

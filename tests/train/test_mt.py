@@ -460,8 +460,8 @@ def test_translate_names_a_bad_line_and_warns_about_a_long_one(corpus, tmp_path,
 
 def test_a_model_of_few_positions_translates_and_evaluates_within_them(corpus, tmp_path, capsys, monkeypatch):
     """max_positions 40, below the output's allowance (source + 50): sources are not cut (they were, to
-    40 − 50 − 1 = −11 tokens: "translating its first -11", then eval failed on a 41-token output); the output stops
-    at the positions' end."""
+    40 − 50 − 1 = −11 tokens: "translating its first -11", then eval failed on a 41-token output); the output
+    stops at the positions' end."""
     out = tmp_path / "run"
     assert main(tiny_args(corpus, out, "--max-positions", "40", "--max-len", "30", "--max-steps", "2")) == 0
     capsys.readouterr()
