@@ -198,14 +198,14 @@ def test_designs_written_after_it_change_the_averaged_stream():
         backout.lam.fill_(0.3)
     x = tokens()
     h = model.embed(x) + (model.pos_embed.weight[: x.shape[1]] if model.pos_embed is not None else 0)
-    outs, alphas, kept = [h], iter(dense.alpha), []
+    outs, alphas, kept, backed = [h], iter(dense.alpha), [], None
     for i, layer in enumerate(model.layers):
         if i in (2, 3):  # h = ⌊5/2⌋ = 2: layers 2 and 3 read layers 1's and 0's outputs; layer 4 none
             h = h + unet.weight[i - 2] * kept.pop()
         h = layer(h)
         outs.append(h)
         kept += [h] if i < 2 else []
-        backed = h if i == 1 else None if i == 0 else backed
+        backed = h if i == 1 else backed  # layer 1's raw output: Backout(layer=1)
         a, js = next(alphas), [j for j in range(i + 2) if (i + 1 - j) % 2 == 0]
         h = sum(w * outs[j] for w, j in zip(a, js))
     want = F.linear(model.norm(h - backout.lam * backed), model.embed.weight)
