@@ -43,7 +43,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
+import os
 import sys
 import time
 import warnings
@@ -437,7 +439,29 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"skiplab: warning: {message}", file=sys.stderr)
 
 
+IMPORT = "SKIPLAB_IMPORT"  # modules (comma-separated) imported first: a user's own designs, registered on import
+
+
+def import_user_modules() -> None:
+    """Import the modules ``$SKIPLAB_IMPORT`` names (found on the Python path or in the current folder), so that
+    the designs they register are known to every command, as they would be to a script that imported them; one
+    that cannot be imported is one ``ImportError`` line."""
+    names = config.parse_list(os.environ.get(IMPORT, ""))
+    if names and os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ImportError(f"${IMPORT}: cannot import {name!r} ({err})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
+    try:
+        import_user_modules()
+    except (ImportError, ValueError) as err:  # not found; or its registration refused
+        print(f"skiplab: error: {err}", file=sys.stderr)
+        return 2
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["demo"] and (len(argv) == 1 or argv[1].startswith("-") and argv[1] not in ("-h", "--help")):

@@ -198,10 +198,34 @@ def check_model_requires(cfg: Any, *specs: str) -> None:
                                  f"{key}={getattr(cfg, key)}")
 
 
-def register(cls: type[Connection]) -> type[Connection]:
-    """Class decorator: make ``cls`` buildable by its ``name`` in spec strings."""
+def register(cls: type[Connection] | None = None, *, replace: bool = False):
+    """Class decorator: make ``cls`` buildable by its ``name`` in spec strings (``@register``); a name taken by
+    another design, an alias or a norm is refused (``@register(replace=True)``: replace that design on purpose)."""
+    if cls is None:
+        return lambda c: register(c, replace=replace)
+    check_registration(cls, REGISTRY, replace)
     REGISTRY[cls.name] = cls
     return cls
+
+
+def check_registration(cls: type, into: dict[str, type], replace: bool = False) -> None:
+    """One ``ValueError`` line where ``cls`` cannot be registered into ``into`` (:data:`REGISTRY` or
+    :data:`ACROSS`): a name the spec grammar cannot read (letters alone), no ``patterns`` (what ``skiplab
+    connections`` lists), or a name that is already a design's, an alias's or a norm's, unless ``replace`` and it is
+    a design of the same kind. Registering the same class again is no change."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.isascii() or not name.isalpha():
+        raise ValueError(f"{cls.__name__}: a design's name is letters alone (what a spec can write), got {name!r}")
+    if not isinstance(getattr(cls, "patterns", None), dict) or not cls.patterns:
+        raise ValueError(f"{cls.__name__}: give patterns (spec pattern -> formula and source), which `skiplab "
+                         "connections` lists")
+    if into.get(name) is cls:
+        return
+    taken = ("a design" if name in REGISTRY or name in ACROSS else "an alias" if name in _spec.ALIASES
+             else "a norm" if name in _spec.NORM_NAMES else None)
+    if taken and not (replace and name in into):
+        raise ValueError(f"{cls.__name__}: the name {name!r} is {taken}'s already"
+                         + (" (@register(replace=True) replaces it on purpose)" if name in into else ""))
 
 
 def available_connections() -> dict[str, str]:

@@ -9,6 +9,7 @@ an error that lists the ones it has. A spec resolves, once, to the family's froz
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from typing import Any
 
@@ -16,7 +17,7 @@ from torch import nn
 
 from .. import run_dir
 from ..config import parse_list, parser_for, show_value
-from ..connections import REGISTRY, parse_spec
+from ..connections import REGISTRY, SpecError, parse_spec
 from .dwlstm import DepthWiseLSTMConfig, DepthWiseLSTMTransformer
 from .gpt import GPT, GPTConfig
 from .preact_resnet import PreActResNet, PreActResNetConfig
@@ -192,6 +193,11 @@ def model_from_checkpoint(ckpt: dict[str, Any], path: Any) -> nn.Module:
         model.load_state_dict(ckpt["model"])
     except (TypeError, KeyError, RuntimeError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        if isinstance(err, SpecError) and "unknown name" in first:  # a design this process has not registered
+            said = re.split(r" \(did you mean|\. Known:", first)[0]
+            raise run_dir.RunDirError(f"{path}: the run's design is not known here ({said}); a design "
+                                      "of your own is known once its module is imported (SKIPLAB_IMPORT=MODULE for "
+                                      "the command line)") from None
         raise run_dir.RunDirError(f"{path}: checkpoint does not match the model it names ({first})") from None
     return model
 

@@ -49,7 +49,7 @@ from typing import Any, Callable, ClassVar
 
 from torch import Tensor, nn
 
-from ..base import ACROSS, REGISTRY, Branch, Connection, parse_spec
+from ..base import ACROSS, REGISTRY, Branch, Connection, check_registration, parse_spec
 from ..fused import gated_sum
 from ..spec import Option, Spec
 
@@ -89,8 +89,12 @@ def depth_sum(weights: list[Tensor], outputs: list[Tensor]) -> Tensor:
     return gated_sum(*pairs)
 
 
-def register_across(cls: type[AcrossDesign]) -> type[AcrossDesign]:
-    """Class decorator: make ``cls`` usable after a connection spec as ``+name``."""
+def register_across(cls: type[AcrossDesign] | None = None, *, replace: bool = False):
+    """Class decorator: make ``cls`` usable after a connection spec as ``+name`` (checked as
+    :func:`~skiplab.connections.base.register` checks a connection)."""
+    if cls is None:
+        return lambda c: register_across(c, replace=replace)
+    check_registration(cls, ACROSS, replace)
     ACROSS[cls.name] = cls
     return cls
 
