@@ -87,9 +87,10 @@ def activations(tr: Trained, split: str = "test", examples: int = 2000, seed: in
 
 
 def _rows(tr: Trained, name: str, value: torch.Tensor, ex) -> torch.Tensor:
-    """The values that count: an image block's whole output, an MT layer's real positions."""
+    """The values that count: an image block's whole output, an MT layer's real positions (every stream of a
+    hyper-connection layer's (B, T, n, D) output at them: its padding counted too, before)."""
     mask = tr.mask(ex, name)
-    return per_position(value, mask, len(ex)) if mask is not None and value.dim() == 3 else value
+    return per_position(value.flatten(2), mask, len(ex)) if mask is not None and value.dim() >= 3 else value
 
 
 def table(result: dict[str, Any]) -> str:

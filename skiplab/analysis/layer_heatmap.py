@@ -22,7 +22,8 @@ def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), ti
     run = Path(run)
     lines = run_dir.read_steps(run, run_dir.LAYERS_FILE)
     if not lines:
-        raise ValueError(f"{run} has no per-layer lines ({run_dir.LAYERS_FILE}); train it with --log-layers N")
+        raise ValueError(f"{run} has no per-layer lines ({run_dir.LAYERS_FILE}); `train lm --log-layers N` writes "
+                         "them (the language models' telemetry)")
     subs = [n for n in lines[0]["layers"] if n != FINAL]
     known = list(lines[0]["layers"][subs[0]]) if subs else []
     unknown = [k for k in keys if k not in known]

@@ -78,6 +78,9 @@ def saturation(tr: Trained, split: str = "test", examples: int = 200, seed: int 
     :mod:`this module <skiplab.analysis.saturation>`, over ``examples`` examples of ``split``."""
     if not threshold > 0:
         raise ValueError(f"threshold must be positive, got {threshold}")
+    if tr.source is not None:  # one checkpoint named: the result would be every checkpoint's, filed under it
+        raise ValueError(f"{tr.source}: saturation reads every checkpoint of a run, across its training; give the "
+                         f"run folder ({tr.path})")
     layers = dyt_layers(tr.model)
     if not layers:
         raise ValueError(f"{tr.path}: its model ({tr.label}) has no DyT layer; saturation reads DyT's tanh "

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from skiplab.analysis import activations
 from skiplab.analysis.gradients import gradient_norms
 from skiplab.analysis.learned import learned, table
 from skiplab.analysis.norms import norms
@@ -126,6 +127,20 @@ def test_per_position_drops_padding():
     gate = torch.tensor([[[0.5], [0.7], [9.0]], [[0.1], [9.0], [9.0]]])  # padding holds 9s
     assert per_position(gate, mask, 2).mean().item() == pytest.approx((0.5 + 0.7 + 0.1) / 3)
     assert per_position(torch.ones(1, 4, 1, 1), None, 3).shape == (3, 4)  # a broadcast batch axis
+
+
+def test_activations_count_every_stream_at_real_positions_only():
+    """A hyper-connection layer's output is (B, T, n, D): its padding was counted (43% of the values of a Multi30k
+    batch), where a (B, T, D) output's was not."""
+    class Run:
+        def mask(self, ex, name):
+            return torch.tensor([[True, True, False], [True, False, False]])
+
+    streams = torch.full((2, 3, 2, 4), 9.0)  # padding holds 9s
+    streams[0, :2], streams[1, :1] = 1.0, 2.0
+    rows = activations._rows(Run(), "encoder.0", streams, [0, 1])
+    assert rows.shape == (3, 8) and set(rows.flatten().tolist()) == {1.0, 2.0}
+    assert activations._rows(Run(), "encoder.0", streams[:, :, 0], [0, 1]).shape == (3, 4)
 
 
 def test_cli_writes_files_refuses_to_overwrite_and_names_missing_quantities(runs, capsys):

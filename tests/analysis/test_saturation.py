@@ -119,6 +119,16 @@ def test_a_run_without_dyt_is_refused_in_one_line_and_nothing_is_written(runs, c
         saturation(load_trained(runs / "dyt"), threshold=0, progress=False)
 
 
+def test_one_checkpoint_file_is_refused_not_filed_as_the_whole_run(runs, capsys):
+    """saturation reads every checkpoint of the run: given checkpoint_2.pt it wrote every checkpoint's table into
+    saturation.checkpoint_2.json, whose record named step 2."""
+    assert main(["analyze", "saturation", str(runs / "dyt" / "checkpoint_2.pt"), "--examples", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "checkpoint_2.pt: saturation reads every checkpoint of a run, across its training; give the run folder" \
+        in err and err.count("\n") == 1
+    assert not list((runs / "dyt").glob("analysis/saturation.checkpoint_2.*"))
+
+
 def test_from_the_command_line(runs):
     assert main(["analyze", "saturation", str(runs / "dyt"), "--examples", "3", "--threshold", "0.5"]) == 0
     for f in ("saturation.json", "saturation.md", "saturation.png"):

@@ -236,8 +236,8 @@ def test_heatmaps_of_a_run(text, tmp_path, capsys):  # noqa: F811
     with one_thread():
         assert run(args(text, plain)) == 0
     assert run(["curves", "--layers", plain, "--out", tmp_path / "none.png"]) == 2
-    assert capsys.readouterr().err.strip().endswith("has no per-layer lines (layers.jsonl); train it with "
-                                                    "--log-layers N")
+    assert capsys.readouterr().err.strip().endswith("has no per-layer lines (layers.jsonl); `train lm --log-layers "
+                                                    "N` writes them (the language models' telemetry)")
     assert not (tmp_path / "bad.png").exists() and not (tmp_path / "none.png").exists()
     dyt = tmp_path / "dyt"  # a share on a linear scale, and the final DyT's beside the final norm's input
     with one_thread():
