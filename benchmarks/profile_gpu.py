@@ -117,6 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--top", type=int, default=15)
     p.add_argument("--budget", type=float, default=240.0, help="seconds after which no design is started")
     p.add_argument("--out", required=True)
+    p.add_argument("--overwrite", action="store_true", help="replace a profile in --out (its traces removed first)")
     args = p.parse_args(argv)
     designs = [d.strip() for d in args.designs.split(",") if d.strip()]
     if args.from_bench:
@@ -131,6 +132,13 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps < 1 or args.top < 1:
         p.error("--steps and --top must be at least 1")
     out = Path(args.out)
+    old = [f for f in (out.glob("profile.*") if out.is_dir() else []) if f.suffix in (".json", ".md")]
+    old += list(out.glob("trace-*.json.gz")) if out.is_dir() else []
+    if old and not args.overwrite:
+        p.error(f"{out} holds a profile ({', '.join(sorted(f.name for f in old)[:3])}, ...); give another --out, or "
+                "--overwrite to replace it")
+    for f in old:  # a replaced profile leaves none of its traces beside the new report
+        f.unlink()
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     g = GpuSizes() if device.type == "cuda" else SMOKE

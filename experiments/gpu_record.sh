@@ -10,8 +10,21 @@
 #   (RESULTS/profile: traces and profile.md; PROFILE_BUDGET=SECONDS, default 150, PROFILE=0 skips it).
 #   BENCH_BUDGET=SECONDS the bench's --gpu-budget (default 270); BENCH=0 or POOL=0 skips one; WORK=DIR holds the
 #   prepared shards and the runs (default /tmp); SMOKE=1 the block at smoke size on a CPU, CORPUS a pydocs-shaped folder
+#   A record RESULTS already holds (bench/, profile/, pool-gpu.tgz) is refused before anything runs; OVERWRITE=1
+#   replaces it.
 set -uo pipefail
 results=$1 block=$2 corpus=$3 tiktoken=$4
+[[ $results = /* ]] || results=$PWD/$results  # the archive is written from inside the pool's folder
+overwrite=()
+if [[ -n ${OVERWRITE:-} ]]; then overwrite=(--overwrite); else
+    for part in bench:BENCH profile:PROFILE pool-gpu.tgz:POOL; do
+        name=${part%%:*} switch=${part##*:}
+        if [[ ${!switch:-1} != 0 && -e $results/$name ]]; then
+            echo "gpu_record.sh: $results/$name holds an earlier record; give another RESULTS, or OVERWRITE=1" >&2
+            exit 2
+        fi
+    done
+fi
 if [[ ${POOL:-1} != 0 && -z ${SMOKE:-} ]]; then  # the block's inputs checked before any card time is spent
     if [[ ! -f $corpus/manifest.json ]]; then
         echo "gpu_record.sh: $corpus is not a built debdocs corpus (no manifest.json; skiplab corpus debdocs)" >&2
@@ -28,13 +41,14 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$results
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$results/card.txt"
 work=${WORK:-/tmp}
 if [[ ${BENCH:-1} != 0 ]]; then
-    python3 -m skiplab bench --groups gpu --gpu-budget "${BENCH_BUDGET:-270}" --out "$results/bench" --overwrite \
-        > "$results/bench.log" 2>&1
+    python3 -m skiplab bench --groups gpu --gpu-budget "${BENCH_BUDGET:-270}" --out "$results/bench" \
+        ${overwrite[@]+"${overwrite[@]}"} > "$results/bench.log" 2>&1
     echo "bench: exit $?"; grep '^\[bench\] gpu' "$results/bench.log"
 fi
 if [[ ${PROFILE:-1} != 0 && -f $results/bench/bench.json ]]; then
     python3 "$(dirname "$0")/../benchmarks/profile_gpu.py" --from-bench "$results/bench/bench.json" \
-        --budget "${PROFILE_BUDGET:-150}" --out "$results/profile" > "$results/profile.log" 2>&1
+        --budget "${PROFILE_BUDGET:-150}" --out "$results/profile" ${overwrite[@]+"${overwrite[@]}"} \
+        > "$results/profile.log" 2>&1
     echo "profile: exit $?"; grep '^\[profile\]' "$results/profile.log"
 fi
 if [[ ${POOL:-1} != 0 ]]; then

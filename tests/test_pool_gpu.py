@@ -53,7 +53,8 @@ def test_the_cards_record_script_packs_the_block(tmp_path):
 
     data = tiny_pydocs(tmp_path / "pydocs")
     script = SCRIPT.with_name("gpu_record.sh")
-    done = subprocess.run(["bash", str(script), str(tmp_path / "results"), "1", str(data), "unused.tiktoken"],
+    results = os.path.relpath(tmp_path / "results", SCRIPT.parents[1])  # relative: the archive was lost
+    done = subprocess.run(["bash", str(script), results, "1", str(data), "unused.tiktoken"],
                           capture_output=True, text=True, timeout=600, cwd=SCRIPT.parents[1],
                           env={**os.environ, "OMP_NUM_THREADS": "1", "BENCH": "0", "SMOKE": "1",
                                "DESIGNS": "PreLN", "WORK": str(tmp_path / "work"),
@@ -63,6 +64,21 @@ def test_the_cards_record_script_packs_the_block(tmp_path):
         names = tar.getnames()
     assert "./table.md" in names and any(n.endswith("seed1/summary.json") for n in names)
     assert not any(n.endswith(".pt") for n in names)
+
+
+@pytest.mark.parametrize("part,skip", [("bench", "POOL"), ("profile", "POOL"), ("pool-gpu.tgz", "BENCH")])
+def test_gpu_record_keeps_an_earlier_record_unless_told(tmp_path, part, skip):
+    """The bench was run with --overwrite always: a second call replaced a card's record silently."""
+    results = tmp_path / "results"
+    results.mkdir()
+    (results / part).write_text("kept")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", skip: "0", "SMOKE": "1"}
+    done = subprocess.run(["bash", str(SCRIPT.with_name("gpu_record.sh")), str(results), "1", "unused", "unused"],
+                          capture_output=True, text=True, timeout=60, cwd=SCRIPT.parents[1], env=env)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == f"gpu_record.sh: {results / part} holds an earlier record; give another RESULTS, or " \
+                          "OVERWRITE=1\n"
+    assert sorted(p.name for p in results.iterdir()) == [part] and (results / part).read_text() == "kept"
 
 
 @pytest.mark.parametrize("missing", ["corpus", "tokenizer"])

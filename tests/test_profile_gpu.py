@@ -30,6 +30,19 @@ def test_each_design_is_profiled_beside_preln_with_its_trace(tmp_path):
     assert len([line for line in section.splitlines() if line.startswith("| `")]) == 5  # --top
 
 
+def test_a_profile_is_replaced_only_when_asked_and_then_whole(tmp_path, capsys):
+    """A second profile into the same --out replaced the report silently and left the first one's traces beside
+    it (18 files for two designs)."""
+    profile_gpu.main(["--designs", "PreLN+ValueRes", "--steps", "1", "--out", str(tmp_path)])
+    before = (tmp_path / "profile.json").read_bytes()
+    with pytest.raises(SystemExit) as e:
+        profile_gpu.main(["--steps", "1", "--out", str(tmp_path)])
+    assert e.value.code == 2 and "holds a profile" in capsys.readouterr().err
+    assert (tmp_path / "profile.json").read_bytes() == before
+    profile_gpu.main(["--steps", "1", "--out", str(tmp_path), "--overwrite"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["profile.json", "profile.md", "trace-PreLN.json.gz"]
+
+
 def test_the_designs_above_their_goal_are_read_from_a_bench_json(tmp_path):
     rows = [{"name": "PostLN step", "value": 1.05}, {"name": "mHC step", "value": 1.20},
             {"name": "SAS step", "value": 1.30}, {"name": "nGPT whole model step", "value": 1.5},
