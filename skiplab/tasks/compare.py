@@ -134,14 +134,15 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
     header["reference_label"] = reference["label"] if reference else None
     header["budget"] = budgets.describe(budget, base, plan, labels[0], root)
     table = blocks.markdown(rows, header, columns, spec.metric_label, spec.decimals, spec.higher_is_better)
-    (root / "table.md").write_text(table + "\n")
-    (root / "table.csv").write_text(blocks.to_csv(rows, columns))
     data = spec.describe_data(base)
     length = f"{base.epochs} epochs" if getattr(base, "epochs", 0) else f"{base.max_steps} steps"
     specs = (parse_model_spec(dataclasses.replace(base, **v.changes).model) for v in variants)
     models = sorted({format_model_spec(name, {k: o for k, o in options.items() if k != "connection"})
                      for name, options in specs})  # the models compared, whatever connections they hold
     title = f"{models[0] if len(models) == 1 else 'models'} on {data}, {_seeds_text(seed_list)}, {length}"
+    said = f"{title}; {spec.metric_label} over seeds ({'higher' if spec.higher_is_better else 'lower'} is better)"
+    (root / "table.md").write_text(f"{said}\n\n{table}\n")  # what was compared, as printed
+    (root / "table.csv").write_text(blocks.to_csv(rows, columns))
     comparison.plot_curves(curves, spec.curves, root / "curves.png", title, x=spec.x)
     effective_result = None
     if baseline_updates:
@@ -155,7 +156,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
         **({"effective": effective_result} if effective_result else {}),
         "wall_time_s": time.time() - t0, "environment": host.environment(),
     })
-    print(f"{title}; {spec.metric_label} over seeds ({'higher' if spec.higher_is_better else 'lower'} is better)")
+    print(said)
     print(table)
     print(f"wrote {root / 'table.md'}, {root / 'table.csv'}, {root / 'curves.png'}")
     return rows

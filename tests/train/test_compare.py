@@ -17,6 +17,8 @@ def test_compare_writes_its_table_and_resumes(fashion_dir, tmp_path, capsys, mon
     printed = capsys.readouterr().out
     assert "| 1xSkip" in printed and "| 2rSkip+LN" in printed
     table = (out / "table.md").read_text()
+    first = table.splitlines()[0]  # what was compared, as printed, heads the file
+    assert first in printed.splitlines() and first.startswith("preact-resnet20") and "fashion-mnist" in first
     assert "error % (mean ± std)" in table and "Δ vs 1xSkip [95% CI]" in table and "p Holm" in table
     assert "Blocks: 2 (block k = seed k of every row)" in table
     rows = list(csv.DictReader((out / "table.csv").open()))
