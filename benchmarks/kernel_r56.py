@@ -203,7 +203,8 @@ def malloc_line(malloc: dict | None) -> str:
 
 def markdown(r: dict) -> str:
     before = r.get("before")
-    lines = [f"# The add + GroupNorm kernel on PreAct-ResNet-56: {r['machine']}", "",
+    model = "PreAct-ResNet-56" if not r.get("small") else "a PreAct-ResNet-8 on 16×16 images (--small: a test)"
+    lines = [f"# The add + GroupNorm kernel on {model}: {r['machine']}", "",
              f"torch {r['torch']}, {r['threads']} thread(s), code {r['commit']}; {r['load_start']} at the start, "
              f"{r['load_end']} at the end; malloc: {malloc_line(r.get('malloc'))}."
              + (f" Before: {before['file']} (sha256 {before['sha256'][:12]})." if before else ""),

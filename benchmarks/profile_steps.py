@@ -112,7 +112,9 @@ def run_case(case: str, rounds: int, steps: int, top: int, small: bool) -> dict:
 
 def markdown(result: dict) -> str:
     lines = [f"# Step profiles: {result['machine']}", "",
-             f"torch {result['torch']}, {result['threads']} thread(s), {result['rounds']} interleaved rounds of "
+             f"torch {result['torch']}, code {result.get('code', 'unknown')}"
+             + (", tiny shapes (--small: a test of the script, not a measurement)" if result.get("small") else "")
+             + f", {result['threads']} thread(s), {result['rounds']} interleaved rounds of "
              f"{result['steps']} profiled steps; {result['load_start']} at the start, {result['load_end']} at the end; "
              f"malloc: {'freed memory kept' if (result.get('malloc') or {}).get('kept') else 'the system defaults'}.",
              ""]
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     if not args.system_malloc:
         host.keep_freed_memory()
-    result = {"machine": machine_name(), "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds,
+    result = {"machine": machine_name(), "torch": torch.__version__, "code": host.code_name(host.environment()),
+              "threads": args.threads, "rounds": args.rounds,
               "steps": args.steps, "small": args.small, "load_start": load(), "malloc": host.malloc_settings()}
     result["cases"] = [run_case(c, args.rounds, args.steps, args.top, args.small) for c in cases]
     result["load_end"] = load()

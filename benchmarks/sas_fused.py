@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 import skiplab
+from skiplab import host
 from skiplab.bench.suite import machine_name
 from skiplab.connections import fused, sas
 
@@ -70,7 +71,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     torch.set_num_threads(args.threads)
     shapes = ((4, 3, 4, 4),) if args.small else SHAPES
     rows = [time_forms(s, args.rounds) for s in shapes]
-    lines = [f"# SAS fused / plain: {machine_name()}; {args.rounds} rounds", "",
+    lines = [f"# SAS fused / plain: {machine_name()}; {args.rounds} rounds; torch {torch.__version__}, code "
+             f"{host.code_name(host.environment())}"
+             + ("; tiny shapes (--small: a test of the script, not a measurement)" if args.small else ""), "",
               "| shape | fused ms | plain ms | fused / plain (min-max) |", "|---|---|---|---|"]
     lines += [f"| {'x'.join(map(str, r['shape']))} | {r['fused_ms']:.1f} | {r['plain_ms']:.1f} | "
               f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) |" for r in rows]

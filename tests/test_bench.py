@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from skiplab import host
 from skiplab.bench import GROUPS, run
 from skiplab.bench.engine import spawn_ranks
 from skiplab.bench.shapes import DEPTH_DESIGNS, HYPER_DESIGNS, IMAGE_DESIGNS, LM_DESIGNS, MT_DESIGNS
@@ -117,6 +118,8 @@ def test_the_step_profiles_at_tiny_shapes(tmp_path, capsys):
                                  "--out", str(out)])
     assert json.loads((out / "profile.json").read_text())["cases"] == result["cases"]
     assert (out / "profile.md").read_text().startswith("# Step profiles: ")
+    code = host.code_name(host.environment())  # the code profiled, and that tiny shapes are no measurement
+    assert result["code"] == code and f"code {code}, tiny shapes (--small" in (out / "profile.md").read_text()
     cases = {c["case"]: c for c in result["cases"]}
     assert [d["design"] for d in cases["r56"]["designs"]] == ["2xSkip+LN", "2rSkip+LN", "SAS"]
     assert [d["design"] for d in cases["hc"]["designs"]] == ["HC", "mHC"]
@@ -151,7 +154,8 @@ def test_the_kernel_benchmark_at_tiny_shapes(tmp_path, capsys):
     out = tmp_path / "kernel"
     result = bench.main(["--small", "--rounds", "2", "--reps", "2", "--threads", "1", "--out", str(out)])
     assert json.loads((out / "kernel.json").read_text())["step"] == result["step"]
-    assert (out / "kernel.md").read_text().startswith("# The add + GroupNorm kernel on PreAct-ResNet-56: ")
+    assert (out / "kernel.md").read_text().startswith("# The add + GroupNorm kernel on a PreAct-ResNet-8 on 16×16 images "
+                                                      "(--small: a test): ")  # not R-56: says so
     assert [(c["design"], len(c["shape"])) for c in result["chain"]] == [("2rSkip+LN", 4)] * 2 + [("2xSkip+LN", 4)] * 2
     assert all(c["eager_ms"] > 0 and c["kernel_ms"] > 0 for c in result["chain"])
     steps = {s["design"]: s for s in result["step"]}
@@ -242,6 +246,8 @@ def test_sas_fused_against_plain_at_tiny_shapes(tmp_path, capsys):
     assert [r["shape"] for r in rows] == [[4, 3, 4, 4]]
     assert rows[0]["fused_ms"] > 0 and rows[0]["plain_ms"] > 0 and rows[0]["ratio_min"] <= rows[0]["ratio"]
     assert out.read_text().startswith("# SAS fused / plain: ") and "| 4x3x4x4 |" in out.read_text()
+    head = out.read_text().splitlines()[0]  # the code it measured, and that tiny shapes are no measurement
+    assert f"code {host.code_name(host.environment())}" in head and "tiny shapes (--small" in head
     capsys.readouterr()
     with pytest.raises(SystemExit) as stop:
         bench.main(["--small", "--out", str(out)])

@@ -25,6 +25,10 @@ def test_gpu_group_at_smoke_size_produces_every_row(tmp_path):
                  "PreLN eager / compiled step", "skiplab PreLN / transformers GPT2LMHeadModel step"):
         assert name in names, name
     assert any(n.endswith("PreLN step, compiled per layer") for n in names)
+    step = next(n for n in names if n.endswith("PreLN step, compiled per layer"))
+    assert " (d 32, 2 layers), " in step  # the size measured, not the preset's (gpt2-small read as 124M)
+    flops = rows[names.index("PreLN model FLOP/s")].note
+    assert "= 0 MFLOP" not in flops and float(flops.split("= ")[1].split(" MFLOP")[0]) > 0
     chunked = rows[names.index("PreLN, chunked head loss step")]
     assert math.isfinite(chunked.value) and "0 graph breaks" in chunked.note and "loss " in chunked.note
     liger = rows[names.index("PreLN, liger head loss step")]

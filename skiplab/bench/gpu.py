@@ -313,11 +313,11 @@ def gpu(sz: Any, ctx: dict) -> list[Row]:
     del eager
     step = t["compiled"]
     flops = flops_token * n_tokens / step
-    shape = f"{g.model}, {g.rows}x{cfg.context} tokens, {kind}"
+    shape = f"{g.model} (d {cfg.d_model}, {cfg.layers} layers), {g.rows}x{cfg.context} tokens, {kind}"
     add(Row("gpu", f"{shape}: PreLN step, compiled per layer", step * 1e3, "ms",
             f"first step (compiling) {first['compile_s']:.0f} s; {first['graph_breaks']} graph breaks"),
         Row("gpu", "PreLN tokens/s", n_tokens / step, "tokens/s", "goal 400,000 on an H100 (stretch 468,000, llm.c)"),
-        Row("gpu", "PreLN model FLOP/s", flops / 1e12, "TFLOP/s", f"6N + 12·L·d·T = {flops_token / 1e6:.0f} MFLOP a token"),
+        Row("gpu", "PreLN model FLOP/s", flops / 1e12, "TFLOP/s", f"6N + 12·L·d·T = {flops_token / 1e6:.3g} MFLOP a token"),
         Row("gpu", "PreLN MFU", 100 * flops / (peak * 1e12) if peak else float("nan"), "%",
             f"of {peak:g} TFLOP/s dense bf16" if peak else note),
         Row("gpu", "PreLN eager / compiled step", t["eager"] / step, "x", "the same step without torch.compile"))

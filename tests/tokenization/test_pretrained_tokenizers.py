@@ -281,6 +281,8 @@ def test_bad_tokenizers_are_one_line_before_anything_is_written(files, text, tmp
     cases = {f"sentencepiece:{tmp_path / 'missing.model'}": r"missing.model: no such sentencepiece model",
              "hf:missing-folder": r"missing-folder: no such Hugging Face tokenizer.json \(looked for /\S+/missing-fold",
              f"tiktoken:cl100k_base:{tmp_path / 'nope.tiktoken'}": r"nope.tiktoken: no such cl100k_base ranks file",
+             f"tiktoken:gpt2:{tmp_path / 'gpt2.tiktoken'}": r"gpt2.tiktoken: no such gpt2 ranks file, from --tokenizer "
+                                                           r"\S+ \(experiments/gpt2_tokenizer.sh DIR writes",
              f"tiktoken:gpt2:{tmp_path}": r"encoder.json: no such GPT-2 encoder.json",
              f"sentencepiece:{corrupt}": r"corrupt: not a sentencepiece model",
              f"hf:{corrupt}": r"corrupt: not a Hugging Face tokenizer.json",

@@ -98,8 +98,13 @@ class TiktokenEncoding(PretrainedTokenizer):
             raise ValueError(f"{eot!r} is not a special token of {name} (eot= in --tokenizer {spec}); "
                              f"known: {', '.join(specials)}")
         folder = Path(path).expanduser()
-        payload = dump_ranks(gpt2_ranks(folder, spec)) if folder.is_dir() else read_file(folder, f"{name} ranks file",
-                                                                                             spec)
+        try:
+            payload = dump_ranks(gpt2_ranks(folder, spec)) if folder.is_dir() else read_file(
+                folder, f"{name} ranks file", spec)
+        except FileNotFoundError as err:
+            if name != "gpt2" or folder.is_dir():
+                raise
+            raise FileNotFoundError(f"{err} (experiments/gpt2_tokenizer.sh DIR writes DIR/gpt2.tiktoken)") from None
         token = eot or ENDOFTEXT
         return cls(payload, {"encoding": name, "eot": specials[token], "eot_token": token}, str(folder))
 
