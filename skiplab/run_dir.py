@@ -35,7 +35,7 @@ from typing import IO, Any
 import torch
 from torch import Tensor
 
-from . import config, host
+from . import host
 
 try:
     import fcntl
@@ -332,10 +332,10 @@ def changed_settings(stored: dict[str, Any], new: dict[str, Any], ignore: tuple[
     """The fields of config ``new`` whose value differs from ``stored``'s, ``ignore`` aside, sorted.
 
     Both are compared as JSON, so a config read back from config.json (lists) equals the dataclass it
-    was written from (tuples); the data's paths (:data:`~skiplab.config.ABSOLUTE`) as absolute paths, so that a
-    run that stored them as given (relative, before they were made absolute) equals the same files named now.
+    was written from (tuples). (Callers hand a stored config's data paths made absolute,
+    :func:`skiplab.config.absolute`: a run that stored them as given, relative, names the same files.)
     """
-    stored, new = (json.loads(json.dumps(config.absolute(c))) for c in (stored, new))
+    stored, new = json.loads(json.dumps(stored)), json.loads(json.dumps(new))
     return sorted(k for k in new if k not in ignore and stored.get(k) != new[k])
 
 

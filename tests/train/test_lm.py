@@ -761,7 +761,6 @@ def test_relative_data_files_are_recorded_absolute_and_evaluated_from_elsewhere(
     payload = json.loads((tmp_path / "run" / "config.json").read_text())
     payload["config"].update({f"{s}_file": f"data/{s}.jsonl" for s in ("train", "valid", "test")})
     (tmp_path / "run" / "config.json").write_text(json.dumps(payload))
-    assert run_dir.changed_settings(payload["config"], {**payload["config"], **stored}) == []
     with one_thread():
         assert run(args(Path("data"), "run", "--max-steps", "2", "--resume")) == 0, capsys.readouterr().err
 
