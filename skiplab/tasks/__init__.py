@@ -54,7 +54,8 @@ def check_same_run(cfg: Any, advice: str = "use another --out") -> None:
     if (out / "config.json").is_file():
         older = {f.name: f.metadata["older_runs"] for f in dataclasses.fields(cfg) if "older_runs" in f.metadata}
         stored = {**older, **getattr(type(cfg), "upgrade", dict)(run_dir.read_json(out / "config.json").get("config") or {})}
-        diff = run_dir.changed_settings(config.absolute(stored), dataclasses.asdict(cfg), ignore=run_dir.PLACE)
+        new = config.absolute(dataclasses.asdict(cfg))  # data paths compared as absolute ones, on both sides
+        diff = run_dir.changed_settings(config.absolute(stored), new, ignore=run_dir.PLACE)
         if diff:
             raise run_dir.RunDirError(f"{out} holds a run with other settings ({', '.join(diff)}); {advice}")
 

@@ -113,8 +113,8 @@ class Run:
         if not (self.out / "last.pt").is_file():  # stopped before its first save: config.json alone
             def restart() -> None:  # on rank 0 alone: its error, if any, reaches every rank
                 stored = run_dir.read_json(self.out / "config.json").get("config") or {}
-                run_dir.check_resumable(self.out, config.absolute(upgrade(stored) if upgrade else stored), self.config,
-                                        extendable=extendable, defaults=defaults)
+                run_dir.check_resumable(self.out, config.absolute(upgrade(stored) if upgrade else stored),
+                                        config.absolute(self.config), extendable=extendable, defaults=defaults)
                 run_dir.clear(self.out)
                 (self.out / run_dir.STARTED).touch()  # a fresh run's from here, until its config.json
 
@@ -127,10 +127,10 @@ class Run:
             raise run_dir.RunDirError(f"{self.out / 'last.pt'} is an average of {', '.join(ckpt['averaged'])}, not "
                                       "a training step's state: nothing to resume from")
         self.resume_step = int(ckpt.get("step", 0))
-        # the data's paths absolute: a run that stored them as given (relative) names the same files
+        # the data's paths absolute on both sides: a run that stored them as given (relative) names the same files
         self.stored = config.absolute(upgrade(ckpt["config"]) if upgrade else ckpt["config"])
-        self.changed = run_dir.check_resumable(self.out, self.stored, self.config, extendable=extendable,
-                                               defaults=defaults)
+        self.changed = run_dir.check_resumable(self.out, self.stored, config.absolute(self.config),
+                                               extendable=extendable, defaults=defaults)
         distributed.check_resume_world(ckpt.get("world_size", 1), self.group, str(self.out))
         return ckpt
 

@@ -763,6 +763,15 @@ def test_relative_data_files_are_recorded_absolute_and_evaluated_from_elsewhere(
     (tmp_path / "run" / "config.json").write_text(json.dumps(payload))
     with one_thread():
         assert run(args(Path("data"), "run", "--max-steps", "2", "--resume")) == 0, capsys.readouterr().err
+    # a run made in Python with relative paths (stored as given): resumed in Python as given, and from the shell
+    cfg = LMTrainConfig(corpus="", train_file="data/train.jsonl", valid_file="data/valid.jsonl", model=TINY,
+                        batch_size=8, max_steps=2, eval_every=2, warmup=1, device="cpu", out="api")
+    with one_thread():
+        train(cfg, progress=False)
+        assert json.loads((tmp_path / "api" / "config.json").read_text())["config"]["train_file"] == "data/train.jsonl"
+        assert train(cfg, resume=True, progress=False)["status"] == "finished"  # its config the stored one
+        assert run(["train", "lm", "--out", "api", "--resume", "--train-file", "data/train.jsonl"]) == 0, \
+            capsys.readouterr().err
 
 
 def test_a_data_error_is_one_line_without_the_warm_up_warning_before_it(text, tmp_path, capsys):
