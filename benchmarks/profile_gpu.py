@@ -132,8 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.steps < 1 or args.top < 1:
         p.error("--steps and --top must be at least 1")
     out = Path(args.out)
-    old = [f for f in (out.glob("profile.*") if out.is_dir() else []) if f.suffix in (".json", ".md")]
-    old += list(out.glob("trace-*.json.gz")) if out.is_dir() else []
+    old = [f for pattern in ("profile.json", "profile.md", "trace-*.json.gz") for f in out.glob(pattern)]
     if old and not args.overwrite:
         p.error(f"{out} holds a profile ({', '.join(sorted(f.name for f in old)[:3])}, ...); give another --out, or "
                 "--overwrite to replace it")

@@ -88,12 +88,13 @@ def _remove_stale_parts(dest: Path) -> None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's included: signalling it is refused, not unknown)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:
+        pass
     return True
 
 
