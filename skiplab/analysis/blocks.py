@@ -16,7 +16,9 @@ Over a row's B paired blocks, with m_b its metric and m⁰_b the baseline's in b
                   distribution of W over the 2^B sign patterns (Wilcoxon 1945; ``scipy.stats.wilcoxon(method=
                   "exact")``), uncorrected; it needs no normality of the d_b, and its smallest attainable value
                   is 2/2^B (all B differences of one sign): 0.0625 at B = 5, 0.0078 at B = 8
-    Welch p:      over the row's and the baseline's finished runs, unpaired, unequal variances (Welch 1947)
+    Welch p:      over the row's and the baseline's finished runs, unpaired, unequal variances (Welch 1947):
+                  the row's runs that have a baseline run of their own machine in their block, and the
+                  baseline's runs on the machines of those (none across machines)
 
 undefined with fewer than two pairs or no spread in the differences. **Holm's correction** (Holm 1979) over the m
 rows of one table that have a paired p and no failed run (below): with p_(1) ≤ … ≤ p_(m) in ascending order,
@@ -202,16 +204,18 @@ def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_
         finished = [r.value for r in mine if r.status == "finished" and r.value is not None]
         mean, std = mean_std(finished)
         states = [status(r, reference, margin, higher_is_better) for r in mine]
-        diffs, ratios = [], []
+        diffs, ratios, elsewhere = [], [], set()
         for b in by_block:
             run, base = b.runs.get(label), b.runs.get(baseline)
             if run is None or base is None or label == baseline:
                 continue
             if run.machine != base.machine:
                 unpaired.append(f"{label} seed {b.seed} ({run.machine}; its baseline: {base.machine})")
+                elsewhere.add(b.seed)
                 continue
             if run.kind != base.kind:  # one machine, another device or precision
                 unpaired.append(f"{label} seed {b.seed} ({run.kind}; its baseline: {base.kind})")
+                elsewhere.add(b.seed)
                 continue
             if b.seed in base_failed:  # a baseline that did not train pairs nothing
                 continue
@@ -221,8 +225,12 @@ def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_
                 ratios.append(run.s_per_update / base.s_per_update)
         if label == baseline:
             ratios = [1.0] if any(r.s_per_update for r in mine) else []
+        # Welch's runs: the row's with a baseline of their machine, and the baseline's on those machines
+        mine_kept = [r for r in mine if r.seed not in elsewhere]
+        welch_runs = [r.value for r in mine_kept if r.status == "finished" and r.value is not None]
+        where = {(r.machine, r.kind) for r in mine_kept}
         base_values = [r.value for r in records if r.label == baseline and r.status == "finished"
-                       and r.value is not None]
+                       and r.value is not None and (r.machine, r.kind) in where]
         delta, lo, hi = mean_difference(diffs) if label != baseline else (math.nan, None, None)
         by_status = {s: [r.seed for r, t in zip(mine, states) if t == s] for s in ("trained", "stalled", "diverged")}
         rows.append({
@@ -233,7 +241,7 @@ def summarise(records: list[RunRecord], order: list[str], baseline: str, higher_
             "pairs": len(diffs), "delta": delta, "ci_low": lo, "ci_high": hi,
             "p_paired": paired_p(diffs) if label != baseline else None,
             "p_wilcoxon": wilcoxon_p(diffs) if label != baseline else None,
-            "p_welch": welch_p(finished, base_values) if label != baseline else None,
+            "p_welch": welch_p(welch_runs, base_values) if label != baseline else None,
             "time_ratio": sum(ratios) / len(ratios) if ratios else None,
         })
     adjusted = holm([None if r["failed"] else r["p_paired"] for r in rows])  # failures are not findings
@@ -306,7 +314,7 @@ def header_lines(header: dict[str, Any], metric_label: str) -> list[str]:
         if not b["baseline"]:
             out.append(f"WARNING: block seed{b['seed']} has no {base} run: its rows have no pair there.")
     if header["unpaired"]:
-        out.append("WARNING: no same-machine baseline, left out of Δ and the paired p: " + "; ".join(header["unpaired"]))
+        out.append("WARNING: no same-machine baseline, left out of Δ and the paired and Welch p: " + "; ".join(header["unpaired"]))
     return out
 
 

@@ -75,16 +75,25 @@ def test_a_table_of_two_machines_without_per_machine_baselines_is_flagged():
     records = _records({("B", 3): "Intel Xeon Processor (AVX512)"})
     rows, header = summarise(records, ["A", "B", "C"], "A")
     assert rows[1]["pairs"] == 2 and rows[2]["pairs"] == 3
+    # Welch's p too leaves B's Intel run out: B's AMD runs (blocks 1, 2) against A's (every block ran on the AMD)
+    assert rows[1]["p_welch"] == pytest.approx(stats.ttest_ind([2.60, 2.72], [2.70, 2.80, 2.75],
+                                                               equal_var=False).pvalue)
     assert header["mixed"] and header["unpaired"] == [
         "B seed 3 (Intel Xeon Processor (AVX512); its baseline: AMD EPYC (AVX2))"]
     table = markdown(rows, header, {k: {"connection": k} for k in "ABC"}, "bits per byte", 3)
     assert "WARNING: block seed3 mixes machines (AMD EPYC (AVX2), Intel Xeon Processor (AVX512))" in table
-    assert "WARNING: no same-machine baseline, left out of Δ and the paired p: B seed 3" in table
+    assert "WARNING: no same-machine baseline, left out of Δ and the paired and Welch p: B seed 3" in table
     # a per-machine baseline in every block: nothing to flag, whatever the machines
     records = _records({(k, 3): "Intel Xeon Processor (AVX512)" for k in "ABC"})
     rows, header = summarise(records, ["A", "B", "C"], "A")
     table = markdown(rows, header, {k: {"connection": k} for k in "ABC"}, "bits per byte", 3)
     assert "WARNING" not in table and rows[1]["pairs"] == 3
+    assert rows[1]["p_welch"] == pytest.approx(stats.ttest_ind([2.60, 2.72, 2.66], [2.70, 2.80, 2.75],
+                                                               equal_var=False).pvalue)
+    # a row of another machine than every baseline run: no Welch p either
+    records = _records({("B", s): "Intel Xeon Processor (AVX512)" for s in (1, 2, 3)})
+    rows, header = summarise(records, ["A", "B", "C"], "A")
+    assert rows[1]["pairs"] == 0 and rows[1]["p_welch"] is None and rows[2]["p_welch"] is not None
     assert "AMD EPYC (AVX2) (seeds 1, 2); Intel Xeon Processor (AVX512) (seed 3)" in table
 
 

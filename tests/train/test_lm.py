@@ -323,7 +323,7 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
         assert run(["compare", "lm", *argv]) == 0  # both runs done: only the table is made again
     table = (out / "table.md").read_text()
     assert "WARNING: block seed1 mixes machines" in table
-    assert f"WARNING: no same-machine baseline, left out of Δ and the paired p: PostLN seed 1 ({other}; its " \
+    assert f"WARNING: no same-machine baseline, left out of Δ and the paired and Welch p: PostLN seed 1 ({other}; its " \
            "baseline: " in table
     assert json.loads((out / "compare.json").read_text())["rows"][1]["pairs"] == 0
     assert "| bits per byte (mean ± std) |" in table  # the metric's name, not a variant's
