@@ -6,8 +6,8 @@ Importing this package registers the designs; see :mod:`skiplab.connections.spec
 # Import order is the order available_connections() lists the designs in.
 from . import expanded, recursive, learned, sas, highway, prenorm, scaled, mixed, deepnorm, peri, admin, hyper, keel, laurel, hybridnorm, ngpt, across  # noqa: F401, I001  (register the designs)
 from .across import Across
-from .base import (ACROSS, MODEL_NORMS, REGISTRY, Connection, available_connections, check_model_requires, connection,
-                   final_norm, input_norm, iter_connections, parse_spec, recording)
+from .base import (ACROSS, MODEL_NORMS, REGISTRY, Connection, available_connections, check_model_requires,
+                   check_token_norms, connection, final_norm, input_norm, iter_connections, parse_spec, recording)
 from .place import Place
 from .second_order import plain_formulas
 from .tie import tie_within_layers  # noqa: F401  (models call it once, at the end of their constructor)
@@ -25,6 +25,7 @@ __all__ = [
     "SpecError",
     "available_connections",
     "check_model_requires",
+    "check_token_norms",
     "Place",
     "connection",
     "final_norm",

@@ -198,6 +198,19 @@ def check_model_requires(cfg: Any, *specs: str) -> None:
                                  f"{key}={getattr(cfg, key)}")
 
 
+def check_token_norms(*specs: str) -> None:
+    """A one-line ``ValueError`` where a connection among ``specs`` (empty ones skipped) normalises with BatchNorm in
+    a model of token sequences (the GPT, the Transformer): BN's training statistics are taken over the batch and every
+    position, later tokens and padding among them, so a causal stack's outputs in training would read the tokens
+    it is to predict (its BN forms are the image models' in the papers: rSkip+LN Table 4, SAS Table 7)."""
+    for text in specs:
+        if text and parse_spec(text).norm == "BN":
+            raise ValueError(f"{text}: BatchNorm has no form in a model of token sequences (its statistics in training "
+                             "mix every position of the batch, later tokens and padding included, so a causal "
+                             "model would read the tokens it predicts); BN forms are for the image models, "
+                             "LN or RMS here")
+
+
 def register(cls: type[Connection] | None = None, *, replace: bool = False):
     """Class decorator: make ``cls`` buildable by its ``name`` in spec strings (``@register``); a name taken by
     another design, an alias or a norm is refused (``@register(replace=True)``: replace that design on purpose)."""

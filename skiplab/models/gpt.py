@@ -58,8 +58,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..connections import (EPS, MODEL_NORMS, Across, Place, check_model_requires, connection, final_norm, input_norm,
-                           iter_connections, parse_spec, set_norm_eps)
+from ..connections import (EPS, MODEL_NORMS, Across, Place, check_model_requires, check_token_norms, connection,
+                           final_norm, input_norm, iter_connections, parse_spec, set_norm_eps)
 from ..connections.across import Stack, check_stack, not_recomputable
 from ..connections.tie import tie_within_layers
 from . import ngpt
@@ -138,6 +138,7 @@ class GPTConfig:
                              "on it")
         ngpt.check(self)  # the nGPT connection: the normalised model's fields (SwiGLU, rope, no biases, no dropout)
         check_model_requires(self, self.connection)  # HybridNorm: the attention's QKV-norm
+        check_token_norms(self.connection)
         check_stack(self.connection, self.stack())  # a design across the stack that names a layer it has not
 
     def stack(self) -> Stack:

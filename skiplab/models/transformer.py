@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from ..connections import (MODEL_NORMS, REGISTRY, Across, Place, check_model_requires, connection, final_norm,
-                           input_norm, parse_spec)
+from ..connections import (MODEL_NORMS, REGISTRY, Across, Place, check_model_requires, check_token_norms, connection,
+                           final_norm, input_norm, parse_spec)
 from ..connections.across import Stack, check_stack
 from .attention import QK_NORMS, CrossAttention, SelfAttention, check_qk_norm
 from .linear import xavier_linear
@@ -62,6 +62,7 @@ class TransformerConfig(Seq2SeqConfig):
                                  "embeddings, scaled q·k and logits, weights renormalised after each step) is the "
                                  "decoder-only GPT's alone")
         check_model_requires(self, self.connection, self.encoder_connection, self.decoder_connection)
+        check_token_norms(self.connection, self.encoder_connection, self.decoder_connection)
         for name in ("encoder", "decoder"):  # designs across a stack that have no form in it
             check_stack(self.stack_connection(name), self.stack(name))
 

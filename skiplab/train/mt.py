@@ -85,7 +85,7 @@ class Seq2SeqRecipe:
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:1, or auto"})
     amp: bool = field(default=True, metadata={"help": "bf16 autocast on CUDA (ignored on CPU)"})
     sync_bn: bool = field(default=False, metadata={
-        "help": "under torchrun, BatchNorm statistics (+BN connections) over every process's batch"})
+        "help": "under torchrun, BatchNorm statistics (the captioner's image trunk) over every process's batch"})
     compile: bool = field(default=False, metadata={
         "help": "run the model through torch.compile (dynamic shapes: batch shapes vary)"})
     out: str = field(default="runs/mt", metadata={"help": "run directory"})

@@ -27,7 +27,7 @@ def batch(b=3, s=7, t=6, seed=1):
     return src, tgt
 
 
-@pytest.mark.parametrize("spec", ["PostLN", "1xSkip", "2xSkip+LN", "2rSkip+LN", "wSkip+LN", "SAS", "SAS+BN",
+@pytest.mark.parametrize("spec", ["PostLN", "1xSkip", "2xSkip+LN", "2rSkip+LN", "wSkip+LN", "SAS", "SAS+RMS",
                                   "Highway", "PreLN", "PreRMS", "2rSkip+RMS"])
 def test_forward_backward_with_every_kind_of_connection(spec):
     model = tiny(spec)
