@@ -14,6 +14,7 @@ same one-line message instead of leaving some waiting at a collective.
 
 from __future__ import annotations
 
+import datetime
 import gc
 import os
 import time
@@ -111,6 +112,40 @@ class Group:
                     pass
             raise value
         return value
+
+
+class RaisedOnMain(ValueError):
+    """What another rank raises where rank 0's step failed: rank 0 prints the error, once."""
+
+    raised_on_main = True
+
+
+def on_main_first(key: str, fn: Callable[[], None], timeout_s: float = 1800.0) -> None:
+    """``fn()`` on rank 0 alone before the process group exists (a step that must be done before every rank reads
+    its config: ``train lm --branch`` making the run directory), the other ranks waiting for it through torchrun's
+    own key-value store (``TORCHELASTIC_USE_AGENT_STORE``: its agent serves one at ``MASTER_ADDR:MASTER_PORT``);
+    where it failed they stop too (:class:`RaisedOnMain`). ``key`` names the step; not launched: ``fn()``."""
+    if not launched():
+        fn()
+        return
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        raise ValueError(f"{key} under several processes needs torchrun's own store (a process started otherwise "
+                         "has none): run this step with one process, then the training under torchrun")
+    store = dist.PrefixStore(f"skiplab/{key}/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
+                             dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                           is_master=False, timeout=datetime.timedelta(seconds=timeout_s)))
+    if rank() == 0:
+        try:
+            fn()
+        except BaseException as err:
+            store.set("done", f"error:{err}")
+            raise
+        store.set("done", "ok")
+        return
+    store.wait(["done"])
+    status = store.get("done").decode()
+    if status != "ok":
+        raise RaisedOnMain(status.removeprefix("error:"))
 
 
 def setup(device: torch.device) -> tuple[Group, torch.device]:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .. import run_dir
+from .. import distributed, run_dir
 from ..analysis.trained import Examples, Trained
 from .. import config
 from ..config import count
@@ -173,7 +173,9 @@ class LMTask(Task):
                 raise ValueError(f"--branch trains on with the checkpoint's options: give --max-steps (and --out, "
                                  f"--overwrite, {flags(o for o in lm_branch.BRANCH_MAY_SET if o != 'out')}), "
                                  f"not {flags(other)}")
-            lm_branch.branch(args.branch, args.out, args.overwrite, args.max_steps if "max_steps" in given else 0)
+            # under torchrun rank 0 makes the directory, the others then read its config
+            distributed.on_main_first("branch", lambda: lm_branch.branch(args.branch, args.out, args.overwrite,
+                                                                         args.max_steps if "max_steps" in given else 0))
             args.resume, args.overwrite = True, False
 
     def shared_data(self, base: Any, root: Path, progress: bool = True) -> Any:

@@ -21,6 +21,7 @@ from torch import nn
 
 from skiplab.bench.engine import _free_port
 from skiplab.cli import main
+from skiplab import distributed
 from skiplab.distributed import _sync_batch_norm
 from tests.noise import DELTA, assert_within_noise, image_training_in_float64, noise
 
@@ -232,3 +233,18 @@ def test_synchronised_batchnorm_refuses_a_second_derivative_in_one_line():
             torch.autograd.grad(_sync_batch_norm(bn, x).square().sum(), x, create_graph=True)
     finally:
         dist.destroy_process_group()
+
+
+def test_a_step_before_the_group_needs_torchruns_store(monkeypatch):
+    """``on_main_first`` waits through torchrun's own store; a process given the launch variables by hand has none:
+    one line saying what to do, and the step not run. Not launched: the step runs here."""
+    done = []
+    distributed.on_main_first("branch", lambda: done.append(1))
+    assert done == [1]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    with pytest.raises(ValueError, match="branch under several processes needs torchrun's own store"):
+        distributed.on_main_first("branch", lambda: done.append(2))
+    assert done == [1]

@@ -393,3 +393,23 @@ def test_a_missing_shard_is_named_in_one_line(clipped, tmp_path):
     (copy / ".metadata").write_bytes(b"not a pickle")
     with pytest.raises(run_dir.RunDirError, match=r"\.metadata: unreadable"):
         sharded.check_shards(copy)
+
+
+def test_a_branch_made_under_torchrun_ends_where_a_straight_two_process_run_ends(text, tmp_path):  # noqa: F811
+    """``--branch`` under torchrun: rank 0 makes the run directory while the others wait for it (every rank took
+    the directory's lock and made it at once: "is being trained by another process"), then the branch trains on
+    two processes and ends bit for bit where a two-process run of that budget ends. A refused branch stops every
+    rank with one line, printed once."""
+    wsd = ("--schedule", "wsd", "--decay", "0.5", "--eval-every", "2", "--warmup", "1", "--keep-checkpoints", "9",
+           "--grad-accum", "2")
+    short, straight, branched = tmp_path / "short", tmp_path / "straight", tmp_path / "branched"
+    ok(torchrun(*args(text, short, *wsd, "--max-steps", "8")))
+    ok(torchrun(*args(text, straight, *wsd, "--max-steps", "12")))
+    ok(torchrun("train", "lm", "--branch", short / "checkpoint_4.pt", "--max-steps", "12", "--out", branched))
+    a, b = last(straight), last(branched)
+    assert b["step"] == 12 and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+    assert json.loads((branched / "config.json").read_text())["branched_from"]["step"] == 4
+    late = torchrun("train", "lm", "--branch", short / "checkpoint_6.pt", "--max-steps", "12",
+                    "--out", tmp_path / "late")
+    assert late.returncode != 0 and not (tmp_path / "late").exists()
+    assert late.stderr.count("past the stable phase (to update 4)") == 1, late.stderr[-2000:]
