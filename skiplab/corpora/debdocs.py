@@ -27,8 +27,9 @@ document, ``{"id": PATH, "package": PKG, "text": TEXT}`` (the layout of pydocs, 
 ``manifest.json`` gives the packages and versions, the files read and the documents kept or dropped of each, the
 documents, characters, bytes and SHA-256 of each split, and ``build_sha256``, the SHA-256 of the settings, the
 packages and versions and the three splits' digests. The same packages give the same bytes: the gzip headers carry
-no time or name. The folder is written beside itself (``OUT.partial``) and renamed when complete; an existing
-``OUT`` is never replaced.
+no time or name. The folder is written beside itself (``OUT.partial``, marked as this command's:
+:mod:`skiplab.corpora.work`) and renamed when complete; an existing ``OUT`` is never replaced, and an ``OUT.partial``
+that is not an interrupted build's is left as it is.
 """
 
 from __future__ import annotations
@@ -37,8 +38,6 @@ import fnmatch
 import gzip
 import hashlib
 import json
-import os
-import shutil
 import time
 import zlib
 from collections.abc import Iterator
@@ -48,6 +47,7 @@ from typing import Any
 
 from .documents import LM_SPLITS
 from .prose import text_key, to_text
+from .work import write_beside
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -180,24 +180,14 @@ def build(cfg: DebdocsConfig, sources: tuple[Source, ...] = SOURCES, progress: b
         raise FileExistsError(f"{out}: already exists; give another --out or remove it")
     if cfg.packages:
         # a source's own pattern ("linux-doc-*") or an installed package's name ("linux-doc-6.1")
-        wanted = cfg.packages
-        sources = tuple(s for s in sources
-                        if any(fnmatch.fnmatchcase(s.package, p) or fnmatch.fnmatchcase(p, s.package) for p in wanted))
-        if not sources:
-            raise ValueError(f"--packages {','.join(cfg.packages)}: no source of debdocs is named so; known: "
+        named = lambda s, p: fnmatch.fnmatchcase(s.package, p) or fnmatch.fnmatchcase(p, s.package)  # noqa: E731
+        unknown = [p for p in cfg.packages if not any(named(s, p) for s in sources)]
+        if unknown:
+            raise ValueError(f"--packages {','.join(unknown)}: no source of debdocs is named so; known: "
                              + ", ".join(s.package for s in SOURCES))
+        sources = tuple(s for s in sources if any(named(s, p) for p in cfg.packages))
     chosen = resolve(sources, have := installed(root))
-    work = out.with_name(out.name + ".partial")
-    if work.exists():  # what an interrupted build left
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    try:
-        manifest = _write(cfg, root, chosen, have, work, progress)
-        os.replace(work, out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return manifest
+    return write_beside(out, "corpus debdocs", lambda work: _write(cfg, root, chosen, have, work, progress))
 
 
 def _write(cfg: DebdocsConfig, root: Path, chosen: list[tuple[Source, str]], have: dict[str, str], work: Path,

@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,9 +37,9 @@ from ..tokenization.pretrained import read_pretrained
 from .shards import (FORMAT_NAME, FORMAT_VERSION, MAX_SHARD_TOKENS, SIDECAR, TOKENIZER_FILE, token_dtype,
                      write_shard)
 from .windows import count_words
+from .work import write_beside
 
 INDEXED = ("valid", "test")  # splits whose document ends are kept (--valid-tokens cuts at one)
-MARK = ".skiplab-prepare"  # inside OUT.partial: the folder is this command's work (an interrupted run's may go)
 
 
 @dataclass(frozen=True)
@@ -99,15 +97,9 @@ def prepare(cfg: PrepareConfig, progress: bool = True) -> dict[str, Any]:
     if out.exists():
         raise FileExistsError(f"{out}: already exists; give another --out or remove it")
     tokenizer = read_pretrained(cfg.tokenizer).to_bytes() if cfg.tokenizer not in LM_TOKENIZERS else b""
-    work = out.with_name(out.name + ".partial")
-    if work.exists() and not (work / MARK).is_file():
-        raise FileExistsError(f"{work}: already exists and is not what an interrupted skiplab prepare lm leaves "
-                              "(no .skiplab-prepare mark in it); move it away or give another --out")
-    if work.exists():  # what an interrupted run of this command left
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    (work / MARK).write_text(f"the work folder of skiplab prepare lm --out {out}; removed when complete\n")
-    try:
+
+    def fill(work: Path) -> dict[str, Any]:
+        nonlocal tokenizer
         if not tokenizer:  # bpe / unigram train on the whole train split, held in memory; bytes needs no text
             train_texts = cfg.documents("train").texts if cfg.tokenizer != "bytes" else []
             tokenizer = train_lm_tokenizer(cfg.tokenizer, train_texts, work / "spm", cfg.vocab_size).to_bytes()
@@ -124,12 +116,9 @@ def prepare(cfg: PrepareConfig, progress: bool = True) -> dict[str, Any]:
         for split in cfg.splits():
             meta["splits"][split] = _write_split(cfg, split, tok, work, progress)
         (work / SIDECAR).write_text(json.dumps(meta, indent=2) + "\n")
-        (work / MARK).unlink()
-        os.replace(work, out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-    return meta
+        return meta
+
+    return write_beside(out, "prepare lm", fill)
 
 
 def _write_split(cfg: PrepareConfig, split: str, tok: LMTokenizer, folder: Path, progress: bool) -> dict[str, Any]:

@@ -159,6 +159,30 @@ def test_an_existing_folder_is_never_replaced(root, tmp_path, capsys):
     assert [p.name for p in out.iterdir()] == ["keep"]
 
 
+def test_a_work_folder_not_left_by_a_build_is_kept(root, tmp_path):
+    """``OUT.partial`` that holds someone's files (no mark of an interrupted build) is refused, not removed, by a
+    build that succeeds or fails; one an interrupted build left (it holds the mark) is replaced."""
+    out = tmp_path / "out"
+    mine = tmp_path / "out.partial"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    with pytest.raises(FileExistsError, match="out.partial: already exists and is not what an interrupted skiplab "
+                                              "corpus debdocs leaves"):
+        build(cfg(out, root), FAKE, progress=False)
+    assert (mine / "notes.txt").read_text() == "my notes" and not out.exists()
+    (mine / ".skiplab-corpus").write_text("")  # as an interrupted build leaves it
+    build(cfg(out, root), FAKE, progress=False)
+    assert not mine.exists() and sorted(p.name for p in out.iterdir()) == [
+        "manifest.json", "test.jsonl.gz", "train.jsonl.gz", "valid.jsonl.gz"]
+
+
+def test_every_name_in_packages_must_name_a_source(root, tmp_path):
+    """A misspelt name beside one that matches built the corpus without it, silently."""
+    with pytest.raises(ValueError, match=r"--packages fake-mna: no source of debdocs is named so"):
+        build(cfg(tmp_path / "out", root, packages=("fake-man", "fake-mna")), FAKE, progress=False)
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_cli_builds_from_the_named_sources_and_prepare_reads_it(tmp_path, capsys):
     root = tmp_path / "root"
     git = {f"/usr/share/doc/git-doc/git-c{n}.html": f'<body><div id="content"><p>{page(n)}</p></div>'
