@@ -101,8 +101,11 @@ def open_shard(path: str | Path) -> np.ndarray:
         known = ", ".join(f"magic {m} version {v} ({d})" for (m, v), d in FORMATS.items())
         raise ValueError(f"{path}: not a token shard (magic {magic}, version {version}; known: {known})")
     if count < 0 or size != HEADER_BYTES + count * dtype.itemsize:
-        raise ValueError(f"{path}: the header says {count} {dtype} tokens, the file holds "
-                         f"{(size - HEADER_BYTES) / dtype.itemsize:g}")
+        body, itemsize = size - HEADER_BYTES, dtype.itemsize
+        holds = f"{body // itemsize}" if body % itemsize == 0 else f"{body} bytes ({body // itemsize} tokens and " \
+                f"{body % itemsize} byte{'s' if body % itemsize > 1 else ''} more)"
+        raise ValueError(f"{path}: the header says {count} {dtype} tokens ({count * itemsize} bytes after the header), "
+                         f"the file holds {holds}")
     if not count:
         return np.empty(0, dtype=dtype)
     return np.memmap(path, dtype=dtype.newbyteorder("<"), mode="r", offset=HEADER_BYTES, shape=(count,))

@@ -78,13 +78,20 @@ def test_bad_shards_are_one_line_naming_the_file(tmp_path):
     raw = bytearray(good.read_bytes())
     cases = {"magic.bin": (0, 20240521, "not a token shard \\(magic 20240521, version 1"),
              "version.bin": (1, 2, "not a token shard \\(magic 20240520, version 2"),
-             "count.bin": (2, 4, "the header says 4 uint16 tokens, the file holds 3")}
+             "count.bin": (2, 4, "the header says 4 uint16 tokens \\(8 bytes after the header\\), the file holds 3$")}
     for name, (field, value, message) in cases.items():
         bad = bytearray(raw)
         bad[4 * field : 4 * field + 4] = np.array([value], dtype="<i4").tobytes()
         (tmp_path / name).write_bytes(bytes(bad))
         with pytest.raises(ValueError, match=f"{name}: {message}"):
             open_shard(tmp_path / name)
+    # a byte short of 1,170,085 tokens: the exact count (it read "the file holds 1.17008e+06")
+    big = tmp_path / "big.bin"
+    write_shard(big, np.zeros(1_170_085, dtype=np.uint16))
+    big.write_bytes(big.read_bytes()[:-1])
+    with pytest.raises(ValueError, match=r"big.bin: the header says 1170085 uint16 tokens \(2340170 bytes after the "
+                                         r"header\), the file holds 2340169 bytes \(1170084 tokens and 1 byte more\)$"):
+        open_shard(big)
     (tmp_path / "short.bin").write_bytes(raw[:100])
     with pytest.raises(ValueError, match="short.bin: 100 bytes, shorter than the 1024-byte header"):
         open_shard(tmp_path / "short.bin")
