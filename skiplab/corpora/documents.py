@@ -351,7 +351,15 @@ def _jsonl(path: Path) -> Iterator[str]:
         if not isinstance(record, dict) or not isinstance(record.get("text"), str):
             _drain(lines)
             raise ValueError(f"{path}, line {i}: not a JSON object with a \"text\" string")
-        yield record["text"]
+        text = record["text"]
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:  # JSON's \ud800-\udfff escapes unpaired: no character
+                _drain(lines)
+                raise ValueError(f"{path}, line {i}: its \"text\" holds {text[err.start]!r}, half of a UTF-16 "
+                                 "surrogate pair without its other half (no character; not valid UTF-8)") from None
+        yield text
 
 
 def _split(lines: Iterable[str], separator: str = "") -> Iterator[str]:

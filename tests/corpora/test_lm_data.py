@@ -47,6 +47,14 @@ def test_bad_documents_are_one_line_errors(tmp_path):
     js.write_text('{"text": "ok"}\n{"txt": "no text key"}\n')
     with pytest.raises(ValueError, match=r'bad.jsonl, line 2: not a JSON object with a "text" string'):
         read_documents(js)
+    # JSON's escape of half a surrogate pair is no character: an error naming the line, not the encoder's
+    # "surrogates not allowed" mid-run, nor \udcff turned into the raw byte 0xff
+    for half in ("\\ud800", "\\udcff"):
+        lone = tmp_path / "lone.jsonl"
+        lone.write_text('{"text": "fine \\u00e9"}\n{"text": "lone ' + half + ' surrogate"}\n')
+        with pytest.raises(ValueError, match=r'lone.jsonl, line 2: its "text" holds .*, half of a UTF-16 surrogate '
+                                             r'pair without its other half'):
+            read_documents(lone)
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"text": ""}\n\n')
     with pytest.raises(ValueError, match="empty.jsonl: empty corpus"):
