@@ -219,9 +219,9 @@ class Prepared:
             raise ValueError(f"{self.sidecar}: no {split} split (it has {', '.join(self.meta['splits'])})")
         return self.meta["splits"][split]
 
-    def tokens(self, split: str) -> np.ndarray | ShardedTokens:
-        """The split's shards, memory-mapped, each checked against the sidecar: type, count, and largest id (each
-        shard scanned once a process, :func:`_check_ids`)."""
+    def shards(self, split: str) -> list[tuple[Path, np.ndarray]]:
+        """The split's shards, memory-mapped, each checked against the sidecar (its type and count: their headers
+        and sizes read, no token), with their paths; a missing one is the error naming it."""
         info, dtype = self.split(split), np.dtype(self.meta["dtype"])
         parts = []
         for shard in info["shards"]:
@@ -231,14 +231,22 @@ class Prepared:
                 raise ValueError(f"{path}: {tokens.dtype} tokens, where {self.sidecar} says {dtype}")
             if len(tokens) != shard["tokens"]:
                 raise ValueError(f"{path}: {len(tokens)} tokens, where {self.sidecar} says {shard['tokens']}")
+            parts.append((path, tokens))
+        if sum(len(p) for _, p in parts) != info["tokens"] or not parts:
+            raise ValueError(f"{self.sidecar}: the {split} shards hold {sum(len(p) for _, p in parts)} tokens, "
+                             f"the sidecar says {info['tokens']}")
+        return parts
+
+    def tokens(self, split: str) -> np.ndarray | ShardedTokens:
+        """The split's shards (:meth:`shards`), their largest id checked too (each shard scanned once a process,
+        :func:`_check_ids`)."""
+        info = self.split(split)
+        parts = self.shards(split)
+        for path, tokens in parts:
             _check_ids(path, tokens, int(info["max_id"]),
                        f"where {self.sidecar} gives the {split} split's largest as {int(info['max_id'])} "
                        f"(vocabulary {self.vocab_size})")
-            parts.append(tokens)
-        if sum(len(p) for p in parts) != info["tokens"] or not parts:
-            raise ValueError(f"{self.sidecar}: the {split} shards hold {sum(len(p) for p in parts)} tokens, "
-                             f"the sidecar says {info['tokens']}")
-        return joined(parts)
+        return joined([tokens for _, tokens in parts])
 
     def first_documents(self, split: str, tokens: int) -> tuple[int, int, int]:
         """(tokens, bytes, words) of the first documents holding ``tokens`` tokens (all of them where fewer), as

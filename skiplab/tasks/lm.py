@@ -190,7 +190,7 @@ class LMTask(Task):
         has), and text files need ``--test-file`` (with ``--corpus ''``)."""
         prep = lm_data.prepared(cfg)
         if prep is not None:
-            prep.split("test")
+            prep.shards("test")  # each shard there, of the sidecar's type and count
         elif not cfg.corpus and not cfg.test_file:
             raise ValueError("the final model is scored on the test split: give --test-file (with --corpus '')")
 

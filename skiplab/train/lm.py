@@ -112,6 +112,8 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     prep = prepared(cfg)  # a prepared folder: its tokenizer and shards, nothing tokenised
     if prep is not None:  # its shards, its tokenizer and its document index checked before anything is written
         prep.tokenizer_bytes(), prep.tokens("train"), prep.tokens("valid")
+        if "test" in prep.meta["splits"]:  # the split the finished run is scored on: its shards there (headers read)
+            prep.shards("test")
         if cfg.valid_tokens:
             prep.first_documents("valid", cfg.valid_tokens)
     # token files are read (each scanned once) and their sidecars checked before anything is written

@@ -259,6 +259,14 @@ def test_training_on_a_bad_folder_writes_nothing(pydocs, tmp_path, capsys):
     assert run(argv) == 2
     assert "train_000001.bin: not a token shard (magic 0, version 0" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+    # the test split, which the finished run is scored on: a missing shard is found before anything is written too
+    # (the run finished, and `eval lm --split test` failed afterwards)
+    missing = copy_folder(prepared(pydocs, tmp_path / "prep2"), tmp_path / "missing")
+    (missing / "test_000000.bin").unlink()
+    argv[argv.index(out)] = missing
+    assert run(argv) == 2
+    assert "test_000000.bin: no such shard" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
 
 
 def one_line(capsys) -> str:
