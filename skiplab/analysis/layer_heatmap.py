@@ -20,6 +20,8 @@ SHARES = ("dyt_saturated",)  # quantities in [0, 1], drawn on a linear scale
 def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), title: str = "") -> Path:
     """The heatmaps of the run directory ``run`` (the quantities ``keys``; default all) into ``out``; return it."""
     run = Path(run)
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run}: no such run directory")
     lines = run_dir.read_steps(run, run_dir.LAYERS_FILE)
     if not lines:
         raise ValueError(f"{run} has no per-layer lines ({run_dir.LAYERS_FILE}); `train lm --log-layers N` writes "
@@ -29,13 +31,17 @@ def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), ti
     unknown = [k for k in keys if k not in known]
     if unknown:
         raise ValueError(f"--keys: {run} has no per-layer {unknown[0]!r}; it has: {', '.join(known)}")
-    quantities = list(keys) or known
+    quantities = list(dict.fromkeys(keys)) or known  # a key given twice is one panel
     plt = pyplot()
     import numpy as np
     from matplotlib.colors import LogNorm, Normalize
 
     steps = [x["step"] for x in lines]
-    half = (steps[-1] - steps[0]) / (2 * (len(steps) - 1)) if len(steps) > 1 else 0.5  # a column's half-width
+    # each column drawn from halfway to the update before it to halfway to the next: the updates watched need not be
+    # evenly spaced (a run resumed with another --log-layers)
+    mids = [(a + b) / 2 for a, b in zip(steps, steps[1:])]
+    edges = np.array([steps[0] - (mids[0] - steps[0]) if mids else steps[0] - 0.5, *mids,
+                      steps[-1] + (steps[-1] - mids[-1]) if mids else steps[-1] + 0.5])
     panels = len(quantities) + 1
     cols = min(3, panels)
     rows = math.ceil(panels / cols)
@@ -49,8 +55,9 @@ def plot_layers(run: str | Path, out: str | Path, keys: tuple[str, ...] = (), ti
             shown = np.where(grid > 0, grid, np.nan)
             finite = shown[np.isfinite(shown)]
             norm = LogNorm(vmin=finite.min(), vmax=finite.max()) if finite.size and finite.min() < finite.max() else None
-        image = ax.imshow(shown, aspect="auto", interpolation="nearest", norm=norm, cmap="viridis",
-                          extent=(steps[0] - half, steps[-1] + half, len(subs) - 0.5, -0.5))
+        image = ax.pcolormesh(edges, np.arange(len(subs) + 1) - 0.5, np.ma.masked_invalid(shown), norm=norm,
+                              cmap="viridis")
+        ax.set_ylim(len(subs) - 0.5, -0.5)  # the first sub-layer on top
         ax.set_yticks(range(len(subs)), subs, fontsize=7)
         ax.set_xlabel("update")
         ax.set_title(q)

@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from skiplab.analysis.layer_heatmap import plot_layers
+from skiplab.analysis.report import pyplot
 from skiplab.bench.steps import build
 from skiplab.connections.base import _check_input as check_input
 from skiplab.models import GPT, GPTConfig
@@ -305,3 +307,24 @@ def test_the_spikes_of_a_run_are_named_in_its_summary_and_survive_a_resume(text,
     assert summary["spike_sources"] == spike_sources(read_lines(straight), [3, 4, 5, 6])
     assert [s["watched"] for s in summary["spike_sources"]] == [[1, 2], [1, 2, 3], [1, 2, 3, 4], [2, 3, 4, 5]]
     assert json.loads((stopped / "summary.json").read_text())["spike_sources"] == summary["spike_sources"]
+
+
+def test_a_heatmaps_columns_sit_at_their_updates_when_unevenly_spaced(tmp_path, monkeypatch):
+    """Updates 1-4 watched every update, then every 4th (a run resumed with another --log-layers): each column is
+    drawn around its own update (the columns were spread evenly from 1 to 12, update 2 drawn at 3.2)."""
+    plt = pyplot()
+    steps = [1, 2, 3, 4, 8, 12]
+    (tmp_path / "layers.jsonl").write_text("".join(
+        json.dumps({"step": s, "layers": {"0.attn": {"grad_norm": s}, "0.ffn": {"grad_norm": 2 * s},
+                                          "final_norm": {"input_rms": 1.0}}}) + "\n" for s in steps))
+    drawn = []
+    monkeypatch.setattr(plt, "close", lambda fig=None: drawn.append(fig))
+    plot_layers(tmp_path, tmp_path / "a.png", keys=("grad_norm", "grad_norm"))
+    fig = drawn[-1]
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_title() == "grad_norm"]
+    assert len(panels) == 1  # a key given twice: one panel
+    edges = panels[0].collections[0].get_coordinates()[0, :, 0]
+    assert edges.tolist() == [0.5, 1.5, 2.5, 3.5, 6.0, 10.0, 14.0]
+    assert all(a < s < b for a, s, b in zip(edges, steps, edges[1:]))
+    with pytest.raises(FileNotFoundError, match="nowhere: no such run directory"):
+        plot_layers(tmp_path / "nowhere", tmp_path / "b.png")
