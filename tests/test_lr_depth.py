@@ -98,6 +98,24 @@ def test_two_kinds_of_machine_or_two_metrics_are_refused_in_one_line(tmp_path, c
     assert not (tmp_path / "o").exists()
 
 
+def test_a_sweep_without_per_run_kinds_is_of_the_machine_its_record_names(tmp_path):
+    """An older sweep records no kind a run, only the environment it was made in: its runs are of that machine's
+    kind (they were pooled under the other sweep's kind, unsaid), and with no environment of a kind of their own."""
+    a = _sweep(tmp_path / "a", "standard", [4], GRID, [1], kinds=["Intel Xeon Processor (AVX512), fp32"])
+    old = _sweep(tmp_path / "old", "standard", [32], GRID, [1], kinds=[])
+    record = json.loads((old / "sweep.json").read_text())
+    record["environment"] = {"cpu": "AMD EPYC", "cpu_capability": "AVX2", "cuda": None}
+    (old / "sweep.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"5 runs on Intel Xeon Processor \(AVX512\), fp32; 5 runs on AMD EPYC "
+                                         r"\(AVX2\), fp32"):
+        lr_depth.read([a, old])
+    assert lr_depth.read([old])["kind"] == "AMD EPYC (AVX2), fp32"
+    del record["environment"]
+    (old / "sweep.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="5 runs on .*old/sweep.json's machine, unknown"):
+        lr_depth.read([a, old])
+
+
 def test_one_run_with_two_numbers_is_an_error(tmp_path):
     a = _sweep(tmp_path / "a", "standard", [4], GRID, [1])
     b = _sweep(tmp_path / "b", "standard", [4], GRID, [1], value=lambda *args: _value(*args) + 0.5)

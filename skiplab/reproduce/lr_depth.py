@@ -20,7 +20,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .. import run_dir
+from .. import host, run_dir
 from ..analysis import lr_optimum
 from ..analysis.report import markdown, pyplot
 from .sweep import one_kind
@@ -49,11 +49,17 @@ def read(sweeps: list[Path]) -> dict[str, Any]:
             raise ValueError(f"{path}: its metric is {s['metric']}, the first sweep's {metric}: one metric a table")
         conf = s.get("config", {})
         kind = conf.get("parametrization", "standard")
+        # a run the sweep recorded no kind of machine for (older sweeps): the machine the sweep's table was made on,
+        # which made its runs too, else one unrecorded kind (pooled with no other)
+        env = s.get("environment")
+        made_on = host.machine_kind(env, str(conf.get("device", "cpu")), bool(conf.get("amp", False))) \
+            if isinstance(env, dict) else "unknown"
+        made_on = f"{path}'s machine, {made_on}" if made_on == "unknown" else made_on
         for r in s["runs"]:
             label = design_label(r["connection"], kind)
             key = (label, r["depth"], r["lr"], r["seed"])
             entry = {"design": label, "depth": r["depth"], "lr": r["lr"], "seed": r["seed"], "status": r["status"],
-                     "value": r.get(metric), "kinds": r.get("kinds", []), "code": r.get("code", []),
+                     "value": r.get(metric), "kinds": r.get("kinds") or [made_on], "code": r.get("code", []),
                      "dir": r.get("dir", ""), "sweep": str(folder)}
             old = runs.get(key)
             if old is None or (old["status"] != "finished" and entry["status"] == "finished"):
@@ -64,7 +70,7 @@ def read(sweeps: list[Path]) -> dict[str, Any]:
                                  f"{entry['value']}): are they two runs?")
     if metric is None:
         raise ValueError("give at least one sweep")
-    kind = one_kind([r for r in runs.values() if r["kinds"]],
+    kind = one_kind(list(runs.values()),
                     advice="analyse each kind's sweeps apart (analyze lr-depth SWEEP ... of one kind)")
     return {"metric": metric, "metric_label": label_text, "higher_is_better": higher, "runs": list(runs.values()),
             "kind": kind}
