@@ -87,6 +87,10 @@ def apply(mcfg: GPTConfig, kind: str, depth_base: int = 0) -> GPTConfig:
     if "depth_alpha" not in cls.options:
         raise ValueError(f"--parametrization completep scales pre-norm branches (PreLN, PreRMS, PreDyT, LNS); "
                          f"{mcfg.connection} has no depth_alpha")
+    if not spec.options["depth_alpha"] and "depth_alpha=" in "".join(mcfg.connection.split()):  # written as 0
+        raise ValueError(f"--parametrization completep scales the branches by m_L^(-alpha) with alpha > 0 (its paper: "
+                         f"1/2 or 1; 1 unless written); {mcfg.connection} writes depth_alpha=0, no depth scaling: "
+                         "give --parametrization mup for that")
     base = float(depth_base or mcfg.layers)
     if spec.options["depth_base"] not in (1.0, base):
         raise ValueError(f"--parametrization completep: the connection sets depth_base="

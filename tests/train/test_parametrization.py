@@ -120,6 +120,9 @@ def test_standard_keeps_the_two_groups_of_every_earlier_run():
     (["--mup-base-width", "16"], "give --parametrization mup or completep"),
     (["--parametrization", "completep", "--depth-base", "-1"], "depth"),
     (["--parametrization", "mup", "--depth-base", "4"], "--depth-base is CompleteP's base depth"),
+    # α = 0 written: it was taken as unwritten and made 1 (every branch × m_L^(-1)), silently
+    (["--parametrization", "completep", "--connection", "PreLN(depth_alpha=0)"],
+     "writes depth_alpha=0, no depth scaling: give --parametrization mup for that"),
 ])
 def test_bad_values_are_one_line_exit_2_nothing_written(text, tmp_path, capsys, extra, problem):  # noqa: F811
     out = tmp_path / "run"
