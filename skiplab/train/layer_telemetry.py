@@ -8,8 +8,8 @@ Every N-th update (step s with s mod N = 0) is watched; for every sub-layer j (a
     stream_rms       = sqrt(mean x²)          x the residual stream entering the sub-layer (n hyper-connection
                                               streams: their sum, as ``analyze norms`` takes them)
     branch_rms       = sqrt(mean F²)          F the branch's output (the attention's or MLP's, before the
-                                              sub-layer's dropout)
-    branch_ratio     = branch_rms / stream_rms
+                                              sub-layer's dropout and any scale the connection puts on F)
+    branch_ratio     = branch_rms / stream_rms  (what x + F writes; a scaled F writes that times its scale)
     max_over_median  = max |y| / median |y|   y the sub-layer's output (the stream it hands on; streams summed):
                                               massive activations (Sun et al. 2024, "Massive Activations in
                                               Large Language Models", Section 2)
