@@ -154,6 +154,9 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
     if cfg.warmup > cfg.max_steps and not resume:  # said once the data are there: a data error is one line alone
         warnings.warn(f"--warmup {cfg.warmup} is more than --max-steps {cfg.max_steps}: the learning rate rises to "
                       f"{cfg.lr * cfg.max_steps / max(cfg.warmup, 1):.3g} at most, never to --lr {cfg.lr:g}", stacklevel=2)
+    if cfg.log_layers > cfg.max_steps and not resume:
+        warnings.warn(f"--log-layers {cfg.log_layers} is more than --max-steps {cfg.max_steps}: no update is watched "
+                      "(no layers.jsonl)", stacklevel=2)
 
     if ckpt:
         check_same_data(run.out, train_data, valid_data)

@@ -732,11 +732,15 @@ def test_a_relative_data_dir_is_recorded_absolute(text, tmp_path, monkeypatch, c
     learning rate never reaches --lr, which a warning says.)"""
     monkeypatch.chdir(tmp_path)
     with one_thread():
-        assert run(args(text, tmp_path / "run", "--data-dir", "data/here", "--max-steps", "2", "--warmup", "4")) == 0
+        assert run(args(text, tmp_path / "run", "--data-dir", "data/here", "--max-steps", "2", "--warmup", "4",
+                        "--log-layers", "3")) == 0
     stored = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
     assert stored["data_dir"] == str(tmp_path / "data" / "here")
-    assert "--warmup 4 is more than --max-steps 2: the learning rate rises to 0.0015 at most, never to --lr 0.003" \
-        in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--warmup 4 is more than --max-steps 2: the learning rate rises to 0.0015 at most, never to --lr 0.003" in err
+    # per-layer lines every 3 updates of 2: none written, said
+    assert "--log-layers 3 is more than --max-steps 2: no update is watched" in err
+    assert not (tmp_path / "run" / "layers.jsonl").exists()
 
 
 def test_relative_data_files_are_recorded_absolute_and_evaluated_from_elsewhere(text, tmp_path, monkeypatch,
