@@ -51,6 +51,7 @@ every update (a no-op for the other designs).
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 import torch
@@ -116,6 +117,11 @@ class GPTConfig:
                                    ("init", self.init, GPT_INITS), ("norm", self.norm, MODEL_NORMS)):
             if value not in known:
                 raise ValueError(f"{name} must be one of {', '.join(known)}, got {value!r}")
+        sizes = ("vocab_size", "d_model", "heads", "layers", "ffn_dim", "context", "pad_vocab", "mup_base_width")
+        for name in sizes:  # from Python a float or a bool would build (context=2.5) and fail somewhere else
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
         if min(self.vocab_size, self.d_model, self.heads, self.layers, self.ffn_dim, self.context) < 1:
             raise ValueError("vocab_size, d_model, heads, layers, ffn_dim and context must be positive")
         if self.d_model % self.heads:

@@ -3,6 +3,7 @@
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,5 +154,10 @@ def test_bad_configs_and_too_long_input_are_one_line_errors():
         GPTConfig(positions="alibi")
     with pytest.raises(ValueError, match="divisible by heads"):
         GPTConfig(d_model=30, heads=4)
+    # from Python, a size that is no integer (context=2.5 built, and said "the model's context (2.5)")
+    for name, value in (("context", 2.5), ("heads", True), ("layers", "4"), ("pad_vocab", 1.0)):
+        with pytest.raises(ValueError, match=f"^{name} must be an integer, got {value!r}$"):
+            GPTConfig(**{name: value})
+    assert GPTConfig(layers=np.int64(3)).layers == 3  # numpy's integers are integers
     with pytest.raises(ValueError, match="longer than the model's context \\(16\\)"):
         tiny()(tokens(t=17))
