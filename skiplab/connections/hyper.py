@@ -27,7 +27,7 @@ from .base import Branch, Connection, register
 from .norms import make_norm
 from .place import Place
 from .second_order import graph_wanted, plain, vjp
-from .spec import Option, Spec, choice, positive_int
+from .spec import Option, Spec, SpecError, choice, positive_int
 
 HC_SCALE = 0.01  # HC's s_α, s_β at initialisation (Zhu et al. 2025, Algorithm 2; the code's dynamic_alpha_scale)
 
@@ -90,6 +90,13 @@ class HC(Connection):
                "tanh": Option("yes", choice("yes", "no"), "dynamic: tanh on H̄W (no: the paper's W/O tanh rows)")}
     patterns = {"HC[+RMS](n=4,kind=dynamic|static,tanh=yes|no)": "n streams H; h₀ = A_mᵀH, H ← Bᵀ F(LN(h₀)) + A_rᵀH; A_m = e_{k mod n}, "
                                                       "A_r = I, B = 1 at start  (Zhu et al. 2025, Hyper-Connections)"}
+
+    @classmethod
+    def canonical(cls, spec: Spec) -> Spec:
+        if spec.options.get("kind") == "static" and spec.options.get("tanh") == "no":
+            raise SpecError("bad connection spec: tanh=no acts on the dynamic weights (HC(kind=dynamic,tanh=no)); "
+                            "kind=static has none")
+        return spec
 
     def __init__(self, spec: Spec, dim: int, layout: str = "seq", in_dim: int | None = None,
                  place: Place | None = None):

@@ -249,8 +249,11 @@ def parse(text: str, registry: dict[str, type], known: str, across: dict[str, ty
         norm = cls.default_norm
 
     options = _options(cls, name, m["options"], fail, dyt=norm == "DyT")
-    parsed = cls.canonical(Spec(name=name, number=number, norm=norm, options=options, stack=tuple(stack),
-                                norm_written=written))
+    try:
+        parsed = cls.canonical(Spec(name=name, number=number, norm=norm, options=options, stack=tuple(stack),
+                                    norm_written=written))
+    except SpecError as err:  # a design's own rule on its options, said as every spec error is: quoting the spec
+        raise fail(str(err).removeprefix("bad connection spec: ")) from None
     for s in parsed.stack:  # designs across the stack that mean nothing together or with this connection
         if problem := across[s.name].conflict(parsed, named, registry, across):
             raise SpecError(f"bad connection spec {text!r}: {problem}")

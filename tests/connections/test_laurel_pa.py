@@ -145,7 +145,7 @@ def test_both_transformer_stacks_mix_their_own_inputs_and_decode_step_by_step():
 def test_bad_specs_are_refused_in_one_line(spec, problem):
     with pytest.raises(ValueError, match=re.escape(problem)) as err:
         parse_spec(spec)
-    assert "\n" not in str(err.value)
+    assert "\n" not in str(err.value) and str(err.value).startswith(f"bad connection spec {spec!r}: ")
 
 
 def test_designs_that_act_elsewhere_join_it():

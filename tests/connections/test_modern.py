@@ -349,8 +349,10 @@ def test_dynamic_hc_without_tanh_is_linear_in_the_normalised_streams():
     torch.testing.assert_close(b, 0.01 * (hn @ conn.w_b) + 1.0)  # beyond tanh's range: |H̄ W_β| reaches > 1
     assert (hn @ conn.w_b).abs().max() > 1
     torch.testing.assert_close(a_r, 0.01 * (hn @ conn.w_r) + torch.eye(4))
-    with pytest.raises(ValueError, match="kind=static has none"):
-        skiplab.connection("HC(kind=static,tanh=no)", DIM)
+    # refused when parsed (it passed parse_spec, and only building failed), quoting the spec as every spec error does
+    with pytest.raises(ValueError, match=r"^bad connection spec 'HC\(kind=static,tanh=no\)': tanh=no acts on the "
+                                         r"dynamic weights .*kind=static has none$"):
+        skiplab.parse_spec("HC(kind=static,tanh=no)")
 
 
 @pytest.mark.parametrize("family", ["gpt", "transformer"])

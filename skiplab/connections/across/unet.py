@@ -1,4 +1,4 @@
-"""U-Net skips across a stack: layer L−1−i reads layer i's output (modded-nanogpt)."""
+"""U-Net skips across a stack: layer ⌊L/2⌋ + i reads layer ⌊L/2⌋ − 1 − i's output (modded-nanogpt)."""
 
 from __future__ import annotations
 
@@ -27,8 +27,8 @@ class UNet(AcrossDesign):
 
     name = "UNet"
     options = {"init": Option(1.0, finite_float, "the skip weights' starting value")}
-    patterns = {"+UNet(init=1)": "layer L−1−i's input += w_i · (layer i's output), i < L/2, w_i learned from 1  "
-                                 "(modded-nanogpt 2025-01 record)"}
+    patterns = {"+UNet(init=1)": "h = ⌊L/2⌋: layer h+i's input += w_i · (layer h−1−i's output), i < h (L even: layer "
+                                 "L−1−i reads layer i), w_i learned from 1  (modded-nanogpt 2025-01 record)"}
 
     def __init__(self, spec: Spec, stack: Stack):
         super().__init__(spec, stack)
