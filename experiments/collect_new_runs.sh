@@ -5,7 +5,9 @@
 # Usage: experiments/collect_new_runs.sh RUNS DEST [RECORDED]
 #   e.g. experiments/collect_new_runs.sh runs/depth-long/runs docs/results/depth-long/runs docs/results/depth/runs
 set -euo pipefail
+if [ $# -lt 2 ]; then echo "usage: experiments/collect_new_runs.sh RUNS DEST [RECORDED]" >&2; exit 2; fi
 runs=$1 dest=$2 recorded=${3:-}
+if [ ! -d "$runs" ]; then echo "collect_new_runs.sh: $runs: no such folder" >&2; exit 2; fi
 (cd "$runs" && find . -name summary.json -path '*/seed*/*') | while read -r f; do
     d=$(dirname "$f")
     if [[ -n "$recorded" && -e "$recorded/$d" ]]; then continue; fi

@@ -29,9 +29,21 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 "$(dirname "$0")/restore_runs.sh" "${RECORDED:-}" "$out"
 "$skiplab" sweep lm "${common[@]}" --connections "$designs" --depths "$depths" --lrs 1e-3 --out "$out/depth"
-run_of() {  # DESIGN: the seed-1 run of DESIGN at the deepest depth and lr 1e-3
-    local found=("$out/runs/"*"_connection=$1_layers=${deepest}_-"*/seed1)
-    echo "${found[0]}"
+run_of() {  # DESIGN: the seed-1 run of DESIGN at the deepest depth and lr 1e-3 (its config.json's lr: the folder's
+    # name does not hold the lr, and step 3 puts the same design's runs at other lrs beside it)
+    "${PYTHON:-python3}" - "$out/runs" "$1" "$deepest" <<'EOF'
+import json, sys
+from pathlib import Path
+root, design, depth = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+for run in sorted(root.glob(f"*_connection={design}_layers={depth}_-*/seed1")):
+    try:
+        lr = json.loads((run / "config.json").read_text())["config"]["lr"]
+    except (OSError, ValueError, KeyError, TypeError):
+        continue
+    if lr == 1e-3:
+        print(run)
+        break
+EOF
 }
 if [ "${ANALYZE:-yes}" != no ] && [ -f "$(run_of PreLN)/last.pt" ] && [ -f "$(run_of MixLN)/last.pt" ] \
         && [ -f "$(run_of LNS)/last.pt" ]; then

@@ -11,8 +11,13 @@
 #   BENCH_BUDGET=SECONDS the bench's --gpu-budget (default 270); BENCH=0 or POOL=0 skips one; WORK=DIR holds the
 #   prepared shards and the runs (default /tmp); SMOKE=1 the block at smoke size on a CPU, CORPUS a pydocs-shaped folder
 #   A record RESULTS already holds (bench/, profile/, pool-gpu.tgz) is refused before anything runs; OVERWRITE=1
-#   replaces it.
+#   replaces it. A block whose pool fails packs what it wrote into pool-gpu.failed.tgz instead (not a record: the
+#   next call replaces it), and the script exits 2 where any step failed.
 set -uo pipefail
+if [[ $# -ne 4 ]]; then
+    echo "usage: experiments/gpu_record.sh RESULTS BLOCK CORPUS TIKTOKEN (see the script's header)" >&2
+    exit 2
+fi
 results=$1 block=$2 corpus=$3 tiktoken=$4
 [[ $results = /* ]] || results=$PWD/$results  # the archive is written from inside the pool's folder
 overwrite=()
@@ -40,23 +45,32 @@ export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$results/card.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$results/card.txt"
 work=${WORK:-/tmp}
+failed=0
 if [[ ${BENCH:-1} != 0 ]]; then
     python3 -m skiplab bench --groups gpu --gpu-budget "${BENCH_BUDGET:-270}" --out "$results/bench" \
         ${overwrite[@]+"${overwrite[@]}"} > "$results/bench.log" 2>&1
-    echo "bench: exit $?"; grep '^\[bench\] gpu' "$results/bench.log"
+    rc=$?; echo "bench: exit $rc"; grep '^\[bench\] gpu' "$results/bench.log"; [[ $rc == 0 ]] || failed=1
 fi
 if [[ ${PROFILE:-1} != 0 && -f $results/bench/bench.json ]]; then
     python3 "$(dirname "$0")/../benchmarks/profile_gpu.py" --from-bench "$results/bench/bench.json" \
         --budget "${PROFILE_BUDGET:-150}" --out "$results/profile" ${overwrite[@]+"${overwrite[@]}"} \
         > "$results/profile.log" 2>&1
-    echo "profile: exit $?"; grep '^\[profile\]' "$results/profile.log"
+    rc=$?; echo "profile: exit $rc"; grep '^\[profile\]' "$results/profile.log"; [[ $rc == 0 ]] || failed=1
 fi
 if [[ ${POOL:-1} != 0 ]]; then
     data=$work/debdocs-gpt2
     if [[ -n ${SMOKE:-} ]]; then data=$corpus; fi
     CORPUS=$corpus TOKENIZER=tiktoken:gpt2:$tiktoken SKIPLAB="python3 -m skiplab" \
         "$(dirname "$0")/pool_gpu.sh" "$data" "$work/pool-gpu" "$block" > "$results/pool.log" 2>&1
-    echo "pool block $block: exit $?"; tail -n 30 "$results/pool.log"
-    (cd "$work/pool-gpu" && find . \( -name '*.json' -o -name '*.jsonl' -o -name 'table.*' -o -name '*.png' \) \
-        -not -name 'prepared*' | tar czf "$results/pool-gpu.tgz" -T -)
+    rc=$?; echo "pool block $block: exit $rc"; tail -n 30 "$results/pool.log"
+    archive=$results/pool-gpu.tgz
+    if [[ $rc != 0 ]]; then failed=1 archive=$results/pool-gpu.failed.tgz; fi
+    if [[ -d $work/pool-gpu ]]; then
+        (cd "$work/pool-gpu" && find . \( -name '*.json' -o -name '*.jsonl' -o -name 'table.*' -o -name '*.png' \) \
+            -not -name 'prepared*' | tar czf "$archive" -T -)
+    fi
+fi
+if [[ $failed != 0 ]]; then
+    echo "gpu_record.sh: a step failed (its log is in $results)" >&2
+    exit 2
 fi

@@ -29,8 +29,8 @@ train() {  # DESIGN SEED
     fi
 }
 for d in ${designs//,/ }; do
-    train "$d" 1 > "$out/$d.seed1.log" 2>&1 &
-    train "$d" 2 > "$out/$d.seed2.log" 2>&1 &
+    train "$d" 1 >> "$out/$d.seed1.log" 2>&1 &
+    train "$d" 2 >> "$out/$d.seed2.log" 2>&1 &
     wait
 done
 "$skiplab" compare lm "${common[@]}" --connections "$designs" --seeds 2 --out "$out"

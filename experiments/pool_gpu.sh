@@ -22,6 +22,7 @@
 #   SMOKE=1 the same commands at smoke size on a CPU (a tiny model on pydocs bytes, a few updates): what the test
 #   suite runs
 set -euo pipefail
+if [ $# -ne 3 ]; then echo "usage: experiments/pool_gpu.sh DATA OUT BLOCK (see the script's header)" >&2; exit 2; fi
 data=$1 out=$2 block=$3
 designs=${DESIGNS:-PreLN,PostLN,PeriLN,HC,mHC,PreLN+ValueRes,2rSkip+LN,SAS}
 read -ra skiplab <<< "${SKIPLAB:-skiplab}"  # a command, e.g. "python3 -m skiplab"

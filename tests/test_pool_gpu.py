@@ -66,6 +66,22 @@ def test_the_cards_record_script_packs_the_block(tmp_path):
     assert not any(n.endswith(".pt") for n in names)
 
 
+def test_a_failed_block_is_no_record_and_fails_the_call(tmp_path):
+    """A pool that failed (block 0: no seed) exited 0 and packed an empty pool-gpu.tgz, which then refused the retry
+    as an earlier record."""
+    data = tiny_pydocs(tmp_path / "pydocs")
+    done = subprocess.run(["bash", str(SCRIPT.with_name("gpu_record.sh")), str(tmp_path / "results"), "0", str(data),
+                           "unused.tiktoken"], capture_output=True, text=True, timeout=600, cwd=SCRIPT.parents[1],
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "BENCH": "0", "SMOKE": "1", "DESIGNS": "PreLN",
+                               "WORK": str(tmp_path / "work"),
+                               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert done.returncode == 2 and "pool block 0: exit 2" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "gpu_record.sh: a step failed" in done.stderr
+    assert not (tmp_path / "results" / "pool-gpu.tgz").exists()
+    usage = subprocess.run(["bash", str(SCRIPT.with_name("gpu_record.sh"))], capture_output=True, text=True)
+    assert usage.returncode == 2 and usage.stderr.startswith("usage: experiments/gpu_record.sh RESULTS BLOCK")
+
+
 @pytest.mark.parametrize("part,skip", [("bench", "POOL"), ("profile", "POOL"), ("pool-gpu.tgz", "BENCH")])
 def test_gpu_record_keeps_an_earlier_record_unless_told(tmp_path, part, skip):
     """The bench was run with --overwrite always: a second call replaced a card's record silently."""

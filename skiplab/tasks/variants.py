@@ -51,7 +51,8 @@ def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[
     ``options`` (model fields: ``d_model=32``, the command line's model options) are added to each of ``models``
     (the base model has them already), not to the labels.
 
-    Labels say what varies: the connection alone (``PostLN``), the model alone (``dwlstm-small``), or both.
+    Labels say what varies: the connection alone (``PostLN``), the model alone (``dwlstm-small``), or both; where
+    nothing does, the connection if one is named, else the model.
     """
     given = tuple(m.strip() for m in models)
     models = given or (base_model,)
@@ -65,7 +66,9 @@ def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[
         for c in conns:
             spec = with_options(m, **options) if given and options else m  # a field set twice: an error naming both
             spec = with_options(spec, connection=c) if c else spec  # a family without connections fails here
-            label = " ".join(x for x, varies in ((m, len(models) > 1), (c, len(conns) > 1)) if varies) or m
+            # nothing varies (one model, one connection): the connection where one is named, as the image task
+            # labels it (a script's runs under OUT/<design> are the comparison's), else the model
+            label = " ".join(x for x, varies in ((m, len(models) > 1), (c, len(conns) > 1)) if varies) or c or m
             if len(models) > 1:
                 columns = {"model": m, **(comparison.connection_columns(c) if c else {})}
             else:

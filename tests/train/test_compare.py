@@ -6,6 +6,7 @@ import pytest
 from skiplab.analysis.comparison import lambda_and_norm, mean_std
 from skiplab.cli import main
 from skiplab import tasks
+from skiplab.tasks.variants import model_variants
 
 
 def test_compare_writes_its_table_and_resumes(fashion_dir, tmp_path, capsys, monkeypatch):
@@ -65,3 +66,13 @@ def test_demo_parser_defaults():
     assert args.out == DEMO["out"] and args.seeds == 2
     args = build_parser().parse_args(["compare", "image", "--connections", "SAS(gate=single,gamma=free),PostLN"])
     assert args.connections == ("SAS(gate=single,gamma=free)", "PostLN")
+
+
+def test_labels_say_what_varies_and_name_a_lone_connection():
+    """One connection on one model was labelled by the model (runs under OUT/gpt-mini), while a script that trained
+    the design under OUT/PreLN and the image task label it by the connection: every run trained twice."""
+    assert [v.label for v in model_variants("gpt-mini", (), ("PreLN",))] == ["PreLN"]
+    assert [v.label for v in model_variants("gpt-mini", (), ("PreLN", "HC"))] == ["PreLN", "HC"]
+    assert [v.label for v in model_variants("gpt-mini", ("gpt-mini", "gpt-small"), ())] == ["gpt-mini", "gpt-small"]
+    assert [v.label for v in model_variants("gpt-mini", (), ())] == ["gpt-mini"]
+    assert [v.label for v in model_variants("gpt-mini", ("gpt-small",), ("PostLN",))] == ["PostLN"]

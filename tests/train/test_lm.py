@@ -333,7 +333,7 @@ def test_compare_lm_writes_a_bits_per_byte_table(text, tmp_path, capsys):
     capsys.readouterr()
     assert run(["compare", "lm", *fewer]) == 2
     err = capsys.readouterr().err
-    assert "holds the table of another comparison, with designs PreLN, PostLN, which this one lacks" in err
+    assert "holds the table of another comparison, with designs PostLN, which this one lacks" in err
     assert err.count("\n") == 1 and (out / "table.md").read_bytes() == kept
     with one_thread():
         assert run(["compare", "lm", *fewer, "--overwrite"]) == 0
