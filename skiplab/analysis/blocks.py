@@ -314,7 +314,8 @@ def header_lines(header: dict[str, Any], metric_label: str) -> list[str]:
         if not b["baseline"]:
             out.append(f"WARNING: block seed{b['seed']} has no {base} run: its rows have no pair there.")
     if header["unpaired"]:
-        out.append("WARNING: no same-machine baseline, left out of Δ and the paired and Welch p: " + "; ".join(header["unpaired"]))
+        out.append("WARNING: no same-machine baseline, left out of Δ and the paired and Welch p: "
+                   + "; ".join(header["unpaired"]))
     return out
 
 

@@ -1,9 +1,10 @@
 """The work folder a corpus command writes its output in: ``OUT.partial`` beside ``OUT``, renamed to ``OUT`` when
 complete, so that nothing partial is ever left under ``OUT``.
 
-A file inside it (``.skiplab-<the command's first word>``: ``.skiplab-prepare``, ``.skiplab-corpus``) marks the folder as the command's: an ``OUT.partial`` that an interrupted
-run of the command left holds the mark and is removed by the next run; one without it is somebody else's and is left
-as it is (a one-line error before anything is written).
+A file inside it (``.skiplab-<the command's first word>``: ``.skiplab-prepare``, ``.skiplab-corpus``) marks the
+folder as the command's: an ``OUT.partial`` that an interrupted run of the command left holds the mark and is removed
+by the next run; one without it is somebody else's and is left as it is (a one-line error before anything is
+written).
 """
 
 from __future__ import annotations

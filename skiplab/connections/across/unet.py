@@ -27,8 +27,9 @@ class UNet(AcrossDesign):
 
     name = "UNet"
     options = {"init": Option(1.0, finite_float, "the skip weights' starting value")}
-    patterns = {"+UNet(init=1)": "h = ⌊L/2⌋: layer h+i's input += w_i · (layer h−1−i's output), i < h (L even: layer "
-                                 "L−1−i reads layer i), w_i learned from 1  (modded-nanogpt 2025-01 record)"}
+    patterns = {"+UNet(init=1)": "h = ⌊L/2⌋: layer h+i's input += w_i · (layer h−1−i's output), i < h "
+                                 "(L even: layer L−1−i reads layer i), w_i learned from 1  (modded-nanogpt 2025-01 "
+                                 "record)"}
 
     def __init__(self, spec: Spec, stack: Stack):
         super().__init__(spec, stack)
