@@ -441,8 +441,15 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 def save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    """``state`` into ``path`` whole or not at all: written beside it, then renamed over it (the part written is
+    removed where the writing is interrupted: Ctrl-C, an error; a process killed outright leaves it, and the next save
+    writes over it)."""
     tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
+    try:
+        torch.save(state, tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
 
 

@@ -209,22 +209,27 @@ class Run:
                 "world_size": self.group.world_size, "record": record}
 
     def save(self, state: dict[str, Any], improved: bool, step: int | None = None, keep: int | None = None) -> None:
-        """Write ``state`` (rank 0): checkpoint_<step>.pt where ``step`` is given (the last ``keep`` of them
-        kept; None: all), last.pt, best.pt where ``improved``; then the per-step lines since the last save go to
-        steps.jsonl and its record to metrics.jsonl."""
+        """Write ``state`` (rank 0): the per-step lines since the last save to steps.jsonl, checkpoint_<step>.pt
+        where ``step`` is given (the last ``keep`` of them kept; None: all), best.pt where ``improved``, last.pt,
+        then its record to metrics.jsonl.
+
+        last.pt is written last of the files a resume reads: a process killed before it resumes from the save before,
+        which cuts the lines past it and writes the same files again on its way (the lines, held in memory till now,
+        were lost where last.pt came first); one killed after it has lost at most the metrics record, which the
+        resume puts back from the checkpoint."""
         state = sharded.save(self.model, self.optimizer, self.out, state, self.group)  # --fsdp: DCP shards first
         lines = self.watch.take()
 
         def write() -> None:
+            telemetry.append_lines(self.out, lines)
             if step is not None:
                 run_dir.save_checkpoint(self.out / f"checkpoint_{step}.pt", state)
-            run_dir.save_checkpoint(self.out / "last.pt", state)
+                if keep:
+                    for old in run_dir.step_checkpoints(self.out)[:-keep]:
+                        old.unlink()
             if improved:
                 run_dir.save_checkpoint(self.out / "best.pt", state)
-            if step is not None and keep:
-                for old in run_dir.step_checkpoints(self.out)[:-keep]:
-                    old.unlink()
-            telemetry.append_lines(self.out, lines)
+            run_dir.save_checkpoint(self.out / "last.pt", state)
             run_dir.append_metrics(self.out, state["record"])
 
         self.group.on_main(write)

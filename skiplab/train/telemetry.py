@@ -30,6 +30,7 @@ the record.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from collections import deque
 from pathlib import Path
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 
 from ..device import peak_tflops
-from ..run_dir import STEPS_FILE, read_steps
+from ..run_dir import STEPS_FILE, RunDirError, read_steps
 
 WINDOW, FACTOR = 100, 1.25  # a spike: a loss above FACTOR x the median of the WINDOW updates before it
 
@@ -121,11 +122,28 @@ def append_lines(out: Path, lines: list[dict[str, Any]], name: str = STEPS_FILE)
 
 def cut_lines(out: Path, step: int, name: str = STEPS_FILE) -> None:
     """steps.jsonl (or the file ``name``) keeps the lines up to ``step`` (a resumed run's checkpoint), the rest
-    cut."""
+    cut, and a torn last line (a process killed while writing it) with them; a bad line before the last is an error
+    naming the file and line (no killed process leaves one), and nothing is rewritten. The file is replaced whole, so
+    a process killed while cutting leaves it as it was."""
     path = out / name
-    if path.is_file():
-        kept = [x for x in path.read_text().splitlines() if x and json.loads(x)["step"] <= step]
-        path.write_text("".join(x + "\n" for x in kept))
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines()
+    kept = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            at = json.loads(line)["step"]
+        except (ValueError, TypeError, KeyError) as err:
+            if n == len(lines):  # torn
+                break
+            raise RunDirError(f"{path}, line {n}: not a line of per-step telemetry ({err})") from None
+        if at <= step:
+            kept.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(x + "\n" for x in kept))
+    os.replace(tmp, path)
 
 
 def read_lines(out: Path) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@ model setting."""
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -269,3 +270,20 @@ def test_a_run_stopped_before_its_first_checkpoint_refuses_another_config(text, 
     shutil.rmtree(out)
     assert main(["train", "lm", "--resume", "--out", str(out)]) == 2  # nothing there: still nothing to resume
     assert "nothing to resume" in capsys.readouterr().err
+
+
+def test_a_checkpoint_write_interrupted_leaves_no_part_behind(tmp_path, monkeypatch):
+    """Ctrl-C while torch.save writes: the part written (last.pt.tmp) was left in the run directory; the file it
+    replaces stays whole."""
+    run_dir.save_checkpoint(tmp_path / "last.pt", {"step": 1})
+
+    def interrupted(state, path):
+        Path(path).write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_dir.save_checkpoint(tmp_path / "last.pt", {"step": 2})
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+    assert torch.load(tmp_path / "last.pt", weights_only=True) == {"step": 1}

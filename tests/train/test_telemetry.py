@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from skiplab.models import GPT, GPTConfig
-from skiplab.train.telemetry import FACTOR, WINDOW, Telemetry, grad_norm, read_lines
+from skiplab import run_dir
+from skiplab.train import telemetry
+from skiplab.train.telemetry import FACTOR, WINDOW, Telemetry, cut_lines, grad_norm, read_lines
 from tests.train.test_distributed import one_thread
 from tests.train.test_lm import args, run, text  # noqa: F401  (the fixture)
 from tests.train.test_mt import interrupt_after_step
@@ -99,6 +101,71 @@ def test_resume_is_exact_with_telemetry_on(text, tmp_path, monkeypatch):  # noqa
            {k: sb[k] for k in ("loss_spikes", "max_grad_norm", "clipped_updates")}
     ma, mb = (torch.load(r / "last.pt", weights_only=True)["model"] for r in (straight, stopped))
     assert all(torch.equal(ma[k], mb[k]) for k in ma)
+
+
+@pytest.mark.parametrize("at", ["lines", "checkpoint", "best", "last", "metrics"])
+def test_a_run_stopped_anywhere_in_a_save_resumes_to_the_same_files(text, tmp_path, monkeypatch, at):  # noqa: F811
+    """Stopped in the middle of the last save (step 6's), before the file ``at`` is written (or the lines appended):
+    the resumed run's steps.jsonl, metrics.jsonl, best.pt and weights are the uninterrupted run's. last.pt came first
+    and the lines, held in memory, last: a run stopped between them lost steps 5-6's lines, and its best.pt stayed
+    step 4's."""
+    extra = ("--eval-every", "2", "--keep-checkpoints", "9")
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    with one_thread():
+        assert run(args(text, straight, *extra)) == 0
+    assert torch.load(straight / "best.pt", weights_only=True)["step"] == 6  # improved at the last save
+    stops = []
+
+    def stop_at_step_6(name):
+        def wrapped(real):
+            def call(*a, **kw):
+                path_or_out, state = a[0], a[1]
+                step = state.get("step") if isinstance(state, dict) else None
+                steps = [x.get("step") for x in state] if isinstance(state, list) else []
+                is_here = name in (None, getattr(path_or_out, "name", None)) and (step == 6 or 6 in steps)
+                if is_here and not stops:
+                    stops.append(name)
+                    raise KeyboardInterrupt
+                return real(*a, **kw)
+            return call
+        return wrapped
+
+    if at == "lines":
+        monkeypatch.setattr(telemetry, "append_lines", stop_at_step_6(None)(telemetry.append_lines))
+    elif at == "metrics":
+        monkeypatch.setattr(run_dir, "append_metrics", stop_at_step_6(None)(run_dir.append_metrics))
+    else:
+        name = {"checkpoint": "checkpoint_6.pt", "best": "best.pt", "last": "last.pt"}[at]
+        monkeypatch.setattr(run_dir, "save_checkpoint", stop_at_step_6(name)(run_dir.save_checkpoint))
+    with one_thread():
+        assert run(args(text, stopped, *extra)) == 130
+    monkeypatch.undo()
+    assert stops
+    with one_thread():
+        assert run(["train", "lm", "--resume", "--out", stopped]) == 0
+    a, b = read_lines(straight), read_lines(stopped)
+    assert [{k: x[k] for k in SAME} for x in a] == [{k: x[k] for k in SAME} for x in b]
+    clock = ("time", "tokens_per_s")
+    ma, mb = ([{k: v for k, v in json.loads(x).items() if k not in clock} for x in (r / "metrics.jsonl").read_text()
+               .splitlines()] for r in (straight, stopped))
+    assert ma == mb
+    for name in ("best.pt", "last.pt"):
+        ca, cb = (torch.load(r / name, weights_only=True) for r in (straight, stopped))
+        assert ca["step"] == cb["step"] and all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
+    assert sorted(p.name for p in stopped.glob("*.pt*")) == sorted(p.name for p in straight.glob("*.pt*"))
+
+
+def test_a_torn_last_line_is_cut_and_the_file_replaced_whole(tmp_path):
+    """A process killed while writing a line left half of it: the resume failed on it, naming no file ("Expecting
+    property name ..."), every time. A bad line before the last is what no killed process leaves: an error naming it."""
+    path = tmp_path / "steps.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3}\n{"st')
+    cut_lines(tmp_path, 2)
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n' and not list(tmp_path.glob("*.tmp"))
+    path.write_text('{"step": 1}\nnot json\n{"step": 3}\n')
+    with pytest.raises(ValueError, match=r"steps.jsonl, line 2: not a line of per-step telemetry"):
+        cut_lines(tmp_path, 2)
+    assert path.read_text() == '{"step": 1}\nnot json\n{"step": 3}\n'  # nothing rewritten
 
 
 def test_a_diverged_run_keeps_the_lines_up_to_its_non_finite_loss(text, tmp_path):  # noqa: F811
