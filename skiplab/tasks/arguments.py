@@ -48,8 +48,11 @@ def train_config(cls, args: argparse.Namespace):
     stored = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
     cfg = cls(**{**stored, **given})
     model = with_model_options(cfg.model, args)
-    if model != cfg.model and model_config(model) == model_config(cfg.model):  # options the run has already (a
-        model = cfg.model  # preset's own connection named): the stored spec, which the resumed run is checked against
+    before = stored.get("model")
+    if before and model != before and model_config(model) == model_config(before):  # the run's model written
+        # another way (a preset's own value named, or left out: --width 1 on preact-resnet20): the stored spec, which
+        # the resumed run is checked against
+        model = before
     return dataclasses.replace(cfg, model=model)
 
 

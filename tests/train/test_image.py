@@ -1,15 +1,17 @@
 """Image training end to end on a tiny dataset written in Fashion-MNIST's format."""
 
+import dataclasses
 import json
 import math
 
 import pytest
 import torch
 
-from skiplab.cli import main
+from skiplab.cli import build_parser, main
 from skiplab.models import PreActResNet
 from skiplab.train import image as image_train
 from skiplab import run_dir
+from skiplab.tasks import arguments
 from skiplab.train.image import ImageTrainConfig, learning_rate, milestones, train
 from tests.noise import DELTA, assert_within_noise, image_training_in_float64, noise
 
@@ -261,6 +263,24 @@ def test_a_relative_data_dir_given_on_resume_is_recorded_absolute(tmp_path, monk
     monkeypatch.chdir(tmp_path)
     args = build_parser().parse_args(["train", "image", "--out", str(out), "--resume", "--data-dir", "fm"])
     assert arguments.train_config(ImageTrainConfig, args).data_dir == str(tmp_path / "fm")
+
+
+@pytest.mark.parametrize("again", [["--model", "preact-resnet20", "--width", "1"], ["--model", "preact-resnet20"],
+                                   ["--width", "1"], []])
+def test_a_run_started_with_a_presets_own_value_resumes_with_its_command(tmp_path, again):
+    """`--model preact-resnet20 --width 1` is stored as preact-resnet20(width=1): its own command with --resume was
+    refused ("another config (different model)"), as was the command without --width; only a bare --resume went on."""
+    out = tmp_path / "run"
+    first = build_parser().parse_args(["train", "image", "--model", "preact-resnet20", "--width", "1", "--out", str(out)])
+    stored = arguments.train_config(ImageTrainConfig, first)
+    assert stored.model == "preact-resnet20(width=1)"
+    out.mkdir()
+    run_dir.write_json(out / "config.json", {"config": dataclasses.asdict(stored)})
+    args = build_parser().parse_args(["train", "image", *again, "--out", str(out), "--resume"])
+    assert arguments.train_config(ImageTrainConfig, args).model == stored.model
+    wider = build_parser().parse_args(["train", "image", "--width", "2", "--out", str(out), "--resume"])
+    with pytest.raises(ValueError, match="width is set twice"):  # another model: refused
+        arguments.train_config(ImageTrainConfig, wider)
 
 
 def test_a_run_that_fails_on_bad_data_in_a_worker_is_one_line(fashion_dir, tmp_path, capsys):
