@@ -26,6 +26,13 @@ def train_config(cls, args: argparse.Namespace):
     if getattr(args, "overwrite", False):
         raise run_dir.RunDirError("--resume and --overwrite exclude each other")
     out = getattr(args, "out")
+    if (Path(out) / run_dir.REPLACED).is_dir() and not (Path(out) / "config.json").is_file():
+        # an --overwrite killed before its config.json: the run it was replacing, set aside, is the one to resume
+        run_dir.hold(Path(out))  # (refused where that --overwrite is still running)
+        try:
+            run_dir.put_back(Path(out))
+        finally:
+            run_dir.release(Path(out))
     try:
         payload = run_dir.read_json(Path(out) / "config.json")
         stored = payload["config"]

@@ -904,3 +904,19 @@ def test_a_replaced_run_left_aside_by_a_killed_start_comes_back(tmp_path):
         run_dir.prepare(out)  # no --overwrite: the old run is back, and refused as any run is
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "last.pt"]
     assert (out / "last.pt").read_bytes() == b"old"
+
+
+def test_resume_after_a_killed_overwrite_goes_on_with_the_run_it_was_replacing(text, tmp_path, capsys):  # noqa: F811
+    """--resume in a folder a killed --overwrite left (the run set aside, no new config.json) said "its run stopped
+    before writing config.json; start it again without --resume", and that start was refused as a run there."""
+    out = tmp_path / "run"
+    with one_thread():
+        assert run(args(text, out, "--max-steps", "3", "--schedule", "constant")) == 0
+    run_dir.set_aside(out)
+    (out / run_dir.STARTED).touch()
+    (out / "spm.model").write_bytes(b"the new start's")
+    with one_thread():
+        assert run(["train", "lm", "--resume", "--out", out, "--max-steps", "6"]) == 0, capsys.readouterr().err
+    assert json.loads((out / "summary.json").read_text())["steps"] == 6
+    assert not (out / run_dir.REPLACED).exists() and not (out / "spm.model").exists()
+    assert torch.load(out / "checkpoint_3.pt", weights_only=True)["step"] == 3
