@@ -9,6 +9,7 @@ trailing spaces dropped).
 
 from __future__ import annotations
 
+import io
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -60,9 +61,11 @@ class Tokenizer:
         prefix = Path(model_prefix)
         prefix.parent.mkdir(parents=True, exist_ok=True)
         try:
+            writer = io.BytesIO()  # the model written here, not under model_prefix: sentencepiece keeps that path
+            # in the model, and the same text and options then gave other bytes in another folder
             spm.SentencePieceTrainer.train(
                 sentence_iterator=iter(lines),
-                model_prefix=str(prefix),
+                model_writer=writer,
                 vocab_size=vocab_size,
                 model_type=model_type,
                 character_coverage=character_coverage,
@@ -81,7 +84,13 @@ class Tokenizer:
             )
         except RuntimeError as exc:
             raise ValueError(_training_error(prefix, vocab_size, exc)) from None
-        return cls.load(prefix.with_name(prefix.name + ".model"))
+        model = prefix.with_name(prefix.name + ".model")
+        model.write_bytes(writer.getvalue())
+        tokenizer = cls.load(model)
+        sp = tokenizer._sp  # the piece list beside it, as sentencepiece writes it (piece, tab, score)
+        prefix.with_name(prefix.name + ".vocab").write_text(
+            "".join(f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}\n" for i in range(sp.get_piece_size())))
+        return tokenizer
 
     @classmethod
     def load(cls, path: str | Path) -> Tokenizer:

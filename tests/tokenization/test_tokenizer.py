@@ -32,6 +32,17 @@ def pieces(tok: Tokenizer) -> list[str]:
     return [tok.piece(i) for i in range(tok.vocab_size)]
 
 
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_the_same_text_gives_the_same_model_in_any_folder(tmp_path, model_type):
+    """sentencepiece keeps the path it writes under in the model: two runs (or prepared folders) of the same text and
+    options held tokenizers of other bytes, and other digests, by the name of their folder."""
+    a = Tokenizer.train(TRAIN, tmp_path / "a" / "spm", vocab_size=200, model_type=model_type)
+    b = Tokenizer.train(TRAIN, tmp_path / "elsewhere" / "deeper" / "spm", vocab_size=200, model_type=model_type)
+    assert a.to_bytes() == b.to_bytes() and str(tmp_path).encode() not in a.to_bytes()
+    vocab = (tmp_path / "a" / "spm.vocab").read_text().splitlines()
+    assert len(vocab) == a.vocab_size and vocab[0].split("\t")[0] == a.piece(0)
+
+
 @pytest.fixture(scope="module", params=["bpe", "unigram"])
 def tok(request, tmp_path_factory) -> Tokenizer:
     prefix = tmp_path_factory.mktemp("spm") / "sub" / "spm"  # a folder that does not exist yet
