@@ -200,6 +200,29 @@ def test_collected_runs_without_checkpoints_give_the_same_table(smoke, tmp_path,
             assert any(isinstance(c.get("p"), list) and None not in c["p"] for c in again["cells"])
 
 
+def test_a_table_of_runs_that_read_their_data_elsewhere_says_so(tmp_path, monkeypatch):
+    """Runs are found by their settings with the data's place set aside (a moved data folder): the same table given
+    another --data-root reuses them, and said nothing, while its commands named the new place (data that differ
+    there gave a table of runs that never read them). The table now names where its runs read their data."""
+    root = tmp_path / "data"
+    write_cifar(root / "cifar10", "cifar10")
+    (first,) = reproduce(["000-table1"], "smoke", str(tmp_path / "o"), seeds=1, data_root=str(root), progress=False)
+    assert not any("elsewhere" in n for n in first["notes"])  # read where given: no note
+
+    def refuse(*a, **k):
+        raise AssertionError("trained again")
+
+    monkeypatch.setattr(tasks.TASKS["image"], "train", refuse)
+    moved = tmp_path / "moved"
+    shutil.copytree(root, moved)
+    (again,) = reproduce(["000-table1"], "smoke", str(tmp_path / "o"), seeds=1, data_root=str(moved), progress=False)
+    assert [c.get("values") for c in again["cells"]] == [c.get("values") for c in first["cells"]]
+    n = len({r for c in first["cells"] for r in c.get("runs", ())})
+    assert again["notes"][-1].startswith(f"{n} of the table's {n} runs read their data elsewhere than given here "
+                                         f"({n} at {root / 'cifar10'})"), again["notes"][-1]
+    assert "read their data elsewhere than given here" in (tmp_path / "o" / "smoke" / "000-table1" / "table.md").read_text()
+
+
 def test_probes_of_a_run_share_one_call_and_match_probing_alone(smoke, monkeypatch):
     """A probe table's layers of one run are probed in one call (the untouched model translated once), and
     each layer's BLEU is the one it gets probed alone."""

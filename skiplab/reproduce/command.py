@@ -36,7 +36,7 @@ from .. import host, run_dir
 from ..analysis import blocks
 from ..analysis import comparison
 from ..analysis.linearity import linearity
-from ..config import count, parse_list
+from ..config import absolute, count, parse_list
 from ..tasks import get as get_task, load_trained
 from . import report, runs, stats
 from .papers import TABLES, table as get_table
@@ -237,6 +237,9 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         for r in tqdm(resolved, desc=f"{t.id} cells", unit="cell", disable=not progress or not needed):
             cells.append(_cell_result(t, r, sc, seeds, root, resolved, progress))
         holm_m = holm_cells(cells)
+        moved = _read_elsewhere(needed)
+        if moved:
+            print(f"{t.id}: {moved}")
         result = {
             "table": t.id, "source": t.source, "title": t.title, "metric": t.metric,
             "higher_is_better": t.higher_is_better, "ours_metric": _ours_metric(t, resolved), "scale": sc.name,
@@ -244,7 +247,7 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
             "settings": {r.cell.run.setting: r.setting.about + (f"; read here on --dataset {dataset}, in place of "
                                                                 f"the setting's own" if dataset else "")
                          for r in resolved if r.setting is not None},
-            "reading": t.reading, "notes": list(t.notes), "cells": cells,
+            "reading": t.reading, "notes": list(t.notes) + ([moved] if moved else []), "cells": cells,
             "command": "skiplab reproduce " + " ".join(shlex.quote(a) for a in (argv or [t.id, "--scale", sc.name,
                                                                                          "--out", out])),
             "train_commands": sorted({report.train_command(task, cfg) for task, cfg in needed}),
@@ -270,6 +273,26 @@ def reproduce(table_ids: list[str], scale_name: str, out: str = "runs/repro", se
         print(f"wrote {', '.join(str(p) for p in [table_dir / 'table.md', table_dir / 'table.csv', table_dir / 'table.json', *figures])}")
         written.append(result)
     return written
+
+
+def _read_elsewhere(needed: list[tuple[str, Any]]) -> str:
+    """'' where every run read its data where this call would give it; else a line saying which runs read them where
+    (a run's key sets the data's place aside, so that a run whose data folder moved is found again: data that differ
+    at another place are found the same way, and the table must not claim the runs read what they did not)."""
+    other: dict[str, int] = {}
+    for _, cfg in needed:
+        path = Path(cfg.out) / "config.json"
+        if not path.is_file():
+            continue
+        stored = run_dir.read_json(path).get("config", {}).get("data_dir")
+        if stored and absolute({"data_dir": stored}) != absolute({"data_dir": cfg.data_dir}):
+            other[stored] = other.get(stored, 0) + 1
+    if not other:
+        return ""
+    where = "; ".join(f"{n} at {d}" for d, n in sorted(other.items()))
+    return (f"{sum(other.values())} of the table's {len(needed)} runs read their data elsewhere than given here "
+            f"({where}): found by their settings, the data's place set aside (a moved data folder); where the "
+            "data there differ from these, give another --out")
 
 
 def holm_cells(cells: list[dict[str, Any]]) -> int:
