@@ -41,6 +41,41 @@ def _check_input(conn: "Connection", args: tuple, kwargs: dict) -> None:
                          f"it got an input of shape {tuple(x.shape)}{hint}")
 
 
+def _check_branch(conn: "Connection", args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+    """The branch (the second argument) wrapped so that what it returns is checked against what it was given: the
+    input's leading axes (seq: every axis but the last; conv: the batch, and the spatial ones where no ``skip`` may
+    change them) and ``dim`` features. A wrong shape is one line naming the design here, not a broadcast that goes
+    on silently (a (2, 5, 1) output added to a (2, 5, 6) stream), a matmul's shapes, or a kernel reading past the
+    end of the output (HC's stream write)."""
+    given = len(args) > 1
+    branch = args[1] if given else kwargs.get("branch")
+    if branch is None:
+        return None
+    skip = args[2] if len(args) > 2 else kwargs.get("skip")
+
+    def checked(h, *more, **named):
+        out = branch(h, *more, **named)
+        if isinstance(out, Tensor) and isinstance(h, Tensor):
+            seq = conn.layout == "seq"
+            if seq:
+                want = (*h.shape[:-1], conn.dim)
+                ok = tuple(out.shape) == want
+            else:
+                want = (h.shape[0], conn.dim, *(h.shape[2:] if skip is None else ("...",)))
+                ok = out.dim() == h.dim() and out.shape[:2] == want[:2] and (skip is not None
+                                                                              or out.shape[2:] == h.shape[2:])
+            if not ok:
+                shape = ", ".join(map(str, want))
+                raise ValueError(f"{conn.spec}: the branch returned shape {tuple(out.shape)} for an input of shape "
+                                 f"{tuple(h.shape)}; it must return ({shape}) ({conn.layout} layout, {conn.dim} "
+                                 "features)")
+        return out
+
+    if given:
+        return (args[0], checked, *args[2:]), kwargs
+    return args, {**kwargs, "branch": checked}
+
+
 class Connection(nn.Module):
     """A residual connection: ``y = conn(x, branch, skip=None)``.
 
@@ -80,6 +115,7 @@ class Connection(nn.Module):
         self.recording: list[dict[str, Tensor]] | None = None  # a list only inside recording(); see record()
         if not self.needs_stack:  # a stack's design checks its own streams
             self.register_forward_pre_hook(_check_input, with_kwargs=True)
+        self.register_forward_pre_hook(_check_branch, with_kwargs=True)
 
     @classmethod
     def canonical(cls, spec: _spec.Spec) -> _spec.Spec:

@@ -54,6 +54,23 @@ def call(conn, x, branch):
 
 
 @pytest.mark.parametrize("spec", EXAMPLES)
+def test_a_branch_of_the_wrong_shape_is_one_line(spec, layout):
+    """What the branch returns is checked against what it was given: a (…, 1) or batch-1 output was broadcast into
+    the stream silently by most designs, another width failed inside a gate's matmul, and HC's stream kernel read
+    past the end of a short output (uninitialised values, no error)."""
+    conn = build(spec, layout)
+    if conn is None:
+        return
+    x, branch = make_input(layout), make_branch(layout)
+    for wrong in (lambda h: branch(h)[..., :1] if layout == "seq" else branch(h)[:, :1],  # one feature
+                  lambda h: branch(h)[:1],  # one example of the batch
+                  lambda h: branch(h)[:, :2] if layout == "seq" else branch(h)[..., :2]):  # fewer positions
+        with pytest.raises(ValueError, match=r"^[^\n]*: the branch returned shape \(.*\) for an input of shape "
+                                             r"\(.*\); it must return \([^\n]*$"):
+            call(conn, x, wrong)
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
 def test_shape_gradients_and_round_trip(spec, layout):
     conn = build(spec, layout)
     if conn is None:
