@@ -26,6 +26,15 @@ from torch import Tensor
 from .second_order import graph_wanted, plain, vjp
 
 
+
+def autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for tensors of ``device_type``; False for a device autocast knows nothing of (``meta``,
+    where shapes are worked out without data: torch raises "unknown device type for autocast" there)."""
+    try:
+        return torch.is_autocast_enabled(device_type)
+    except RuntimeError:
+        return False
+
 def _rows(gate: Tensor, like: Tensor) -> int:
     """How many leading elements of ``like`` one gate value covers the trailing rest of; checks the shape."""
     if gate.dim() != like.dim():
@@ -155,7 +164,7 @@ def gated_norm_sum(a: Tensor, s: Tensor, b: Tensor, f: Tensor, g: Tensor, norm: 
     kind = type(norm)
     layer = kind is torch.nn.LayerNorm
     fusable = (layer or (kind is torch.nn.GroupNorm and norm.num_groups == 1)) and s.dim() >= 2 \
-        and not plain() and not torch.is_autocast_enabled(s.device.type) \
+        and not plain() and not autocast_on(s.device.type) \
         and len({x.dtype for x in (a, s, b, f, g)}) == 1 and s.shape == f.shape
     if not fusable:
         return gated_sum((a, s), (b, f), (g, norm(s + f)))

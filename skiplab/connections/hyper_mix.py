@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .fused import autocast_on
 from .kernels import norm_project as norm_project_kernel
 from .second_order import graph_wanted, plain, vjp
 
@@ -34,7 +35,7 @@ def _no_autocast(t: Tensor):
     """The coefficients and streams are combined in their own dtype: under autocast a batched product would
     otherwise run in half precision and the backward (outside autocast) meet tensors of two dtypes."""
     kind = t.device.type
-    return torch.autocast(kind, enabled=False) if torch.is_autocast_enabled(kind) else nullcontext()
+    return torch.autocast(kind, enabled=False) if autocast_on(kind) else nullcontext()
 
 
 class GradSlot:

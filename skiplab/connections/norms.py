@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .fused import group_norm_layout, rms_norm
+from .fused import autocast_on, group_norm_layout, rms_norm
 
 NORMS = ("LN", "BN", "RMS")  # the normalisations proper (each divides by a statistic of its input)
 ALL_NORMS = (*NORMS, "DyT")  # and DyT, the element-wise stand-in for LN
@@ -194,7 +194,7 @@ def normalize(norm: nn.Module, h: Tensor) -> tuple[Tensor, Tensor]:
     Layers it does not know (e.g. a SyncBatchNorm swapped in for multi-process training) are called as
     they are and their sigma is recomputed by :func:`norm_sigma`.
     """
-    if torch.is_autocast_enabled(h.device.type):
+    if autocast_on(h.device.type):
         with torch.autocast(h.device.type, enabled=False):
             return normalize(norm, h.float())
     kind = type(norm)

@@ -71,6 +71,23 @@ def test_a_branch_of_the_wrong_shape_is_one_line(spec, layout):
 
 
 @pytest.mark.parametrize("spec", EXAMPLES)
+def test_shapes_are_worked_out_on_the_meta_device(spec, layout):
+    """Tensors without data (shape inference, FLOP counts): krSkip, SAS, HC and mHC asked autocast about the meta
+    device, which torch answers with "unknown device type for autocast"."""
+    conn = build(spec, layout)
+    if conn is None:
+        return
+    conn = conn.to("meta")
+    x = make_input(layout).detach().to("meta")
+    branch = make_branch(layout).to("meta")
+    if conn.needs_stack:
+        y = conn(skiplab.input_norm(conn.spec, DIM).to("meta")(x), branch).sum(-2)
+    else:
+        y = conn(x, branch)
+    assert y.device.type == "meta" and y.shape == x.shape
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
 def test_shape_gradients_and_round_trip(spec, layout):
     conn = build(spec, layout)
     if conn is None:
