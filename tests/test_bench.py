@@ -328,6 +328,41 @@ def test_a_value_not_measured_reads_as_a_dash():
     assert Row("gpu", "PreLN MFU", float("nan"), "%", "no known peak for this device").text() == "-"
 
 
+def test_the_record_is_strict_json_of_the_code_the_run_began_with(tmp_path, monkeypatch):
+    """A value not measured was written NaN (no JSON parser but Python's reads it): null now. bench.md's header
+    named the code the run began with and bench.json the tree at its last write (a commit or an edit mid-run
+    made them disagree): both name the first."""
+    import skiplab.bench.suite as suite
+
+    monkeypatch.setitem(suite.GROUPS, "image", lambda sz, ctx: [Row("image", "MFU", float("nan"), "%", "no peak")])
+    calls = []
+    real = suite.environment
+
+    def drifting():
+        env = real()
+        calls.append(1)
+        return {**env, "git_commit": f"commit{len(calls)}", "git_dirty": False}
+
+    monkeypatch.setattr(suite, "environment", drifting)
+    run(quick=True, groups=("machine", "image"), out=str(tmp_path), progress=False)
+    text = (tmp_path / "bench.json").read_text()
+    record = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} in bench.json"))
+    assert record["rows"][-1]["value"] is None and record["environment"]["git_commit"] == "commit1"
+    assert "code commit1" in (tmp_path / "bench.md").read_text() and len(calls) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--groups", ""], "--groups names no group"), (["--groups", ","], "--groups names no group"),
+    (["--gpu-budget", "-5"], "--gpu-budget must be a finite number of seconds >= 0"),
+    (["--gpu-budget", "nan"], "--gpu-budget must be a finite number of seconds >= 0")])
+def test_bad_groups_and_budgets_are_one_line_and_write_nothing(tmp_path, capsys, argv, message):
+    """An empty --groups ran every group (a full 6-7 minute run), a negative budget started no design and exited 0."""
+    assert main(["bench", "--quick", *argv, "--out", str(tmp_path / "b")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "b").exists()
+
+
 def test_a_run_cut_short_marks_its_record_incomplete_and_keeps_the_one_it_would_replace(tmp_path, monkeypatch):
     """Stopped after its first group (Ctrl-C), a bench run leaves the rows it measured marked incomplete in both
     files; with --overwrite over a complete record it writes beside it (bench.partial.*), so the record stays whole

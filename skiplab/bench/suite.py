@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import time
@@ -85,6 +86,10 @@ def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | N
     ``bench.md`` and ``bench.json`` there, again after every group and every row of the gpu group. A record
     already in ``out`` is replaced only with ``overwrite``."""
     groups = default_groups() if groups is None else groups
+    if not groups:
+        raise ValueError(f"--groups names no group; known: {', '.join(GROUPS)} (leave it out for all)")
+    if not (math.isfinite(gpu_budget_s) and gpu_budget_s >= 0):
+        raise ValueError(f"--gpu-budget must be a finite number of seconds >= 0 (0: the default), got {gpu_budget_s:g}")
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise ValueError(f"unknown benchmark group(s) {', '.join(unknown)}; known: {', '.join(GROUPS)}")
@@ -100,13 +105,14 @@ def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | N
     sz = QUICK if quick else Sizes()
     smoke_gpu = "gpu" in groups and not quick and not torch.cuda.is_available()
     sizes = "quick" if quick else "full" + ("; the gpu group at smoke size (no CUDA card)" if smoke_gpu else "")
-    header = f"Measured on {machine_name()}; sizes: {sizes}; code {host.code_name(host.environment())}."
+    env = environment()  # once: the code and machine the run began with, in both files however long it runs
+    header = f"Measured on {machine_name()}; sizes: {sizes}; code {host.code_name(env)}."
     rows: list[Row] = []
     # the record so far, after every group (a run cut short keeps what it measured, marked incomplete); where it
     # replaces a record, beside it (bench.partial.*) until the run completes, so an interrupted run loses nothing
     stem = "bench.partial" if out and any(Path(out, f).exists() for f in ("bench.md", "bench.json")) else "bench"
     done: list[str] = []
-    so_far = lambda partial: write(out, header, quick, sz, rows + partial, stem, groups, done)  # noqa: E731
+    so_far = lambda partial: write(out, header, quick, sz, rows + partial, stem, groups, done, env)  # noqa: E731
     ctx: dict = {"data_dir": data_dir, "quick": quick, "gpu_budget_s": gpu_budget_s,
                  "emit": lambda partial: so_far(partial) if out else None}
     needed = {"machine", *groups} | ({"mt"} if "engine" in groups else set())
@@ -123,7 +129,7 @@ def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | N
             if out and len(done) < len(groups):
                 so_far([])
     if out:
-        write(out, header, quick, sz, rows, "bench", groups, done)
+        write(out, header, quick, sz, rows, "bench", groups, done, env)
         for f in ("bench.partial.md", "bench.partial.json"):
             Path(out, f).unlink(missing_ok=True)
     print(markdown(rows, header + "\n"))
@@ -131,9 +137,11 @@ def run(quick: bool = False, groups: tuple[str, ...] | None = None, out: str | N
 
 
 def write(out: str, header: str, quick: bool, sz: Sizes, rows: list[Row], stem: str = "bench",
-          groups: tuple[str, ...] = (), done: list[str] | None = None) -> None:
-    """``out``/<stem>.md and <stem>.json: the rows so far, the machine, the sizes, the environment; a record of
-    fewer groups than asked (``done`` of ``groups``) says it is incomplete, in both files."""
+          groups: tuple[str, ...] = (), done: list[str] | None = None, env: dict | None = None) -> None:
+    """``out``/<stem>.md and <stem>.json: the rows so far, the machine, the sizes, the environment (``env``: the one
+    the run began in; else now's); a record of fewer groups than asked (``done`` of ``groups``) says it is
+    incomplete, in both files. A value not measured (NaN, shown "-" in the table) is null in the JSON, which has no
+    NaN."""
     done = list(groups) if done is None else done
     complete = all(g in done for g in groups)
     if not complete:
@@ -143,8 +151,14 @@ def write(out: str, header: str, quick: bool, sz: Sizes, rows: list[Row], stem: 
     Path(out, f"{stem}.md").write_text(markdown(rows, header + "\n"))
     Path(out, f"{stem}.json").write_text(json.dumps({"machine": machine_name(), "quick": quick, "sizes": asdict(sz),
                                                      "complete": complete, "groups": list(groups), "measured": done,
-                                                     "environment": environment(),
-                                                     "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+                                                     "environment": env or environment(),
+                                                     "rows": [_strict(asdict(r)) for r in rows]}, indent=2,
+                                                    allow_nan=False) + "\n")
+
+
+def _strict(row: dict) -> dict:
+    """``row`` with a float that is not finite (a value not measured) as None: JSON has no NaN."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
 
 
 def environment() -> dict:
@@ -171,12 +185,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Multi30k files for the padding-share row (synthetic lengths where absent)")
     p.add_argument("--threads", type=count(0), default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--gpu-budget", type=float, default=0.0, metavar="SECONDS",
-                   help="the gpu group starts no new design after this many seconds (default: 270)")
+                   help="the gpu group starts no new design after this many seconds (default 0: 270 on a card, "
+                        "none at the CPU's smoke size)")
     p.add_argument("--overwrite", action="store_true", help="replace a bench.md and bench.json already in --out")
     p.set_defaults(func=command)
 
 
 def command(args: argparse.Namespace) -> None:
     """``skiplab bench``."""
-    run(quick=args.quick, groups=tuple(args.groups) if args.groups else None, out=args.out or None, data_dir=args.data_dir,
-        threads=args.threads, gpu_budget_s=args.gpu_budget, overwrite=args.overwrite)
+    run(quick=args.quick, groups=None if args.groups is None else tuple(args.groups), out=args.out or None,
+        data_dir=args.data_dir, threads=args.threads, gpu_budget_s=args.gpu_budget, overwrite=args.overwrite)
