@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from skiplab.analysis.layer_heatmap import plot_layers
 from skiplab.analysis.report import pyplot
 from skiplab.bench.steps import build
-from skiplab.connections.base import _check_input as check_input
+from skiplab.connections.base import _check_branch as check_branch, _check_input as check_input
 from skiplab.models import GPT, GPTConfig
 from skiplab.train import layer_telemetry, run as run_module, telemetry
 from skiplab.train.layer_telemetry import QUANTITIES, LayerWatch, read_lines, spike_sources
@@ -93,8 +93,8 @@ def test_the_figures_of_one_update_by_hand(monkeypatch):
         with pytest.raises(AssertionError):
             check(watched_update(copy.deepcopy(original), x, y)[0], expect, final_rms)
     # the hooks are gone and the class's branch_input is back: nothing watches the next update
-    # (a connection's own pre-hook, its input check, stays as the model built it)
-    assert all(not c._forward_hooks and list(c._forward_pre_hooks.values()) == [check_input]
+    # (a connection's own pre-hooks, its input and branch checks, stay as the model built them)
+    assert all(not c._forward_hooks and list(c._forward_pre_hooks.values()) == [check_input, check_branch]
                and "branch_input" not in vars(c) for _, c, _, _ in watch.subs)
 
 
