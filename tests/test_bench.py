@@ -11,6 +11,7 @@ from skiplab import host
 from skiplab.bench import GROUPS, run
 from skiplab.bench.engine import spawn_ranks
 from skiplab.bench.shapes import DEPTH_DESIGNS, HYPER_DESIGNS, IMAGE_DESIGNS, LM_DESIGNS, MT_DESIGNS
+from skiplab.bench import suite
 from skiplab.bench.suite import default_groups
 from skiplab.bench.timing import Row
 from skiplab.cli import main
@@ -332,8 +333,6 @@ def test_the_record_is_strict_json_of_the_code_the_run_began_with(tmp_path, monk
     """A value not measured was written NaN (no JSON parser but Python's reads it): null now. bench.md's header
     named the code the run began with and bench.json the tree at its last write (a commit or an edit mid-run
     made them disagree): both name the first."""
-    import skiplab.bench.suite as suite
-
     monkeypatch.setitem(suite.GROUPS, "image", lambda sz, ctx: [Row("image", "MFU", float("nan"), "%", "no peak")])
     calls = []
     real = suite.environment
