@@ -3,10 +3,11 @@ two tables and the figure (skiplab.reproduce.lr_depth)."""
 
 import json
 import math
+import re
 
 import pytest
 
-from skiplab import cli
+from skiplab import cli, host
 from skiplab.reproduce import lr_depth
 
 GRID = [2.5e-4, 5e-4, 1e-3, 2e-3, 4e-3]
@@ -101,15 +102,16 @@ def test_two_kinds_of_machine_or_two_metrics_are_refused_in_one_line(tmp_path, c
 def test_a_sweep_without_per_run_kinds_is_of_the_machine_its_record_names(tmp_path):
     """An older sweep records no kind a run, only the environment it was made in: its runs are of that machine's
     kind (they were pooled under the other sweep's kind, unsaid), and with no environment of a kind of their own."""
-    a = _sweep(tmp_path / "a", "standard", [4], GRID, [1], kinds=["Intel Xeon Processor (AVX512), fp32"])
+    env = host.environment()  # the old sweep made here; the other sweep's kind another machine's, by construction
+    here = host.machine_kind(env, "cpu", False)
+    a = _sweep(tmp_path / "a", "standard", [4], GRID, [1], kinds=[f"{here} (other)"])
     old = _sweep(tmp_path / "old", "standard", [32], GRID, [1], kinds=[])
     record = json.loads((old / "sweep.json").read_text())
-    record["environment"] = {"cpu": "AMD EPYC", "cpu_capability": "AVX2", "cuda": None}
+    record["environment"] = env
     (old / "sweep.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match=r"5 runs on Intel Xeon Processor \(AVX512\), fp32; 5 runs on AMD EPYC "
-                                         r"\(AVX2\), fp32"):
+    with pytest.raises(ValueError, match=re.escape(f"5 runs on {here} (other); 5 runs on {here}")):
         lr_depth.read([a, old])
-    assert lr_depth.read([old])["kind"] == "AMD EPYC (AVX2), fp32"
+    assert lr_depth.read([old])["kind"] == here
     del record["environment"]
     (old / "sweep.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="5 runs on .*old/sweep.json's machine, unknown"):
