@@ -267,10 +267,12 @@ def append_metrics(out: Path, record: dict[str, Any]) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def _parse_metrics(path: Path, torn_last_ok: bool) -> tuple[list[dict[str, Any]], int | None]:
-    """The records of ``path`` and the number of a torn last line (``torn_last_ok``; else it is an error too).
+def parse_records(path: Path, torn_last_ok: bool, what: str = "a JSON record") -> tuple[list[dict[str, Any]],
+                                                                                      int | None]:
+    """The records of the JSON Lines file ``path`` (metrics.jsonl, steps.jsonl, layers.jsonl) and the number of a
+    torn last line (``torn_last_ok``: what a process killed while writing it leaves; else it is an error too).
 
-    A line that is not one JSON object is a :class:`RunDirError` naming the file and the line."""
+    A line that is not one JSON object is a :class:`RunDirError` naming the file, the line and ``what`` it is not."""
     records, torn = [], None
     lines = path.read_text().splitlines()
     for n, line in enumerate(lines, 1):
@@ -284,7 +286,7 @@ def _parse_metrics(path: Path, torn_last_ok: bool) -> tuple[list[dict[str, Any]]
             if torn_last_ok and n == len(lines):
                 torn = n
                 break
-            raise RunDirError(f"{path}, line {n}: not a JSON record ({err})") from None
+            raise RunDirError(f"{path}, line {n}: not {what} ({err})") from None
         records.append(record)
     return records, torn
 
@@ -294,7 +296,7 @@ def read_metrics(out: Path, upto: int | None = None, key: str = "epoch") -> list
     path = Path(out) / "metrics.jsonl"
     if not path.exists():
         return []
-    records, _ = _parse_metrics(path, torn_last_ok=False)
+    records, _ = parse_records(path, torn_last_ok=False)
     return [r for r in records if upto is None or r.get(key, 0) <= upto]
 
 
@@ -305,7 +307,7 @@ def resume_metrics(out: Path, upto: int, key: str = "epoch", record: dict[str, A
     checkpoint's own ``record``, where the file lost it, is put back. A bad line before the last is an error:
     it is not what a killed process leaves, and nothing is rewritten."""
     path = Path(out) / "metrics.jsonl"
-    records, torn = _parse_metrics(path, torn_last_ok=True) if path.exists() else ([], None)
+    records, torn = parse_records(path, torn_last_ok=True) if path.exists() else ([], None)
     keep = [r for r in records if r.get(key, 0) <= upto]
     if record is not None and not any(r.get(key) == upto for r in keep):
         keep.append(record)

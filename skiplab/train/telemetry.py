@@ -30,6 +30,7 @@ the record.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 from collections import deque
@@ -39,7 +40,7 @@ from typing import Any
 import torch
 
 from ..device import peak_tflops
-from ..run_dir import STEPS_FILE, RunDirError, read_steps
+from ..run_dir import STEPS_FILE, parse_records, read_steps
 
 WINDOW, FACTOR = 100, 1.25  # a spike: a loss above FACTOR x the median of the WINDOW updates before it
 
@@ -128,21 +129,9 @@ def cut_lines(out: Path, step: int, name: str = STEPS_FILE) -> None:
     path = out / name
     if not path.is_file():
         return
-    lines = path.read_text().splitlines()
-    kept = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            at = json.loads(line)["step"]
-        except (ValueError, TypeError, KeyError) as err:
-            if n == len(lines):  # torn
-                break
-            raise RunDirError(f"{path}, line {n}: not a line of per-step telemetry ({err})") from None
-        if at <= step:
-            kept.append(line)
+    records, _ = parse_records(path, torn_last_ok=True, what="a line of per-step telemetry")
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(x + "\n" for x in kept))
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records if r.get("step", math.inf) <= step))
     os.replace(tmp, path)
 
 
