@@ -17,11 +17,12 @@ made it), ``.md`` and ``.png``; with ``--compare`` the first run's
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable
 
 from .. import host, run_dir
 from . import activations, gradients, learned, linearity, norms, redundancy, saturation
-from .report import outputs, pyplot, write
+from .report import outputs, pyplot, read_what, write
 from .trained import Trained
 
 # name -> (compute(trained, **options), table(result), figure(results))
@@ -37,6 +38,11 @@ ANALYSES: dict[str, tuple[Callable[..., dict[str, Any]], Callable, Callable]] = 
 }
 
 
+# the analyses that read a language model's examples as its split's first windows (Trained.examples without
+# shuffle), so that --seed changes nothing there; linearity draws its training windows at random
+FIRST_WINDOWS = ("gradients", "gates", "ratios", "activations", "redundancy", "norms", "saturation")
+
+
 def analyze(name: str, trained: list[Trained], overwrite: bool = False, progress: bool = True,
             **options: Any) -> list[dict[str, Any]]:
     """Run analysis ``name`` on every trained run, write its files, print its table; return the results."""
@@ -48,7 +54,14 @@ def analyze(name: str, trained: list[Trained], overwrite: bool = False, progress
     overlay = trained[0].path / "analysis" / f"{name}{trained[0].analysis_name}_compare.png"
     if len(trained) > 1 and overlay.exists() and not overwrite:
         raise run_dir.RunDirError(f"{overlay} exists; use --overwrite to replace it")
+    if options.get("seed") and name in FIRST_WINDOWS and any(t.kind == "lm" for t in trained):
+        print(f"note: {name} reads a language model's first {options.get('examples', '')} windows of the split, the "
+              f"same whatever --seed", file=sys.stderr)
     results = [compute(t, progress=progress, **options) for t in trained]  # every run's, before any file is written
+    labels = [r["label"] for r in results]
+    for t, r in zip(trained, results):  # checkpoints of one run (or runs of one model) told apart by what was read
+        if labels.count(r["label"]) > 1:
+            r["label"] = f"{r['label']} [{t.source.name if t.source is not None else t.path.name}]"
     env = host.environment()
     for t, f, result in zip(trained, files, results):
         fig = figure([result])
@@ -57,7 +70,7 @@ def analyze(name: str, trained: list[Trained], overwrite: bool = False, progress
                                "averaged": t.checkpoint.get("averaged")}, "environment": env}  # what and where from
         write(f, {**result, **made}, table(result), fig)
         pyplot().close(fig)
-        print(f"{t.path} ({result['label']}): {name}, {result['examples']} {result['split']} examples, "
+        print(f"{t.source or t.path} ({result['label']}): {name}, {read_what(result)}, "
               f"{result['mode']} mode\n{table(result)}\nwrote {', '.join(str(p) for p in f.values())}")
     if len(results) > 1:
         fig = figure(results)

@@ -18,8 +18,10 @@ parameters need no data.
 at every position, averaged over features; the paper reports 2.64 for 2rSkip+LN, averaged over the
 middle stage's blocks of its trained CIFAR-10 ResNet-110.
 
-Every value counts once per example (images: one row per example) or per real target/source position
-(MT: padding left out); the mean and std are over those. The connections record only inside
+Each value is first averaged over what one example holds (images: its channels and positions, one number an
+example) or one real target/source position holds (MT and LM: its features; padding left out); the mean and the
+std (population) are over those numbers, so the std is the spread across examples or positions, not across the
+features within them. The connections record only inside
 :func:`skiplab.connections.recording`, so training never pays for this.
 """
 
@@ -33,7 +35,7 @@ from tqdm import tqdm
 
 from ..connections import iter_connections, recording
 from . import mixing
-from .report import Moments, markdown, per_position, pyplot
+from .report import Moments, markdown, per_position, pyplot, read_what
 from .trained import Trained
 
 KINDS = {"gates": ("SAS", "Highway", "wSkip", "ReZero", "SkipInit", "LayerScale", "Admin", "HC", "LAuReL", "nGPT"),
@@ -62,6 +64,7 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
         raise ValueError(f"{tr.path}: {', '.join(designs)} has no {what} to analyze "
                          f"({what} are those of {', '.join(KINDS[what]).replace('rSkip', 'krSkip+G')})")
     moments: dict[str, dict[str, Moments]] = {n: {} for n in chosen}
+    per_example = True  # each value a row per example (images) or per real position (a mask: MT, LM)
     seen, t0 = 0, time.time()
     if any(c.name not in DATA_FREE for c in chosen.values()):
         tr.model.eval()
@@ -71,9 +74,10 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
                 tr.forward(ex)
                 for name, conn in chosen.items():
                     mask = tr.mask(ex, tr.block_of(name))
+                    per_example = per_example and mask is None
                     for entry in logs[name]:
                         for key, value in _values(conn, entry).items():
-                            moments[name].setdefault(key, Moments()).add(per_position(value, mask, len(ex)))
+                            moments[name].setdefault(key, Moments()).add(per_position(value, mask, len(ex)).mean(1))
                 for log in logs.values():
                     log.clear()
                 seen += len(ex)
@@ -99,7 +103,7 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
     if mixes and not seen:  # only the mixing matrices read examples
         seen = mixes[0]["examples"]
     result = {"analysis": what, "run": str(tr.path), "label": tr.label, "split": split, "examples": seen,
-              "mode": "eval", "seed": seed, "connections": rows, "time_s": time.time() - t0, "config": tr.config}
+              "per": "example" if per_example else "position", "mode": "eval", "seed": seed, "connections": rows, "time_s": time.time() - t0, "config": tr.config}
     if mixes:
         result["mixing"] = mixes
     if what == "ratios":
@@ -216,9 +220,10 @@ def figure(results: list[dict[str, Any]]):
     if what == "ratios":
         ax.axhline(PAPER_RATIO, ls="--", color="grey", lw=1, label=f"paper: {PAPER_RATIO} (2rSkip+LN, ResNet-110)")
     ax.set_xlabel("connection (input side first); layer, for the designs across a stack")
-    ax.set_ylabel("x : F ratio" if what == "ratios" else "learned value (mean ± std over examples)")
     first = results[0]
-    ax.set_title(f"{what}, {first['examples']} {first['split']} examples")
+    over = f"mean ± std over {first.get('per', 'example')}s"
+    ax.set_ylabel(f"x : F ratio ({over})" if what == "ratios" else f"learned value ({over})")
+    ax.set_title(f"{what}, {read_what(first)}")
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)

@@ -115,7 +115,7 @@ def linearity(tr: Trained, layers: list[str], steps: int = 100, objective: str =
             p.requires_grad_(True)
     return {"analysis": "linearity", "run": str(tr.path), "label": tr.label, "metric": name, "untouched": metric,
             **{f"untouched_{k}": v for k, v in extra.items()},
-            "split": "test", "examples": scored,
+            "split": "test", "examples": scored, "unit": tr.scored_unit,
             "mode": "eval", "objective": objective, "steps": steps, "lr": lr, "sample": sample, "beam": beam,
             "seed": seed, "sign": f"{tr.metric_title}: {'negative' if tr.higher_is_better else 'positive'} Δ% is a loss",
             "layers": rows, "time_s": time.time() - t0, "config": tr.config}

@@ -81,8 +81,10 @@ def add_parsers(sub: argparse._SubParsersAction, func: Callable[[argparse.Namesp
         if a.split:
             p.add_argument("--split", default=a.split, help=f"which split's examples (default: {a.split})")
             p.add_argument("--examples", type=count(1), default=a.examples,
-                           help=f"random examples (sentences for MT) of the split (default: {a.examples})")
-        p.add_argument("--seed", type=int, default=0, help="seed of the random choice of examples (default: 0)")
+                           help=f"random examples (sentences for MT; for a language model the split's first "
+                                f"windows of its context) of the split (default: {a.examples})")
+        p.add_argument("--seed", type=int, default=0, help="seed of the random choice of examples (default: 0; a "
+                       "language model's windows are the split's first whatever the seed)")
         for flags, kwargs in a.own:
             p.add_argument(flags, **kwargs)
         p.add_argument("--overwrite", action="store_true", help="replace the analysis files if they exist")

@@ -68,6 +68,14 @@ class Moments:
         return math.sqrt(max(self.sumsq / self.n - self.mean**2, 0.0)) if self.n else math.nan
 
 
+def read_what(result: dict[str, Any]) -> str:
+    """What an analysis read, for a title or a header: ``N split examples`` (``unit``: what it counted, where that
+    is not examples), or that it read learned parameters only."""
+    if not result.get("examples"):
+        return "learned parameters only (no examples read)"
+    return f"{result['examples']} {result['split']} {result.get('unit', 'examples')}"
+
+
 def per_position(value: Tensor, mask: Tensor | None, batch: int) -> Tensor:
     """Rows of ``value`` that count: one per example (``mask`` None: images, all entries of an example in
     its row) or one per real position (``mask`` (B, T), True at real tokens: MT), features in the columns.

@@ -66,10 +66,20 @@ def _step(path: Path, kind: str) -> int:
     return int(run_dir.load_checkpoint(path, kind=kind).get("step", 0))
 
 
-def valid_losses(run: Path) -> dict[int, float]:
-    """step -> the validation loss the run recorded there (``metrics.jsonl``; empty where it has none)."""
-    return {int(r["step"]): float(r["valid_loss"]) for r in run_dir.read_metrics(run)
-            if isinstance(r.get("valid_loss"), (int, float)) and "step" in r}
+def valid_losses(run: Path, key: str = "valid_loss") -> dict[int, float]:
+    """step -> the loss ``key`` the run recorded there (``metrics.jsonl``; empty where it has none)."""
+    return {int(r["step"]): float(r[key]) for r in run_dir.read_metrics(run)
+            if isinstance(r.get(key), (int, float)) and "step" in r}
+
+
+def held_out_losses(run: Path) -> tuple[str, dict[int, float]]:
+    """``(key, step -> loss)`` of the held-out loss the run recorded: its validation loss (language models), else
+    its test loss (image runs, which have no validation split); ``("valid_loss", {})`` where it recorded neither."""
+    for key in ("valid_loss", "test_loss"):
+        losses = valid_losses(run, key)
+        if losses:
+            return key, losses
+    return "valid_loss", {}
 
 
 def saturation(tr: Trained, split: str = "test", examples: int = 200, seed: int = 0,
@@ -89,7 +99,7 @@ def saturation(tr: Trained, split: str = "test", examples: int = 200, seed: int 
     files = checkpoints(tr.path, tr.kind)
     if not files:
         raise ValueError(f"{tr.path}: no checkpoint to read (checkpoint_<step>.pt or last.pt)")
-    valid = valid_losses(tr.path)
+    loss_key, held_out = held_out_losses(tr.path)
     original = {k: v.clone() for k, v in tr.model.state_dict().items()}
     counts: dict[str, list[float]] = {}
 
@@ -118,7 +128,7 @@ def saturation(tr: Trained, split: str = "test", examples: int = 200, seed: int 
                     tr.forward(ex)
                     seen += len(ex)
             step = int(state.get("step", _step(path, tr.kind)))
-            rows.append({"step": step, "file": path.name, "valid_loss": valid.get(step),
+            rows.append({"step": step, "file": path.name, loss_key: held_out.get(step),
                          "layers": [{"layer": name, "alpha": float(layers[name].alpha.detach()),
                                      "saturated": counts[name][1] / counts[name][0],
                                      "gain": counts[name][2] / counts[name][0], "entries": int(counts[name][0])}
@@ -129,7 +139,7 @@ def saturation(tr: Trained, split: str = "test", examples: int = 200, seed: int 
             h.remove()
         tr.model.load_state_dict(original)
     return {"analysis": "saturation", "run": str(tr.path), "label": tr.label, "split": split, "examples": seen,
-            "mode": "eval", "seed": seed, "threshold": threshold, "checkpoints": rows,
+            "mode": "eval", "seed": seed, "threshold": threshold, "loss": loss_key, "checkpoints": rows,
             "time_s": time.time() - t0, "config": tr.config}
 
 
@@ -140,12 +150,12 @@ def short(name: str) -> str:
 
 
 def table(result: dict[str, Any]) -> str:
-    """One row per checkpoint: the step, the validation loss, and per DyT layer its saturated share (its
-    mean gain in brackets)."""
-    rows = result["checkpoints"]
+    """One row per checkpoint: the step, the held-out loss (validation; test for an image run), and per DyT layer
+    its saturated share (its mean gain in brackets)."""
+    rows, key = result["checkpoints"], result.get("loss", "valid_loss")
     names = [r["layer"] for r in rows[0]["layers"]] if rows else []
-    head = ["step", "valid loss", *(f"{short(n)}" for n in names)]
-    body = [[r["step"], "-" if r["valid_loss"] is None else r["valid_loss"],
+    head = ["step", key.replace("_", " "), *(f"{short(n)}" for n in names)]
+    body = [[r["step"], "-" if r.get(key) is None else r[key],
              *(f"{x['saturated']:.2f} ({x['gain']:.2g})" for x in r["layers"])] for r in rows]
     return (f"share of |α·x| > {result['threshold']:g} per DyT layer (mean tanh'(α·x) in brackets)\n\n"
             + markdown(head, body))
@@ -153,7 +163,7 @@ def table(result: dict[str, Any]) -> str:
 
 def figure(results: list[dict[str, Any]]):
     """A row per run: the saturated share per DyT layer against the step (lighter: nearer the input), the mean
-    gain tanh'(α·x) (log scale), and the validation loss."""
+    gain tanh'(α·x) (log scale), and the held-out loss (validation; test for an image run)."""
     plt = pyplot()
     fig, axes = plt.subplots(len(results), 3, figsize=(16, 4.2 * len(results)), squeeze=False)
     names = legend_labels(results)
@@ -166,14 +176,15 @@ def figure(results: list[dict[str, Any]]):
             ys = [next(x for x in c["layers"] if x["layer"] == name) for c in r["checkpoints"]]
             share.plot(steps, [y["saturated"] for y in ys], marker="o", ms=3, color=color, label=short(name))
             gain.plot(steps, [max(y["gain"], 1e-6) for y in ys], marker="o", ms=3, color=color, label=short(name))
-        points = [(c["step"], c["valid_loss"]) for c in r["checkpoints"] if c["valid_loss"] is not None]
+        key = r.get("loss", "valid_loss")
+        points = [(c["step"], c[key]) for c in r["checkpoints"] if c.get(key) is not None]
         if points:
             loss.plot(*zip(*points), marker="o", ms=3, color="C3")
         share.set_ylim(-0.02, 1.02)
         share.set_ylabel(f"share of |α·x| > {r['threshold']:g}")
         gain.set_yscale("log")
         gain.set_ylabel("mean tanh'(α·x)")
-        loss.set_ylabel("validation loss")
+        loss.set_ylabel("validation loss" if key == "valid_loss" else "test loss")
         share.set_title(label, fontsize=9)
         for ax in (share, gain, loss):
             ax.set_xlabel("update")
@@ -185,4 +196,4 @@ def figure(results: list[dict[str, Any]]):
     return fig
 
 
-__all__ = ["checkpoints", "dyt_layers", "figure", "saturation", "table", "valid_losses"]
+__all__ = ["checkpoints", "dyt_layers", "figure", "held_out_losses", "saturation", "table", "valid_losses"]

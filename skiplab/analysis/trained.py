@@ -121,7 +121,9 @@ class Trained:
         if split not in self.splits:
             raise ValueError(f"{self.kind} runs have the splits {', '.join(self.splits)}, not {split!r}")
 
+    scored_unit = "examples"  # what score_test counts
+
     def score_test(self, beam: int, progress: bool) -> tuple[float, int, dict[str, float]]:
-        """(the test metric, test examples, other forms of it by name) of the model as it is now; ``beam``
-        where the task decodes."""
+        """(the test metric, test examples (:attr:`scored_unit`), other forms of it by name) of the model as it is
+        now; ``beam`` where the task decodes."""
         raise NotImplementedError

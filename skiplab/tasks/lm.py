@@ -43,6 +43,7 @@ class LMTrained(Trained):
     splits = ("train", "valid", "test")
     stacks = {"layer": "layers"}
     metric, metric_title, higher_is_better = "bpb", "bits per byte", False
+    scored_unit = "tokens"  # score_test counts target tokens
 
     def losses(self, ex: Examples, output: Tensor) -> Tensor:
         nll = F.cross_entropy(output.float().transpose(1, 2), ex.target, reduction="none")

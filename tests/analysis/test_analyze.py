@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 
 from skiplab.analysis import activations
+from skiplab.analysis.analyze import analyze
 from skiplab.analysis.gradients import gradient_norms
 from skiplab.analysis.learned import learned, table
 from skiplab.analysis.norms import norms
 from skiplab.analysis.report import legend_labels, per_position
 from skiplab.tasks import load_trained
 from skiplab.cli import main
-from skiplab.connections import iter_connections
+from skiplab.connections import iter_connections, recording
 from tests.noise import DELTA, assert_within_noise, noise, perturbed
 
 
@@ -287,3 +288,81 @@ def test_another_checkpoint_of_a_run_writes_its_own_files(runs, tmp_path, capsys
     assert (run / "analysis" / "gates.avg1.md").is_file() and (run / "analysis" / "gates.avg1.png").is_file()
     assert main(["analyze", "gates", str(run / "avg1.pt"), "--examples", "10"]) == 2
     assert "gates.avg1.json exists; use --overwrite" in capsys.readouterr().err
+
+
+def test_gate_and_ratio_spreads_are_across_examples(runs):
+    """The ± std of gates and ratios is the spread of each example's own mean (the example alone through the
+    model, eval mode), not of every entry: the entries' spread (channels and positions besides) is several times
+    larger here, so a std taken over them fails this."""
+    for spec, what, key, stat in (("SAS", "gates", "alpha", "alpha"), ("2rSkip+LN", "ratios", "ratio", "ratio_mean"),
+                                  ("Highway", "gates", "T", "T")):
+        tr = load_trained(runs / spec)
+        result = learned(tr, what, split="test", examples=30, progress=False)
+        assert result["per"] == "example"
+        means = {name: [] for name, _ in iter_connections(tr.model)}
+        with torch.no_grad():
+            for ex in tr.examples("test", 30):
+                for i in range(len(ex)):
+                    tr.model(ex.inputs[0][i : i + 1])
+                    for name, conn in iter_connections(tr.model):
+                        means[name].append(conn.stats()[stat])
+        for row in result["connections"]:
+            each = torch.tensor(means[row["connection"]], dtype=torch.float64)
+            assert len(each) == 30
+            assert row[f"{key}_std"] == pytest.approx(each.std(unbiased=False).item(), rel=1e-3, abs=1e-6), \
+                f"{spec} {row['connection']}"
+    # the entries' own spread, for the record: larger than the examples' in a Highway gate
+    tr = load_trained(runs / "Highway")
+    with torch.no_grad(), recording(tr.model) as logs:
+        tr.model(next(tr.examples("test", 30)).inputs[0])
+    name = next(n for n, _ in iter_connections(tr.model))
+    entries = torch.cat([e["T"].flatten() for e in logs[name]]).double()
+    row = next(r for r in learned(tr, "gates", split="test", examples=30, progress=False)["connections"]
+               if r["connection"] == name)
+    assert entries.std(unbiased=False).item() > 2 * row["T_std"]
+
+
+def test_mt_gate_spread_is_across_real_positions(mt_runs):
+    """In a translation model each real position counts once (a SAS gate is one number a position there) and
+    padding is left out: each sentence alone, no padding, gives the same spread."""
+    tr = load_trained(mt_runs / "sas")
+    result = learned(tr, "gates", split="train", examples=30, progress=False)
+    assert result["per"] == "position"
+    name = "encoder.layers.0.conn_attn"
+    conn = dict(iter_connections(tr.model))[name]
+    values = []
+    with torch.no_grad(), recording(tr.model) as logs:
+        for ex in tr.examples("train", 30):
+            for i in range(len(ex)):
+                src = ex.inputs[0][i : i + 1][:, ex.masks["encoder"][i]]
+                tgt = ex.inputs[1][i : i + 1][:, ex.masks["decoder"][i]]
+                logs[name].clear()
+                tr.model(src, tgt)
+                alpha = logs[name][0]["alpha"].double()
+                values.append(alpha.expand(1, src.shape[1], alpha.shape[-1]).mean(-1).flatten())
+    each = torch.cat(values)
+    row = next(r for r in result["connections"] if r["connection"] == name)
+    assert conn.name == "SAS" and len(each) == sum(int(m.sum()) for m in
+                                                  (ex.masks["encoder"] for ex in tr.examples("train", 30)))
+    assert row["alpha_std"] == pytest.approx(each.std(unbiased=False).item(), rel=1e-4, abs=1e-7)
+
+
+def test_overlaid_checkpoints_of_one_run_are_told_apart(runs, capsys):
+    """--compare of a run's checkpoints: one model, so each legend entry and label names the file read."""
+    run = runs / "SAS"
+    (run / "other.pt").write_bytes((run / "last.pt").read_bytes())
+    try:
+        results = analyze("gates", [load_trained(run), load_trained(run / "other.pt")], overwrite=True,
+                          progress=False, examples=5)
+    finally:
+        (run / "other.pt").unlink()
+    labels = [r["label"] for r in results]
+    assert labels[0].endswith(" [SAS]") and labels[1].endswith(" [other.pt]")
+    assert len(set(legend_labels(results))) == 2
+    assert f"{run / 'other.pt'} (" in capsys.readouterr().out
+
+
+def test_a_parameter_only_analysis_says_it_read_no_examples(runs, capsys):
+    assert main(["analyze", "gates", str(runs / "wSkip+LN"), "--examples", "10", "--overwrite"]) == 0
+    out = capsys.readouterr().out
+    assert "gates, learned parameters only (no examples read), eval mode" in out and "0 train examples" not in out

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from skiplab import run_dir
-from skiplab.analysis.saturation import checkpoints, entries, saturation, valid_losses
+from skiplab.analysis.saturation import checkpoints, entries, saturation, table, valid_losses
 from skiplab.analysis.trained import Examples, Trained
 from skiplab.cli import main
 from skiplab.connections.norms import DyT
@@ -136,3 +136,29 @@ def test_from_the_command_line(runs):
     result = json.loads((runs / "dyt" / "analysis" / "saturation.json").read_text())
     assert result["threshold"] == 0.5 and [c["step"] for c in result["checkpoints"]] == [2, 4]
     assert "| step | valid loss | 0.attn" in (runs / "dyt" / "analysis" / "saturation.md").read_text()
+
+
+def test_an_image_run_shows_its_test_loss(fashion_dir, tmp_path):
+    """An image run records no validation loss: its rows carry the test loss it recorded at each step."""
+    run = tmp_path / "dyt-image"
+    assert main(["train", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--depth", "8",
+                 "--connection", "2xSkip+DyT", "--epochs", "1", "--batch-size", "64", "--out", str(run)]) == 0
+    result = saturation(load_trained(run), examples=8, progress=False)
+    recorded = {int(r["step"]): r["test_loss"] for r in run_dir.read_metrics(run) if "test_loss" in r}
+    assert result["loss"] == "test_loss" and recorded
+    for row in result["checkpoints"]:
+        assert row["test_loss"] == recorded[row["step"]]
+    assert "test loss" in table(result).splitlines()[2]
+
+
+def test_a_seed_given_for_a_language_models_first_windows_is_said_to_change_nothing(runs, capsys):
+    """A language model's examples are its split's first windows: a seed given changes nothing, and says so."""
+    argv = ["analyze", "saturation", str(runs / "dyt"), "--examples", "4", "--overwrite"]
+    assert main(argv) == 0
+    plain = json.loads((runs / "dyt" / "analysis" / "saturation.json").read_text())
+    assert "note:" not in capsys.readouterr().err
+    assert main([*argv, "--seed", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "note: saturation reads a language model's first 4 windows of the split, the same whatever --seed" in err
+    seeded = json.loads((runs / "dyt" / "analysis" / "saturation.json").read_text())
+    assert seeded["checkpoints"] == plain["checkpoints"]
