@@ -46,7 +46,9 @@ import dataclasses
 import importlib
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -456,6 +458,23 @@ def import_user_modules() -> None:
             raise ImportError(f"${IMPORT}: cannot import {name!r} ({err})") from None
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch system's stop, ``kill``, torchrun stopping the other ranks): raised in the main thread, so
+    that a run stops as Ctrl-C stops it (its lock removed, a run that ``--overwrite`` was replacing put back)."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _on_sigterm():
+    """Turn SIGTERM into :class:`Terminated` while a command runs, where it has Python's default (death with no
+    clean-up) and this is the main thread; the handler to put back, or None where none was set."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         import_user_modules()
@@ -468,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = ["demo", "image", *argv[1:]]  # the main job by default, its options given to it
     args = parser.parse_args(argv)
     args.argv = [str(a) for a in argv]  # the command as given, for the reports that restate it
+    previous = _on_sigterm()
     try:
         with warnings.catch_warnings():  # restores the default display when done
             warnings.showwarning = _one_line_warning
@@ -477,14 +497,17 @@ def main(argv: list[str] | None = None) -> int:
         if not getattr(err, "raised_on_main", False):  # under torchrun, rank 0's error is printed by rank 0
             print(f"skiplab: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         if distributed.rank() == 0:
-            print("skiplab: interrupted; a training run continues with --resume, a comparison by running it again",
+            how = "terminated (SIGTERM)" if isinstance(stop, Terminated) else "interrupted"
+            print(f"skiplab: {how}; a training run continues with --resume, a comparison by running it again",
                   file=sys.stderr)
-        return 130
+        return 143 if isinstance(stop, Terminated) else 130
     finally:
         run_dir.let_go()  # a run that failed or was interrupted: its lock removed, an empty start's folder too
         distributed.shutdown()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

@@ -2,7 +2,12 @@
 model setting."""
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -287,3 +292,42 @@ def test_a_checkpoint_write_interrupted_leaves_no_part_behind(tmp_path, monkeypa
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
     assert torch.load(tmp_path / "last.pt", weights_only=True) == {"step": 1}
+
+
+def test_sigterm_during_an_overwrite_puts_the_replaced_run_back(fashion_dir, straight, tmp_path, monkeypatch, capsys):
+    """SIGTERM (a batch system's stop) ends a command as Ctrl-C does: exit 143, one line, the lock removed, and a
+    run that --overwrite was replacing put back (before, the process died at once and left it in .replaced)."""
+    out = tmp_path / "run"
+    shutil.copytree(straight, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    real = run_dir.write_config
+
+    def killed(path, payload):  # the stop arrives once the run is set aside, before its replacement is written
+        assert (out / run_dir.REPLACED).is_dir()
+        os.kill(os.getpid(), signal.SIGTERM)
+        real(path, payload)
+
+    monkeypatch.setattr(run_dir, "write_config", killed)
+    capsys.readouterr()
+    assert main(image_args(fashion_dir, out, "--overwrite")) == 143
+    err = capsys.readouterr().err
+    assert err.startswith("skiplab: terminated (SIGTERM)") and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    assert not (out / run_dir.LOCK).exists() and not (out / run_dir.REPLACED).exists()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # put back as it was
+
+
+def test_sigterm_stops_a_training_process_cleanly(fashion_dir, tmp_path):
+    """A real process: SIGTERM while it trains leaves its lock removed and its last checkpoint to resume from."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "skiplab", *image_args(fashion_dir, out)[:5], "200",
+                             *image_args(fashion_dir, out)[6:]], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.time() + 180
+    while not (out / "last.pt").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "skiplab: terminated (SIGTERM)" in err and "Traceback" not in err
+    assert not (out / run_dir.LOCK).exists() and (out / "last.pt").is_file()
