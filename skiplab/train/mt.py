@@ -104,6 +104,8 @@ class Seq2SeqRecipe:
                              f"got {self.warmup}")
         if len(self.adam_betas) != 2:
             raise ValueError(f"adam_betas takes two values, got {self.adam_betas}")
+        if not 0 <= self.label_smoothing < 1:  # ε >= 1 rewards making the right word unlikely; NaN fails here too
+            raise ValueError(f"--label-smoothing must be in [0, 1), got {self.label_smoothing}")
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,10 @@ class MTTrainConfig(Seq2SeqRecipe):
         super().__post_init__()
         if not self.corpus and not (self.train_prefix and self.valid_prefix):
             raise ValueError("with --corpus '' give --train-prefix and --valid-prefix")
+        given = [f"--{k.replace('_', '-')}" for k in ("train_prefix", "valid_prefix", "test_prefix") if getattr(self, k)]
+        if self.corpus and given:  # the corpus's own files would be read, and the prefixes recorded beside them
+            raise ValueError(f"{', '.join(given)} name files of your own, read with --corpus '' only; this run names "
+                             f"--corpus {self.corpus}")
         if family_of(self.model) not in seq2seq_families():
             raise ValueError(f"{self.model} is not a translation model; known: "
                              f"{', '.join(n for n, (c, _) in PRESETS.items() if c in seq2seq_families())}")

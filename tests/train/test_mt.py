@@ -577,3 +577,20 @@ def test_relative_prefixes_are_recorded_absolute_and_evaluated_from_elsewhere(co
     monkeypatch.chdir(tmp_path / "elsewhere")
     capsys.readouterr()
     assert main(["eval", "mt", "--checkpoint", str(tmp_path / "run"), "--beam", "1"]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, said", [
+    (["--corpus", "multi30k"], "--train-prefix, --valid-prefix, --test-prefix name files of your own, read with "
+                               "--corpus '' only; this run names --corpus multi30k"),
+    (["--label-smoothing", "2"], "--label-smoothing must be in [0, 1), got 2.0"),
+    (["--label-smoothing", "-0.1"], "--label-smoothing must be in [0, 1), got -0.1"),
+])
+def test_settings_that_would_train_on_other_data_or_against_the_targets_are_refused(corpus, tmp_path, capsys, extra,
+                                                                                   said):
+    """Prefixes beside a named corpus were dropped for the corpus's files (and recorded as if read); a smoothing ε
+    outside [0, 1) trains the model away from the right words. Both ran silently."""
+    out = tmp_path / "run"
+    assert main([*tiny_args(corpus, out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1
+    assert not out.exists()
