@@ -200,7 +200,8 @@ def names_test_files(cfg: CaptionTrainConfig | dict[str, Any]) -> bool:
 def check_scst_source(cfg: CaptionTrainConfig, start: dict[str, Any]) -> None:
     """A one-line error where the run ``cfg.scst_from`` (its checkpoint ``start``) is not one a self-critical
     stage can start from as ``cfg`` says: another model, another dataset (for files, another ``captions`` file:
-    neither the same path nor a copy of the same bytes; its vocabulary would be reused for data it never saw), or
+    neither the same path nor a copy of the same bytes; for a composed scene set, another seed or size: its
+    vocabulary would be reused for data it never saw), another ``min_count`` (the vocabulary is the source's) or
     another ``max_caption_len`` (a mismatch is refused, not inherited, so that config.json says what the run did)."""
     theirs = start["config"]
     vocab = Vocabulary.from_bytes(start["tokenizer"])
@@ -220,6 +221,12 @@ def check_scst_source(cfg: CaptionTrainConfig, start: dict[str, Any]) -> None:
     if theirs.get("max_caption_len") != cfg.max_caption_len:
         raise ValueError(f"{where} trained with --max-caption-len {theirs.get('max_caption_len')}, this run has "
                          f"{cfg.max_caption_len}: give --max-caption-len {theirs.get('max_caption_len')}")
+    scenes = ("scene_seed", "train_scenes", "valid_scenes", "test_scenes") if cfg.dataset else ()
+    for key in (*scenes, "min_count"):  # the same scenes; the vocabulary built with the same threshold
+        if key in theirs and theirs[key] != ours[key]:
+            flag = f"--{key.replace('_', '-')}"
+            raise ValueError(f"{where} trained with {flag} {theirs[key]}, this run has {ours[key]}: give {flag} "
+                             f"{theirs[key]}")
 
 
 def data_path(c: dict[str, Any], key: str) -> str:
@@ -242,6 +249,7 @@ def _records(c: dict[str, Any], split: str) -> tuple[list[CaptionedImage], Path]
         return [r for r in read_coco_captions(source) if r.captions], source
     given = [f"--{k.replace('_', '-')}" for k in ("valid_captions", "test_captions") if c.get(k)]
     if given:
+        read_karpathy(path, "train")  # a missing, unreadable or misshapen file: its reader's error, naming it
         raise ValueError(f"{path} is a Karpathy split file, which holds every split itself: {' and '.join(given)} "
                          "name a COCO file's other splits; leave them out")
     return [r for r in read_karpathy(path, "val" if split == "valid" else split) if r.captions], path

@@ -264,12 +264,12 @@ def test_karpathy_files_read_as_their_references_say(tmp_path, capsys):
     coco["karpathy"].write_text(json.dumps(karpathy))
     split = load_split(config, "test")
     assert split.ids == [test[0]["cocoid"]] and split.name == "dataset_coco.json test (1 images)"
+    with pytest.raises(ValueError, match="a Karpathy split file, which holds every split itself: --test-captions"):
+        load_split({**config, "test_captions": "no_such_file.json"}, "test")
     test[1]["cocoid"] = test[0]["cocoid"]
     coco["karpathy"].write_text(json.dumps(karpathy))
     with pytest.raises(ValueError, match=f"image id {test[0]['cocoid']} appears twice"):
         load_split(config, "test")
-    with pytest.raises(ValueError, match="a Karpathy split file, which holds every split itself: --test-captions"):
-        load_split({**config, "test_captions": "no_such_file.json"}, "test")
     files = {**config, "captions": str(coco["train"]), "valid_captions": str(coco["val"]),
              "test_captions": str(coco["test"])}
     assert load_split(files, "test").name == "captions_test2014.json test (2 images)"

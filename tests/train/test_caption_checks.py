@@ -168,3 +168,37 @@ def test_self_critical_training_refuses_another_captions_file(tmp_path, capsys):
     err = one_line(capsys)
     assert f"--captions {coco['karpathy']}" in err and f"--captions {other}" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flag, theirs, ours", [("--scene-seed", "0", "7"), ("--train-scenes", "40", "30"),
+                                                ("--test-scenes", "6", "4"), ("--min-count", "1", "2")])
+def test_self_critical_training_refuses_other_scenes_or_another_vocabulary_threshold(scenes_dir, xe_run, tmp_path,
+                                                                                     capsys, flag, theirs, ours):  # noqa: F811
+    """Another scene seed or size composed other scenes (train, valid and test alike) for the source run's
+    vocabulary, and another --min-count was recorded while the source's vocabulary was used: both ran silently."""
+    out = tmp_path / "scst"
+    args = scst_args(scenes_dir, xe_run, out)
+    if flag in args:
+        args[args.index(flag) + 1] = ours
+    else:
+        args += [flag, ours]
+    capsys.readouterr()
+    assert main(args) == 2
+    assert one_line(capsys) == (f"skiplab: error: --scst-from {xe_run} trained with {flag} {theirs}, this run has "
+                                f"{ours}: give {flag} {theirs}")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("content", [None, "{\"images\": [", "[1, 2]"])
+def test_a_missing_or_misshapen_captions_file_is_told_so_with_the_other_splits_given(tmp_path, capsys, content):
+    """With --valid-captions and --test-captions given, a captions file that is missing, cut short or not an object
+    was called "a Karpathy split file"; its reader's own error names what is wrong."""
+    captions = tmp_path / "train.json"
+    if content is not None:
+        captions.write_text(content)
+    capsys.readouterr()
+    assert main([*COMMON, "--captions", str(captions), "--valid-captions", str(tmp_path / "val.json"),
+                 "--test-captions", str(tmp_path / "test.json"), "--image-dir", str(tmp_path),
+                 "--out", str(tmp_path / "run")]) == 2
+    err = one_line(capsys)
+    assert str(captions) in err and "Karpathy split file" not in err, err
