@@ -153,8 +153,8 @@ def cmd_average(args: argparse.Namespace) -> None:
 
 
 def cmd_import_hf(args: argparse.Namespace) -> None:
-    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(tasks.get("lm").config)
-               if f.name not in hf_run.FROM_FOLDER}
+    options = config.absolute({f.name: getattr(args, f.name) for f in dataclasses.fields(tasks.get("lm").config)
+                               if f.name not in hf_run.FROM_FOLDER})  # as train lm records them: from any folder
     print(f"wrote {hf_run.import_hf(args.source, args.out, args.overwrite, **options)}")
 
 

@@ -12,7 +12,11 @@ Hugging Face's two classes are pre-norm stacks with one norm each, so the connec
     bias                   true (GPT-2 always has biases)           attention_bias = mlp_bias
     tie                    tie_word_embeddings                      tie_word_embeddings
     rope_base              (none)                                   rope_parameters["rope_theta"]
-    dropout                resid_pdrop = embd_pdrop = attn_pdrop    attention_dropout (LLaMA has no other dropout)
+    dropout                resid_pdrop = embd_pdrop = attn_pdrop    none: attention_dropout 0 (LLaMA drops attention
+                                                                     probabilities only, skiplab embeddings and
+                                                                     sub-layer outputs too: an import refuses
+                                                                     attention_dropout > 0, an export of a run trained
+                                                                     with dropout writes 0 and says so)
     norm_eps               layer_norm_epsilon                       rms_norm_eps
 
 GELU: skiplab's ``F.gelu(approximate="tanh")`` and GPT-2's ``gelu_new``, 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))
@@ -52,6 +56,7 @@ Use::
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any, NamedTuple
 
 import torch
@@ -122,11 +127,16 @@ def config_to_hf(cfg: GPTConfig, **extra: Any) -> Any:
             num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads, num_key_value_heads=cfg.heads,
             head_dim=cfg.d_model // cfg.heads, hidden_act="silu", max_position_embeddings=cfg.context,
             rms_norm_eps=cfg.norm_eps, initializer_range=STD, tie_word_embeddings=cfg.tie,
-            rope_theta=cfg.rope_base, attention_bias=cfg.bias, mlp_bias=cfg.bias, attention_dropout=cfg.dropout,
+            rope_theta=cfg.rope_base, attention_bias=cfg.bias, mlp_bias=cfg.bias, attention_dropout=0.0,
             **ids), **extra}, architectures=[CLASSES[kind]])
     back = config_from_hf(config)
+    kept = ("init", "norm", "pad_vocab") + (("dropout",) if kind == "llama" else ())  # not the config's to hold
     changed = [f.name for f in dataclasses.fields(cfg)
-               if f.name not in ("init", "norm", "pad_vocab") and getattr(back, f.name) != getattr(cfg, f.name)]
+               if f.name not in kept and getattr(back, f.name) != getattr(cfg, f.name)]
+    if kind == "llama" and cfg.dropout:
+        warnings.warn(f"dropout {cfg.dropout} (a training setting) is not carried: LlamaConfig's attention_dropout "
+                      "drops attention probabilities only, skiplab's dropout embeddings and sub-layer outputs too; "
+                      "written as 0", stacklevel=2)
     if changed:
         raise ValueError(f"config_to_hf: {', '.join(sorted(extra))} would change the model's {', '.join(changed)}")
     return config
@@ -185,9 +195,12 @@ def _llama_config(c: Any) -> GPTConfig:
              f"rope_parameters={rope}: skiplab's rotary has a base alone (rope_type default, no scaling)")
     _require(c.attention_bias == c.mlp_bias, f"attention_bias={c.attention_bias}, mlp_bias={c.mlp_bias}: "
              "skiplab's bias is one switch for every linear layer")
+    _require(not c.attention_dropout, f"attention_dropout={c.attention_dropout}: skiplab's dropout would drop the "
+             "embeddings and every sub-layer's output too (LLaMA drops attention probabilities only); set it to 0 in "
+             "config.json to import (evaluation and generation use no dropout)")
     return GPTConfig(vocab_size=c.vocab_size, d_model=c.hidden_size, heads=c.num_attention_heads,
                      layers=c.num_hidden_layers, ffn_dim=c.intermediate_size, mlp="swiglu", positions="rope",
-                     context=c.max_position_embeddings, dropout=float(c.attention_dropout or 0.0),
+                     context=c.max_position_embeddings, dropout=0.0,
                      bias=bool(c.attention_bias), tie=bool(c.tie_word_embeddings), init="default",
                      rope_base=float(rope["rope_theta"]), connection="PreRMS", norm="RMS",
                      norm_eps=float(c.rms_norm_eps))

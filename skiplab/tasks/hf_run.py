@@ -70,7 +70,9 @@ def _one_line(err: BaseException) -> str:
 def check_out(out: Path, overwrite: bool, run: bool = True) -> None:
     """``out`` may be written: absent or empty, or (``overwrite``) a folder holding a config.json; where what is
     written is not a run (``run`` False: an export), not a run's folder (its last.pt), whose checkpoints would go."""
-    if not (out.exists() and (not out.is_dir() or any(out.iterdir()))):
+    if out.exists() and not out.is_dir():
+        raise run_dir.RunDirError(f"{out} is a file, not a folder; give another --out")
+    if not (out.exists() and any(out.iterdir())):
         return
     if not overwrite:
         raise run_dir.RunDirError(f"{out} already exists; use --overwrite to replace it")
@@ -80,6 +82,12 @@ def check_out(out: Path, overwrite: bool, run: bool = True) -> None:
     if not run and (out / "last.pt").is_file():
         raise run_dir.RunDirError(f"{out} holds a run (its last.pt); an export does not replace a run's "
                                   "checkpoints: give another --out")
+    inside = next((p.parent for p in sorted(out.rglob("*")) if p.name in ("last.pt", "config.json") and p.parent != out),
+                  None)
+    if inside is not None:  # replacing out removes all of it: a run or a model kept inside would go with it
+        what = "a run" if (inside / "last.pt").is_file() else "a model folder"
+        raise run_dir.RunDirError(f"{out} holds {what} in {inside}, which replacing {out} would delete; give "
+                                  "another --out")
 
 
 def _usual_modes(folder: Path) -> None:
@@ -249,6 +257,8 @@ def import_hf(source: str | Path, out: str | Path, overwrite: bool = False, **op
     if out.resolve() == source.resolve():
         raise run_dir.RunDirError(f"--out {out} is the folder imported from; give the run another folder")
     check_out(out, overwrite)
+    if source.is_file():
+        raise ValueError(f"{source} is a file; give the Hugging Face model's folder (its config.json and weights)")
     if not source.is_dir():
         raise FileNotFoundError(f"{source}: no such folder")
     config = read_hf_config(source)

@@ -4,6 +4,7 @@ with Hugging Face's logits; runs trained here exported to folders ``from_pretrai
 a round trip giving the tensors back; and every bad input one line, nothing written."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -355,3 +356,63 @@ def test_a_data_dir_prepared_with_another_tokenizer_is_refused_at_import(text, t
     assert run(["import", "hf", folder, "--out", tmp_path / "run", "--corpus", "", "--data-dir", tmp_path / "bytes"]) == 2
     one_line_error(capsys, r"holds tokens of --tokenizer bytes, not of .*hf's tokenizer: give the corpus's text folder")
     assert not (tmp_path / "run").exists()
+
+
+def test_overwrite_never_deletes_a_run_or_a_model_kept_inside_out(text, tmp_path, capsys):
+    """Replacing --out removed everything in it: a run, or the very model folder imported, kept inside was lost."""
+    nest = hf_folder(tmp_path / "nest", "gpt2")  # a model folder (config.json), holding the model to import
+    inner = hf_folder(nest / "model", "gpt2")
+    with one_thread():
+        capsys.readouterr()
+        assert run(["import", "hf", inner, "--out", nest, "--overwrite", *data(text)]) == 2
+        one_line_error(capsys, r"nest holds a model folder in .*nest/model, which replacing .*nest would delete")
+        assert (inner / "model.safetensors").is_file()
+        assert run(["import", "hf", inner, "--out", tmp_path / "run", *data(text)]) == 0
+        shutil.copytree(tmp_path / "run", nest / "myrun")
+        capsys.readouterr()
+        assert run(["export", "hf", nest / "myrun", "--out", nest, "--overwrite"]) == 2
+        one_line_error(capsys, r"nest holds a (run|model folder) in .*nest/(model|myrun), which replacing")
+        assert (nest / "myrun" / "last.pt").is_file()
+        (tmp_path / "afile").write_text("")
+        assert run(["export", "hf", tmp_path / "run", "--out", tmp_path / "afile"]) == 2
+        one_line_error(capsys, r"afile is a file, not a folder; give another --out")
+        assert run(["import", "hf", inner / "config.json", "--out", tmp_path / "run3", *data(text)]) == 2
+        one_line_error(capsys, r"config\.json is a file; give the Hugging Face model's folder")
+
+
+def test_an_imports_data_files_are_recorded_absolute(text, tmp_path, capsys, monkeypatch):
+    """Relative --train-file and the like were recorded as given: eval lm from another folder could not find them."""
+    folder = hf_folder(tmp_path / "hf", "gpt2")
+    monkeypatch.chdir(text)
+    with one_thread():
+        assert run(["import", "hf", folder, "--out", tmp_path / "run", "--corpus", "", "--train-file", "train.jsonl",
+                    "--valid-file", "valid.jsonl", "--test-file", "test.jsonl"]) == 0
+        config = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+        assert config["train_file"] == str(text / "train.jsonl") and config["test_file"] == str(text / "test.jsonl")
+        monkeypatch.chdir(tmp_path)
+        capsys.readouterr()
+        assert run(["eval", "lm", "--checkpoint", tmp_path / "run", "--device", "cpu"]) == 0
+        assert json.loads(capsys.readouterr().out)["tokens"] > 0
+
+
+def test_llama_dropout_is_not_carried_either_way(text, tmp_path, capsys):
+    """LLaMA's attention_dropout drops attention probabilities only; skiplab's dropout drops embeddings and
+    sub-layer outputs too. An import of attention_dropout > 0 is refused; an export of a run trained with dropout
+    writes 0 and says so (it wrote attention_dropout = dropout, and imported it as skiplab's dropout)."""
+    folder = hf_folder(tmp_path / "hf", "llama")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.5}))
+    capsys.readouterr()
+    assert run(["import", "hf", folder, "--out", tmp_path / "run", *data(text)]) == 2
+    one_line_error(capsys, r"attention_dropout=0\.5: skiplab's dropout would drop the embeddings")
+    assert not (tmp_path / "run").exists()
+    with one_thread():
+        assert run(["train", "lm", "--model", "llama-71m(d_model=32,heads=4,layers=1,ffn_dim=40,context=32)",
+                    "--dropout", "0.1", *data(text), "--tokenizer", "bytes", "--max-steps", "1", "--batch-size", "2",
+                    "--eval-every", "1", "--warmup", "0", "--device", "cpu", "--out", tmp_path / "dropped"]) == 0
+        capsys.readouterr()
+        assert run(["export", "hf", tmp_path / "dropped", "--out", tmp_path / "exported"]) == 0
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("skiplab: warning:")]
+    assert len(said) == 1 and "dropout 0.1 (a training setting) is not carried" in said[0], err
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())["attention_dropout"] == 0.0
