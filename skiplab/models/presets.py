@@ -9,6 +9,7 @@ an error that lists the ones it has. A spec resolves, once, to the family's froz
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 import typing
 from typing import Any
@@ -114,7 +115,9 @@ def parse_model_spec(spec: str) -> tuple[str, dict[str, str]]:
                 raise ValueError(f"bad model spec {spec!r}: {key} given twice")
             options[key] = value.strip()
     if name not in PRESETS:
-        raise ValueError(f"unknown model {name!r}; known: {', '.join(PRESETS)}")
+        hint = difflib.get_close_matches(name, list(PRESETS), n=1)
+        raise ValueError(f"unknown model {name!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "")
+                         + f"; known: {', '.join(PRESETS)}")
     return name, options
 
 

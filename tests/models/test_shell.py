@@ -50,7 +50,9 @@ def test_model_spec_round_trip_and_types():
 
 
 @pytest.mark.parametrize("spec,message", [
-    ("transformer-tiny", "unknown model 'transformer-tiny'; known: "),
+    ("transformer-tiny", "unknown model 'transformer-tiny' (did you mean 'transformer-big'?); known: "),
+    ("transformer-smal", "unknown model 'transformer-smal' (did you mean 'transformer-small'?); known: "),
+    ("resnet", "unknown model 'resnet'; known: "),
     ("transformer-small(heads)", "'heads' is not key=value"),
     ("transformer-small(heads=2", "one pair of parentheses"),
     ("transformer-small(width=2)", "transformer-small has no option width (its options: vocab_size, d_model"),
