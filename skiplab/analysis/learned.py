@@ -103,7 +103,8 @@ def learned(tr: Trained, what: str, split: str = "train", examples: int = 10000,
     if mixes and not seen:  # only the mixing matrices read examples
         seen = mixes[0]["examples"]
     result = {"analysis": what, "run": str(tr.path), "label": tr.label, "split": split, "examples": seen,
-              "per": "example" if per_example else "position", "mode": "eval", "seed": seed, "connections": rows, "time_s": time.time() - t0, "config": tr.config}
+              "per": "example" if per_example else "position", "mode": "eval", "seed": seed, "connections": rows,
+              "time_s": time.time() - t0, "config": tr.config}
     if mixes:
         result["mixing"] = mixes
     if what == "ratios":

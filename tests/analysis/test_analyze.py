@@ -1,6 +1,7 @@
 """``skiplab analyze``: gradient norms, gates, ratios and activations of trained runs, against hand computation."""
 
 import copy
+import shutil
 import json
 
 import pytest
@@ -366,3 +367,13 @@ def test_a_parameter_only_analysis_says_it_read_no_examples(runs, capsys):
     assert main(["analyze", "gates", str(runs / "wSkip+LN"), "--examples", "10", "--overwrite"]) == 0
     out = capsys.readouterr().out
     assert "gates, learned parameters only (no examples read), eval mode" in out and "0 train examples" not in out
+
+
+def test_overlaid_runs_of_one_model_in_folders_of_one_name_are_told_apart_by_path(runs, tmp_path):
+    """Two seeds' folders are both named seed1 under their comparisons: the legend names each by its path."""
+    for side in ("a", "b"):
+        shutil.copytree(runs / "Highway", tmp_path / side / "seed1")
+    results = analyze("gates", [load_trained(tmp_path / side / "seed1") for side in ("a", "b")], progress=False,
+                      examples=5)
+    assert [r["label"].rsplit(" [", 1)[1] for r in results] == [f"{tmp_path / 'a' / 'seed1'}]",
+                                                                f"{tmp_path / 'b' / 'seed1'}]"]
