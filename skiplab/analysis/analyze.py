@@ -59,10 +59,10 @@ def analyze(name: str, trained: list[Trained], overwrite: bool = False, progress
               f"same whatever --seed", file=sys.stderr)
     results = [compute(t, progress=progress, **options) for t in trained]  # every run's, before any file is written
     labels = [r["label"] for r in results]
-    names = [t.source.name if t.source is not None else t.path.name for t in trained]
-    for t, r, name in zip(trained, results, names):  # checkpoints of one run, or runs of one model, told apart
+    read = [t.source.name if t.source is not None else t.path.name for t in trained]
+    for t, r, file in zip(trained, results, read):  # checkpoints of one run, or runs of one model, told apart
         if labels.count(r["label"]) > 1:
-            r["label"] = f"{r['label']} [{name if names.count(name) == 1 else t.source or t.path}]"
+            r["label"] = f"{r['label']} [{file if read.count(file) == 1 else t.source or t.path}]"
     env = host.environment()
     for t, f, result in zip(trained, files, results):
         fig = figure([result])

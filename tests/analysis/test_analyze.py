@@ -373,7 +373,7 @@ def test_overlaid_runs_of_one_model_in_folders_of_one_name_are_told_apart_by_pat
     """Two seeds' folders are both named seed1 under their comparisons: the legend names each by its path."""
     for side in ("a", "b"):
         shutil.copytree(runs / "Highway", tmp_path / side / "seed1")
-    results = analyze("gates", [load_trained(tmp_path / side / "seed1") for side in ("a", "b")], progress=False,
-                      examples=5)
+    results = analyze("gates", [load_trained(tmp_path / side / "seed1") for side in ("a", "b")], overwrite=True,
+                      progress=False, examples=5)
     assert [r["label"].rsplit(" [", 1)[1] for r in results] == [f"{tmp_path / 'a' / 'seed1'}]",
                                                                 f"{tmp_path / 'b' / 'seed1'}]"]
