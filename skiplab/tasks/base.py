@@ -60,6 +60,11 @@ class Task:
         """A finished run's summary with :attr:`metric` in it (computing and saving it where training does not)."""
         return summary
 
+    def metric_note(self, runs: list[tuple[str, int, dict[str, Any]]]) -> str:
+        """How :attr:`metric` was measured, for a comparison's title, given its runs' ``(label, seed, summary)``
+        ("" where the metric's label says it all)."""
+        return ""
+
     def reference(self, cfg: Any) -> dict[str, Any] | None:
         """A context-free level of :attr:`metric` on the data of ``cfg``'s finished run, ``{"label", "value"}``, that a
         run which learned nothing beyond the data's frequencies reaches (the sweep draws it); None where the task
@@ -135,3 +140,19 @@ class Task:
     def paired_p(self, a: dict[str, Any], b: dict[str, Any], cfg_a: Any, cfg_b: Any) -> float | None:
         """p of a paired test between two seed-matched measurements (tasks with :attr:`paired`)."""
         raise NotImplementedError
+
+
+def averaged_note(metric_label: str, runs: list[tuple[str, int, dict[str, Any]]], average: int, beam: int) -> str:
+    """``metric_label`` of each run's last ``average`` checkpoints averaged, beam ``beam``, naming the runs whose
+    score averaged fewer (their ``summary["averaged"]``: a run with fewer checkpoints than ``average``)."""
+    counts = {(label, seed): s["averaged"] for label, seed, s in runs if s.get("averaged")}
+    said = f"{metric_label} of each run's last {average} checkpoints averaged, beam {beam}"
+    short = {k: n for k, n in counts.items() if n < average}
+    if not short:
+        return said
+    if len(short) == len(counts) and len(set(short.values())) == 1:
+        n = next(iter(short.values()))
+        return (f"{metric_label} of each run's last {n} checkpoint{'s' if n > 1 else ''} averaged (its runs have "
+                f"{n}; {average} where a run has them), beam {beam}")
+    return f"{said}; fewer where a run has fewer: " + ", ".join(
+        f"{label} seed {seed} {n}" for (label, seed), n in short.items())

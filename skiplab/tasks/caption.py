@@ -31,7 +31,7 @@ from ..interop import coco_eval
 from ..models import caption_families, model_from_checkpoint, with_options
 from ..data.captions import Vocabulary
 from ..train import caption
-from .base import Task
+from .base import Task, averaged_note
 from .mt import MTTrained, add_decoding_arguments
 
 PAD = Vocabulary.PAD
@@ -194,6 +194,9 @@ class CaptionTask(Task):
                        caption_tokenizer=result["tokenizer"])
         run_dir.write_json(Path(cfg.out) / "summary.json", summary)
         return summary
+
+    def metric_note(self, runs: list[tuple[str, int, dict[str, Any]]]) -> str:
+        return averaged_note("test CIDEr", runs, AVERAGE, BEAM)
 
     def check_scorable(self, cfg: Any) -> None:
         """compare's and sweep's metric, the test CIDEr, needs pycocoevalcap: refused before anything trains."""

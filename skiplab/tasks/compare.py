@@ -101,6 +101,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
     results: dict[str, list[dict[str, Any]]] = {v.label: [] for v in variants}
     curves: dict[str, list[list[dict[str, Any]]]] = {v.label: [] for v in variants}
     records: list[blocks.RunRecord] = []
+    measured: list[tuple[str, int, dict[str, Any]]] = []
     stored: dict[str, dict[str, Any]] = {}
     reference = None
     for v in variants:
@@ -113,6 +114,7 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
                 if reference is None:
                     reference = spec.reference(cfg)
             results[v.label].append(summary)
+            measured.append((v.label, seed, summary))
             conf = run_dir.read_json(out / "config.json") if (out / "config.json").is_file() else {}
             stored.setdefault(v.label, conf)
             steps = summary.get("steps")
@@ -141,6 +143,8 @@ def compare(task: str, base, variants: list[Variant], seeds: int | tuple[int, ..
                      for name, options in specs})  # the models compared, whatever connections they hold
     title = f"{models[0] if len(models) == 1 else 'models'} on {data}, {_seeds_text(seed_list)}, {length}"
     said = f"{title}; {spec.metric_label} over seeds ({'higher' if spec.higher_is_better else 'lower'} is better)"
+    header["metric_note"] = spec.metric_note(measured)
+    said += f"; {header['metric_note']}" if header["metric_note"] else ""
     (root / "table.md").write_text(f"{said}\n\n{table}\n")  # what was compared, as printed
     (root / "table.csv").write_text(blocks.to_csv(rows, columns))
     comparison.plot_curves(curves, spec.curves, root / "curves.png", title, x=spec.x)

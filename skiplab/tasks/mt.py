@@ -28,9 +28,12 @@ from ..tokenization import Tokenizer
 from ..train import mt
 from ..translate.metrics import bleu_forms, paired_bootstrap, score_forms
 from ..translate.translator import ALPHA, Translator, evaluate_split, split_forms
-from .base import Task
+from .base import Task, averaged_note
 
 PAD = Tokenizer.PAD
+
+
+AVERAGE, BEAM = 5, 4  # compare's test score: the last 5 checkpoints averaged, beam 4 (Vaswani et al. 2017)
 
 
 class MTTrained(Trained):
@@ -104,12 +107,15 @@ class MTTask(Task):
 
     def score(self, cfg: Any, summary: dict[str, Any], progress: bool) -> dict[str, Any]:
         """Score the test set with the average of the last (up to) 5 checkpoints, beam 4, into the summary."""
-        average = min(5, len(run_dir.step_checkpoints(Path(cfg.out))))
-        result = evaluate_split(cfg.out, "test", average=average, beam=4, progress=progress)
+        average = min(AVERAGE, len(run_dir.step_checkpoints(Path(cfg.out))))
+        result = evaluate_split(cfg.out, "test", average=average, beam=BEAM, progress=progress)
         summary = dict(summary, test_bleu=result["bleu"], test_chrf=result["chrf"],
                        bleu_signature=result["bleu_signature"], averaged=average)
         run_dir.write_json(Path(cfg.out) / "summary.json", summary)
         return summary
+
+    def metric_note(self, runs: list[tuple[str, int, dict[str, Any]]]) -> str:
+        return averaged_note("test BLEU", runs, AVERAGE, BEAM)
 
     def data_name(self, cfg: Any) -> str:
         return cfg.corpus

@@ -327,6 +327,9 @@ def test_compare_mt_writes_a_bleu_table(corpus, tmp_path, capsys):
     assert main(["compare", "mt", *args, "--connections", "PostLN,2rSkip+LN", "--seeds", "1"]) == 0
     table = (tmp_path / "cmp" / "table.md").read_text()
     assert "BLEU (mean ± std)" in table and "| 2rSkip+LN" in table
+    # Its runs have two checkpoints each, so the score averaged two, and the title says so (not "the last 5").
+    assert table.splitlines()[0].endswith("; test BLEU of each run's last 2 checkpoints averaged (its runs have 2; "
+                                          "5 where a run has them), beam 4")
     summary = json.loads((tmp_path / "cmp" / "PostLN" / "seed1" / "summary.json").read_text())
     assert summary["averaged"] == 2 and 0 <= summary["test_bleu"] <= 100
     last = tmp_path / "cmp" / "PostLN" / "seed1" / "last.pt"
@@ -594,3 +597,15 @@ def test_settings_that_would_train_on_other_data_or_against_the_targets_are_refu
     err = capsys.readouterr().err
     assert said in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_averaged_note_names_the_runs_that_averaged_fewer():
+    from skiplab.tasks.base import averaged_note
+    full, short = {"averaged": 5}, {"averaged": 3}
+    assert averaged_note("BLEU", [("A", 1, full), ("B", 1, full), ("A", 2, {"status": "diverged"})], 5, 4) == \
+        "BLEU of each run's last 5 checkpoints averaged, beam 4"
+    assert averaged_note("BLEU", [("A", 1, full), ("B", 1, short), ("B", 2, {"averaged": 1})], 5, 4) == \
+        "BLEU of each run's last 5 checkpoints averaged, beam 4; fewer where a run has fewer: B seed 1 3, B seed 2 1"
+    assert averaged_note("CIDEr", [("A", 1, {"averaged": 1})], 5, 3) == \
+        "CIDEr of each run's last 1 checkpoint averaged (its runs have 1; 5 where a run has them), beam 3"
+
