@@ -29,6 +29,9 @@ def test_connections_with_a_bad_spec_prints_one_line_and_nothing_else(capsys):
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1
     assert err.startswith("skiplab: error: bad connection spec '0xSkip': λ of xSkip must be a finite number > 0")
+    assert main(["connections", ""]) == 2  # an empty spec (a shell variable unset) is not the whole list
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("skiplab: error: bad connection spec '': not of the form")
 
 
 def test_bad_spec_is_one_line_on_stderr_with_exit_code_2(capsys, tmp_path):

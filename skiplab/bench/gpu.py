@@ -147,7 +147,7 @@ def hf_trainer(sz: GpuSizes, batch: tuple[Tensor, Tensor], rows: int) -> Trainer
     hf_cfg = GPT2Config(vocab_size=rows, n_positions=cfg.context, n_embd=cfg.d_model, n_layer=cfg.layers,
                         n_head=cfg.heads, n_inner=cfg.ffn_dim, activation_function="gelu_new", resid_pdrop=0.0,
                         embd_pdrop=0.0, attn_pdrop=0.0, layer_norm_epsilon=1e-5, use_cache=False,
-                        attn_implementation="sdpa")
+                        attn_implementation="sdpa", bos_token_id=None, eos_token_id=None)  # no tokenizer here
     torch.manual_seed(0)
     model = GPT2LMHeadModel(hf_cfg).to(batch[0].device).train()
     for block in model.transformer.h:

@@ -30,6 +30,12 @@ def _check_input(conn: "Connection", args: tuple, kwargs: dict) -> None:
     the branch), which needs ``in_dim``."""
     x = args[0] if args else kwargs.get("x")
     skip = args[2] if len(args) > 2 else kwargs.get("skip")
+    if skip is not None and not callable(skip):
+        raise TypeError(f"{conn.spec}: skip must be a callable (a module or function) mapping x to the skip path; "
+                        f"it got {type(skip).__name__}")
+    if skip is None and conn.in_dim != conn.dim and conn.has_skip:
+        raise ValueError(f"{conn.spec} was built with in_dim {conn.in_dim} and dim {conn.dim}: a block that changes "
+                         "the width needs a projection skip (conn(x, branch, skip=proj)) to carry x to dim features")
     if not isinstance(x, Tensor) or (skip is not None and not conn.in_dim_given and not conn.reads_input):
         return
     seq = conn.layout == "seq"
@@ -42,35 +48,63 @@ def _check_input(conn: "Connection", args: tuple, kwargs: dict) -> None:
 
 
 def _check_branch(conn: "Connection", args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-    """The branch (the second argument) wrapped so that what it returns is checked against what it was given: the
-    input's leading axes (seq: every axis but the last; conv: the batch, and the spatial ones where no ``skip`` may
-    change them) and ``dim`` features. A wrong shape is one line naming the design here, not a broadcast that goes
-    on silently (a (2, 5, 1) output added to a (2, 5, 6) stream), a matmul's shapes, or a kernel reading past the
-    end of the output (HC's stream write)."""
+    """The branch (the second argument) and the skip (the third, a projection shortcut) wrapped so that what each
+    returns is checked against what it was given: a tensor of the input's leading axes (seq: every axis but the
+    last; conv: the batch, and the spatial ones where no ``skip`` may change them; with a skip, the branch's and the
+    skip's spatial axes alike) and ``dim`` features. A wrong shape is one line naming the design here, not a
+    broadcast that goes on silently (a (2, 5, 1) output added to a (2, 5, 6) stream), a matmul's shapes, or a
+    kernel reading past the end of the output (HC's stream write)."""
     given = len(args) > 1
     branch = args[1] if given else kwargs.get("branch")
-    if branch is None:
+    if branch is None and not given:
         return None
-    skip = args[2] if len(args) > 2 else kwargs.get("skip")
+    if not callable(branch):
+        raise TypeError(f"{conn.spec}: the branch must be a callable (a module or function) mapping x to F(x); "
+                        f"it got {type(branch).__name__}")
+    skip_given = len(args) > 2
+    skip = args[2] if skip_given else kwargs.get("skip")
+    first: dict[str, tuple[str, tuple[int, ...]]] = {}  # conv: the path that returned first, and its shape
+
+    def check(what: str, out: Any, h: Any) -> None:
+        if not isinstance(h, Tensor):
+            return
+        if not isinstance(out, Tensor):
+            raise TypeError(f"{conn.spec}: the {what} returned {type(out).__name__}, not a tensor")
+        seq = conn.layout == "seq"
+        if seq:
+            want = (*h.shape[:-1], conn.dim)
+            ok = tuple(out.shape) == want
+        else:
+            want = (h.shape[0], conn.dim, *(h.shape[2:] if skip is None else ("...",)))
+            ok = out.dim() == h.dim() and out.shape[:2] == want[:2] and (skip is not None
+                                                                          or out.shape[2:] == h.shape[2:])
+            if ok and skip is not None:  # a projection may change the spatial axes, alike on both paths
+                other, shape = first.setdefault("path", (what, tuple(out.shape)))
+                if other != what and shape != tuple(out.shape):
+                    raise ValueError(f"{conn.spec}: the {what} returned shape {tuple(out.shape)} and the {other} "
+                                     f"{shape} for an input of shape {tuple(h.shape)}; the two are added, so their "
+                                     "shapes must agree (a projection skip with the branch's stride)")
+        if not ok:
+            shape = ", ".join(map(str, want))
+            raise ValueError(f"{conn.spec}: the {what} returned shape {tuple(out.shape)} for an input of shape "
+                             f"{tuple(h.shape)}; it must return ({shape}) ({conn.layout} layout, {conn.dim} "
+                             "features)")
 
     def checked(h, *more, **named):
         out = branch(h, *more, **named)
-        if isinstance(out, Tensor) and isinstance(h, Tensor):
-            seq = conn.layout == "seq"
-            if seq:
-                want = (*h.shape[:-1], conn.dim)
-                ok = tuple(out.shape) == want
-            else:
-                want = (h.shape[0], conn.dim, *(h.shape[2:] if skip is None else ("...",)))
-                ok = out.dim() == h.dim() and out.shape[:2] == want[:2] and (skip is not None
-                                                                              or out.shape[2:] == h.shape[2:])
-            if not ok:
-                shape = ", ".join(map(str, want))
-                raise ValueError(f"{conn.spec}: the branch returned shape {tuple(out.shape)} for an input of shape "
-                                 f"{tuple(h.shape)}; it must return ({shape}) ({conn.layout} layout, {conn.dim} "
-                                 "features)")
+        check("branch", out, h)
         return out
 
+    def checked_skip(h, *more, **named):
+        out = skip(h, *more, **named)
+        check("skip", out, h)
+        return out
+
+    if skip is not None:
+        if skip_given:
+            args = (*args[:2], checked_skip, *args[3:])
+        else:
+            kwargs = {**kwargs, "skip": checked_skip}
     if given:
         return (args[0], checked, *args[2:]), kwargs
     return args, {**kwargs, "branch": checked}

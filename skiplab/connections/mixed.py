@@ -11,14 +11,7 @@ from torch import Tensor
 from .base import Branch, Connection, register
 from .norms import make_norm
 from .place import Place
-from .spec import Option, Spec, number
-
-
-def _fraction(text: str) -> float:
-    value = number(text)
-    if not 0 <= value <= 1:
-        raise ValueError(f"must be in [0, 1], got {text}")
-    return value
+from .spec import Option, Spec, unit_interval
 
 
 def post_layers(alpha: float, layers: int) -> int:
@@ -42,7 +35,7 @@ class MixLN(Connection):
     name = "MixLN"
     accepts_norms = ("LN", "RMS", "DyT")
     default_norm = "LN"
-    options = {"alpha": Option(0.25, _fraction, "share of the first layers that are post-norm")}
+    options = {"alpha": Option(0.25, unit_interval, "share of the first layers that are post-norm")}
     patterns = {"MixLN[+RMS](alpha=α)": "y = G(x + F(x)) for layers l ≤ ⌊αL⌋, y = x + F(G(x)) after, "
                                         "G the model's norm unless named  (Li et al. 2025, Mix-LN)"}
 

@@ -46,7 +46,7 @@ ALIASES = {"Residual": "1xSkip", "PostLN": "1xSkip+LN"}
 
 _ACROSS_RE = re.compile(r"^(?P<rest>.+)\+(?P<name>[A-Za-z]+)(?P<options>\([^()]*\))?$")
 _SPEC_RE = re.compile(
-    r"^(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)?"
+    r"^(?P<number>[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?)?"
     r"(?P<name>[A-Za-z]+)"
     r"(?:\+(?P<norm>[A-Za-z]+))?"
     r"(?:\((?P<options>[^()]*)\))?$"
@@ -86,12 +86,17 @@ def format_number(x: float) -> str:
     return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else repr(float(x))
 
 
+# A number as the grammar writes it: ASCII digits, a point, an exponent (float() alone would also read "1_0",
+# full-width and other scripts' digits); inf and nan read as numbers, for the checks that refuse them to name them.
+_NUMBER_RE = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?(?:inf|infinity|nan)",
+                        re.IGNORECASE)
+
+
 def number(text: str) -> float:
     """``text`` as a float, or a one-line error saying it is not a number (not Python's own wording)."""
-    try:
-        return float(text)
-    except ValueError:
-        raise ValueError(f"must be a number, got {text}") from None
+    if not _NUMBER_RE.fullmatch(text):
+        raise ValueError(f"must be a number, got {text}")
+    return float(text)
 
 
 def positive_float(text: str) -> float:
@@ -108,6 +113,14 @@ def finite_float(text: str) -> float:
     return value
 
 
+def unit_interval(text: str) -> float:
+    """A number in [0, 1] (a share, a mixing weight)."""
+    value = number(text)
+    if not 0 <= value <= 1:
+        raise ValueError(f"must be in [0, 1], got {text}")
+    return value
+
+
 def nonnegative_float(text: str) -> float:
     """A finite number >= 0 (an exponent such as the depth scaling's α)."""
     value = number(text)
@@ -118,10 +131,9 @@ def nonnegative_float(text: str) -> float:
 
 def positive_int(text: str) -> int:
     """An integer >= 1 (a dilation, a period)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise ValueError(f"must be an integer >= 1, got {text}") from None
+    if not re.fullmatch(r"\+?[0-9]+", text):
+        raise ValueError(f"must be an integer >= 1, got {text}")
+    value = int(text)
     if value < 1:
         raise ValueError(f"must be an integer >= 1, got {text}")
     return value
@@ -158,7 +170,9 @@ def _options(cls: type, name: str, text: str | None, fail: Callable[[str], SpecE
     declared = options_of(cls, dyt)
     options = {key: opt.default for key, opt in declared.items()}
     given: set[str] = set()
-    for item in filter(None, (text or "").split(",")):
+    for item in text.split(",") if text else ():
+        if not item:
+            raise fail("an empty option between commas (options are key=value, separated by single commas)")
         key, eq, value = item.partition("=")
         if not eq or not key or not value:
             raise fail(f"option {item!r} is not key=value")

@@ -44,7 +44,7 @@ def test_the_grammar_reads_designs_across_the_stack_after_the_connection(text, c
     ("PreLN+UNet+UNet", "UNet is given twice"),
     ("PreLN+UNet(depth=2)", "UNet has no option 'depth'"),
     ("PreLN+ValueRes(learn=maybe)", "option learn: must be one of no, yes"),
-    ("PreLN+ValueRes(lambda=nan)", "option lambda: must be finite"),
+    ("PreLN+ValueRes(lambda=nan)", "option lambda: must be in [0, 1], got nan"),
     ("PreLN+Unet", "+Unet is neither a normalisation (LN, BN, RMS, DyT) nor a design across the stack (ValueRes, "
                    "UNet, DenseFormer, MUDD, AttnRes, Scalars, Backout) (did you mean +UNet? names are case-sensitive)"),
     ("PreLN+ValueRes+Foo", "+Foo is neither a normalisation"),

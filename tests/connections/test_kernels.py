@@ -175,6 +175,22 @@ def test_connections_with_the_kernel_equal_their_eager_formula(spec):
         torch.testing.assert_close(ratio, conn.stats()["ratio"])
 
 
+@pytest.mark.parametrize("spec", ["2rSkip+LN", "3rSkip+LN"])
+def test_a_channels_last_stream_keeps_its_layout_and_its_values(spec):
+    """The kernel reads (N, C, H, W) in order; a channels-last network's stream goes the eager way, which keeps
+    its layout (no conversion a block), to the same values and gradients."""
+    torch.manual_seed(0)
+    conn = conv_conn(spec, dtype=torch.float32)
+    branch = make_branch("conv", 4).to(memory_format=torch.channels_last)
+    x = make_input("conv", dim=4).requires_grad_()
+    y = conn(x, branch)
+    cl = x.detach().to(memory_format=torch.channels_last).requires_grad_()
+    y_cl = conn(cl, branch)
+    assert y_cl.is_contiguous(memory_format=torch.channels_last) and not ran_kernel(y_cl)
+    torch.testing.assert_close(y_cl, y)
+    torch.testing.assert_close(torch.autograd.grad(y_cl.sin().sum(), cl)[0], torch.autograd.grad(y.sin().sum(), x)[0])
+
+
 def test_connections_run_the_eager_formula_where_the_kernel_cannot(monkeypatch):
     conn = conv_conn("2rSkip+LN", dtype=torch.float32)
     branch = make_branch("conv", 4)
@@ -208,8 +224,11 @@ def test_usable_only_for_what_the_kernel_takes():
                  (s, f, torch.ones(agn.MAX_K + 1, 3), torch.zeros(agn.MAX_K + 1, 3)),  # a chain too long
                  (s, f, torch.ones(3), torch.zeros(3)),  # one norm's gains not stacked
                  (s[:, :, 0, 0], f[:, :, 0, 0], w, b),  # no positions axis
-                 (s[:0], f[:0], w, b)):  # no examples
+                 (s[:0], f[:0], w, b),  # no examples
+                 (s.to(memory_format=torch.channels_last), f, w, b),  # a channels-last stream (or branch)
+                 (s, f.to(memory_format=torch.channels_last), w, b)):
         assert not agn.usable(*args)
+    assert agn.usable(s[:, :, :, :2], f[:, :, :, :2], w, b)  # another view of (N, C, ...): made contiguous, taken
     norms = [nn.GroupNorm(1, 3), nn.GroupNorm(1, 3)]
     weights, biases, eps = agn.group_norm_params(norms)
     assert weights == [n.weight for n in norms] and biases == [n.bias for n in norms] and eps == 1e-5

@@ -1,5 +1,7 @@
 """Every registered design, both layouts: builds, keeps the shape, back-propagates, round-trips its spec."""
 
+import re
+
 import pytest
 import torch
 
@@ -68,6 +70,41 @@ def test_a_branch_of_the_wrong_shape_is_one_line(spec, layout):
         with pytest.raises(ValueError, match=r"^[^\n]*: the branch returned shape \(.*\) for an input of shape "
                                              r"\(.*\); it must return \([^\n]*$"):
             call(conn, x, wrong)
+
+
+@pytest.mark.parametrize("spec", EXAMPLES)
+def test_a_skip_of_the_wrong_shape_and_a_branch_that_is_no_function_are_one_line(spec, layout):
+    """The skip path is checked as the branch is (a batch-1 or one-feature skip was broadcast into the stream, a
+    projection without the branch's stride failed inside the add); a branch that is not callable, or returns no
+    tensor, is named too, and a width change without a projection skip."""
+    conn = build(spec, layout)
+    if conn is None or conn.needs_stack:
+        return
+    x, branch = make_input(layout), make_branch(layout)
+    for wrong in (lambda h: h[..., :1] if layout == "seq" else h[:, :1], lambda h: h[:1]) if conn.has_skip else ():
+        with pytest.raises(ValueError, match=r"^[^\n]*: the skip returned shape \(.*\) for an input of shape "
+                                             r"\(.*\); it must return \([^\n]*$"):
+            conn(x, branch, skip=wrong)
+    if layout == "conv" and conn.has_skip:  # a projection without the branch's stride (NoSkip reads no skip)
+        n = x.shape[0]
+        with pytest.raises(ValueError, match=rf": the (skip returned shape \({n}, {DIM}, 2, 3\) and the branch "
+                                             rf"\({n}, {DIM}, 3, 3\)|branch returned shape \({n}, {DIM}, 3, 3\) and "
+                                             rf"the skip \({n}, {DIM}, 2, 3\)) for an input of shape .*; the two are "
+                                             "added, so their shapes must agree"):
+            conn(x, branch, skip=lambda h: h[:, :, :2])
+    for bad, said in ((None, "the branch must be a callable (a module or function) mapping x to F(x); it got NoneType"),
+                      (x, "the branch must be a callable (a module or function) mapping x to F(x); it got Tensor")):
+        with pytest.raises(TypeError, match=re.escape(f"{conn.spec}: {said}")):
+            conn(x, bad)
+    with pytest.raises(TypeError, match=re.escape(f"{conn.spec}: the branch returned tuple, not a tensor")):
+        conn(x, lambda h: (branch(h), h))
+    with pytest.raises(TypeError, match=re.escape(f"{conn.spec}: skip must be a callable")):
+        conn(x, branch, skip=x)
+    if conn.has_skip and "norm=rms" not in spec:  # LAuReL's RMS term refuses another width when it is built
+        wide = skiplab.connection(spec, DIM, layout=layout, in_dim=DIM + 1)
+        with pytest.raises(ValueError, match=re.escape(f"was built with in_dim {DIM + 1} and dim {DIM}: a block that "
+                                                       "changes the width needs a projection skip")):
+            wide(torch.randn(2, DIM + 1, 3, 3) if layout == "conv" else torch.randn(2, 3, DIM + 1), branch)
 
 
 @pytest.mark.parametrize("spec", EXAMPLES)

@@ -92,6 +92,18 @@ def test_the_spec_remembers_whether_its_norm_was_written(text, norm, written):
         ("PostLN(f=2)", "PostLN is short for 1xSkip+LN and takes no options or norm of its own"),
         ("PostLN+RMS", "write the design in full (e.g. 1xSkip+RMS, 1xSkip+LN(f=2))"),
         ("Residual+LN", "Residual is short for 1xSkip and takes no options or norm"),
+        # numbers as the grammar writes them, not all that float() and int() read
+        ("\uff12xSkip", "not of the form"),  # a full-width 2
+        ("SAS(alpha_bias=1_0)", "option alpha_bias: must be a number, got 1_0"),
+        ("SAS(alpha_bias=\u0663)", "option alpha_bias: must be a number, got \u0663"),  # an Arabic-Indic 3
+        ("HC(n=1_0)", "option n: must be an integer >= 1, got 1_0"),
+        ("HC(n=\u0664)", "option n: must be an integer >= 1, got \u0664"),
+        ("SAS(alpha_bias=inf)", "option alpha_bias: must be finite, got inf"),
+        ("PreLN(,)", "an empty option between commas"),
+        ("SAS(gate=single,)", "an empty option between commas"),
+        ("SAS(,gate=single)", "an empty option between commas"),
+        ("PreLN+ValueRes(lambda=1.5)", "option lambda: must be in [0, 1], got 1.5"),
+        ("PreLN+ValueRes(lambda=-1)", "option lambda: must be in [0, 1], got -1"),
     ],
 )
 def test_bad_spec_names_the_problem_and_lists_known_names_where_the_name_is_the_problem(bad, problem):

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..spec import Option, Spec, choice, finite_float
+from ..spec import Option, Spec, choice, unit_interval
 from .base import AcrossDesign, Stack, register_across
 
 
@@ -28,7 +28,7 @@ class ValueRes(AcrossDesign):
     """
 
     name = "ValueRes"
-    options = {"lambda": Option(0.5, finite_float, "weight of the first layer's values"),
+    options = {"lambda": Option(0.5, unit_interval, "weight of the first layer's values, in [0, 1]"),
                "learn": Option("no", choice("no", "yes"), "yes: one lambda per layer, learned")}
     patterns = {"+ValueRes(lambda=0.5,learn=no|yes)": "V'_l = λ V_1 + (1 − λ) V_l in the self-attention of layers "
                                                       "l >= 2  (Zhou et al. 2025, ResFormer)"}

@@ -65,8 +65,14 @@ def _usable(s: Tensor, f: Tensor, weights: list[Tensor], biases: list[Tensor]) -
     return (dtype in _SUFFIX and s.device.type == "cpu" and s.dim() >= 3 and f.shape == s.shape
             and f.dtype == dtype and f.device.type == "cpu" and 1 <= len(weights) == len(biases) <= MAX_K
             and all(t.dtype == dtype and t.device.type == "cpu" and t.shape == (ch,) for t in (*weights, *biases))
-            and s.numel() > 0 and not plain()
+            and s.numel() > 0 and not plain() and not _channels_last(s) and not _channels_last(f)
             and not torch.is_autocast_enabled("cpu") and _kernel() is not None)
+
+
+def _channels_last(t: Tensor) -> bool:
+    """A 4-d tensor laid out channels-last: the kernel reads (N, C, ...) in order and would return y in that
+    layout, so such a stream is left to the eager formula, which keeps the caller's layout."""
+    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
 
 
 class _AddGroupNorm(torch.autograd.Function):
