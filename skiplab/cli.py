@@ -92,7 +92,7 @@ def cmd_corpus(args: argparse.Namespace) -> None:
 
 
 def cmd_connections(args: argparse.Namespace) -> None:
-    if args.spec:  # what one spec builds (a bad one: one line, nothing else)
+    if args.spec is not None:  # what one spec builds (a bad one, an empty one too: one line, nothing else)
         conn = connection(args.spec, args.dim)
         print(f"{args.spec} -> {conn.spec}: {parse_spec(args.spec)}\n{conn}")
         return
@@ -192,6 +192,9 @@ def cmd_analyze(args: argparse.Namespace) -> None:
 def cmd_compare(args: argparse.Namespace) -> None:
     task = tasks.get(args.task)
     base = config.from_arguments(task.config, args)
+    if args.models and "model" in config.given(args, task.config):
+        raise ValueError(f"--model {base.model} and --models {','.join(args.models)} both name the models compared: "
+                         "list every model in --models")
     base = dataclasses.replace(base, model=arguments.with_model_options(base.model, args))
     if args.connections is not None:
         connections = args.connections

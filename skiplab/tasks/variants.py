@@ -6,6 +6,7 @@ A variant is a connection (every task), a model spec (another family or its opti
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from typing import Any
 
 from ..analysis import comparison, effective
 from ..connections import connection
-from ..models import parse_model_spec, with_options
+from ..models import model_config, parse_model_spec, with_options
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,23 @@ def model_variants(base_model: str, models: tuple[str, ...], connections: tuple[
             else:
                 columns = comparison.connection_columns(c) if c else {"model": m}
             out.append(Variant(label, {"model": spec}, columns))
+    _check_distinct(out)
     return out
+
+
+def _check_distinct(variants: list[Variant]) -> None:
+    """No two variants build the same model (``preact-resnet20`` and ``preact-resnet20(depth=20)``; a connection
+    under an alias or spelt with spaces): rows that could only differ by chance. Compared by the configs their
+    specs build, each connection as its canonical spec."""
+    seen: dict[str, str] = {}
+    for v in variants:
+        cfg = model_config(v.changes["model"])
+        if isinstance(getattr(cfg, "connection", None), str):
+            cfg = dataclasses.replace(cfg, connection=connection(cfg.connection, 4).spec)
+        key = repr(cfg)
+        if key in seen:
+            raise ValueError(f"{seen[key]} and {v.label} build the same model ({v.changes['model']}): list it once")
+        seen[key] = v.label
 
 
 def baseline_lengths(variants: list[Variant], base: Any, factors: tuple[float, ...]) -> list[Variant]:

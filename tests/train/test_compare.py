@@ -1,4 +1,5 @@
 import csv
+import re
 import json
 
 import pytest
@@ -76,3 +77,28 @@ def test_labels_say_what_varies_and_name_a_lone_connection():
     assert [v.label for v in model_variants("gpt-mini", ("gpt-mini", "gpt-small"), ())] == ["gpt-mini", "gpt-small"]
     assert [v.label for v in model_variants("gpt-mini", (), ())] == ["gpt-mini"]
     assert [v.label for v in model_variants("gpt-mini", ("gpt-small",), ("PostLN",))] == ["PostLN"]
+
+
+@pytest.mark.parametrize("models,connections,said", [
+    (("preact-resnet20", "preact-resnet20(depth=20)"), (), "preact-resnet20 and preact-resnet20(depth=20) build the "
+                                                           "same model (preact-resnet20(depth=20)): list it once"),
+    (("preact-resnet20", "preact-resnet20(connection=1xSkip)"), (), "build the same model"),  # the preset's own
+    (("gpt-mini(connection=PostLN)", "gpt-mini(connection=1xSkip+LN)"), (), "build the same model"),  # an alias
+    (("gpt-mini", "gpt-mini(layers=4)"), ("PreLN",), "build the same model"),  # gpt-mini has 4 layers
+])
+def test_models_that_build_the_same_model_are_refused(models, connections, said):
+    """Three spellings of one model trained three identical rows (+0.00 [+0.00, +0.00]): refused before anything
+    trains, as one connection under two names is."""
+    with pytest.raises(ValueError, match=re.escape(said)):
+        model_variants(models[0], models, connections)
+    assert len(model_variants("gpt-mini", ("gpt-mini", "gpt-mini(layers=2)"), ("PreLN",))) == 2
+
+
+def test_model_and_models_together_are_refused(capsys, tmp_path):
+    """--model was dropped for --models without a word, and compare.json recorded the model never trained."""
+    out = tmp_path / "cmp"
+    assert main(["compare", "image", "--model", "preact-resnet20(connection=SAS)", "--models", "preact-resnet32",
+                 "--out", str(out)]) == 2
+    assert capsys.readouterr().err == ("skiplab: error: --model preact-resnet20(connection=SAS) and --models "
+                                       "preact-resnet32 both name the models compared: list every model in --models\n")
+    assert not out.exists()
