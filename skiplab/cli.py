@@ -370,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("a", help="system A's translations")
     p.add_argument("b", help="system B's translations")
     p.add_argument("--samples", type=config.count(1), default=1000, help="resamples (default: 1000)")
-    p.add_argument("--seed", type=int, default=12345, help="seed (default: 12345)")
+    p.add_argument("--seed", type=config.seed_value, default=12345, help="seed (default: 12345)")
     p.add_argument("--metric", default="bleu", choices=("bleu", "bleu_tok", "chrf"),
                    help="bleu (sacrebleu 13a), bleu_tok (tokenised text as given, multi-bleu style) or chrf "
                         "(default: bleu)")

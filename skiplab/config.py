@@ -83,6 +83,20 @@ def count(minimum: int = 1):
     return parse
 
 
+SEED_MAX = 2**63 - 1  # torch.manual_seed's largest
+
+
+def seed_value(text: str) -> int:
+    """An argparse type: a seed, an integer in [0, 2**63 - 1] (what ``torch.manual_seed`` takes, as a count)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"a seed is an integer in [0, 2**63 - 1], got {value}")
+    return value
+
+
 def at_least(minimum: float):
     """An argparse type: a finite number >= ``minimum`` (a length penalty's exponent, a temperature, ...)."""
     def parse(text: str) -> float:
@@ -187,7 +201,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, .
             "--" + f.name.replace("_", "-"),
             dest=f.name,
             action=_Store,
-            type=(parser_for(hints[f.name]) if "min" not in f.metadata
+            type=(seed_value if f.name.endswith("seed") and hints[f.name] is int
+                  else parser_for(hints[f.name]) if "min" not in f.metadata
                   else at_least(f.metadata["min"]) if hints[f.name] is float else count(f.metadata["min"])),
             default=default,
             metavar=f.name.upper(),

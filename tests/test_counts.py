@@ -143,3 +143,23 @@ def test_resume_and_overwrite_together_are_named_whatever_the_folder_holds(task,
     assert main(["train", task, "--out", "fresh", "--resume", "--overwrite"]) == 2
     assert capsys.readouterr().err == "skiplab: error: --resume and --overwrite exclude each other\n"
     assert list(tmp_path.iterdir()) == []
+
+
+SEEDS = [(["train", "image"], "--seed"), (["train", "lm"], "--seed"), (["train", "mt"], "--seed"),
+         (["train", "caption"], "--scene-seed"), (["generate", "--checkpoint", "RUN"], "--seed"),
+         (["bootstrap", "R", "A", "B"], "--seed")]
+
+
+@pytest.mark.parametrize("command,option", SEEDS, ids=[f"{' '.join(c[:2])} {o}" for c, o in SEEDS])
+def test_a_seed_out_of_torchs_range_is_a_one_line_error(command, option, tmp_path, capsys, monkeypatch):
+    """A negative seed was taken as given, and one past 2**63 failed deep in torch with "Overflow when unpacking
+    long long"."""
+    monkeypatch.chdir(tmp_path)
+    for value in (-1, 2**64):
+        with pytest.raises(SystemExit) as stop:
+            main([*command, option, str(value)])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert f"error: argument {option}: a seed is an integer in [0, 2**63 - 1], got {value}\n" in err, err
+        assert err.count("\n") == 1
+    assert list(tmp_path.iterdir()) == []

@@ -68,7 +68,9 @@ def generate(model: nn.Module, prompt: list[int], max_new: int, eot: int | None 
         if temperature == 0:
             token = int(log_probs.argmax())
         else:
-            probs = filter_logits(log_probs / temperature, top_k, top_p).softmax(-1)
+            # shifted to a maximum of 0 first: a temperature as small as 1e-40 sent every log-probability to -inf
+            # (NaN probabilities) where the likeliest token must keep its place
+            probs = filter_logits((log_probs - log_probs.max()) / temperature, top_k, top_p).softmax(-1)
             token = int(torch.multinomial(probs.cpu(), 1, generator=generator))
         if token == eot:
             break

@@ -274,7 +274,7 @@ def add_generate_arguments(p: argparse.ArgumentParser) -> None:
                    help="softmax temperature; 0 is greedy (default: 1)")
     p.add_argument("--top-k", type=count(0), default=0, help="sample from the k likeliest (default: 0, all)")
     p.add_argument("--top-p", type=_nucleus, default=1.0, help="sample from the nucleus of mass p (default: 1, all)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+    p.add_argument("--seed", type=config.seed_value, default=0, help="seed of the sampling (default: 0)")
     p.add_argument("--average", type=count(0), default=0,
                    help="average the run's last N step checkpoints (default: 0, off)")
 
@@ -303,8 +303,9 @@ def sample_text(path: str, prompt: str, max_new: int | None = None, temperature:
         raise ValueError(f"--max-new-tokens {max_new} leaves no room for a prompt in the model's context ({context})")
     if len(ids) + max_new > context:
         cut = len(ids) + max_new - context
-        warnings.warn(f"the prompt's first {cut} of {len(ids)} tokens cut: the model's context holds {context}, "
-                      f"{max_new} of them for the new tokens", stacklevel=2)
+        if cut > 1:  # the prompt's own tokens, not only the end of text before it (a document's start)
+            warnings.warn(f"the prompt's first {cut - 1} of {len(ids) - 1} tokens cut: the model's context holds "
+                          f"{context}, {max_new} of them for the new tokens", stacklevel=2)
         ids = ids[cut:]
     gen = torch.Generator().manual_seed(seed)
     new = generate(model, ids, max_new, tok.eot, temperature, top_k, top_p, gen, vocab=tok.vocab_size)

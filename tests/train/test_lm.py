@@ -161,7 +161,14 @@ def test_eval_generate_and_analyze_a_run(text, tmp_path, capsys):
         assert len(capsys.readouterr().out.removesuffix("\n")) <= 32 - 1  # what the context leaves: 32 - eot
         assert run(["generate", "--checkpoint", out, "--prompt", "x" * 40, "--max-new-tokens", "5"]) == 0
         err = capsys.readouterr().err
-        assert "the prompt's first 14 of 41 tokens cut: the model's context holds 32, 5 of them" in err, err
+        assert "the prompt's first 13 of 40 tokens cut: the model's context holds 32, 5 of them" in err, err
+        # a prompt that fills the context but for the end of text before it: nothing of the prompt is cut
+        assert run(["generate", "--checkpoint", out, "--prompt", "x" * 27, "--max-new-tokens", "5"]) == 0
+        assert "cut" not in capsys.readouterr().err
+        with pytest.raises(SystemExit):  # argparse's refusal
+            run(["generate", "--checkpoint", out, "--prompt", "x", "--seed", str(2**64)])
+        assert "argument --seed: a seed is an integer in [0, 2**63 - 1], got 18446744073709551616" in \
+            capsys.readouterr().err
         assert run(["generate", "--checkpoint", out, "--max-new-tokens", "32"]) == 2
         assert "--max-new-tokens 32 leaves no room for a prompt in the model's context (32)" in capsys.readouterr().err
         assert run(["eval", "lm", "--checkpoint", out, "--stride", "33"]) == 2
@@ -212,6 +219,10 @@ def test_cached_generation_equals_recomputing_the_prefix():
     for bad in (float("nan"), float("inf"), -1.0):
         with pytest.raises(ValueError, match="need temperature >= 0"):
             generate(model, [1, 2, 3], 2, temperature=bad)
+    greedy = generate(model, [1, 2, 3], 20, temperature=0)
+    for tiny in (1e-40, 1e-45):  # every log-probability / T was -inf in float32: NaN probabilities, a traceback
+        assert generate(model, [1, 2, 3], 20, temperature=tiny, generator=torch.Generator().manual_seed(5)) == greedy
+        assert generate(model, [1, 2, 3], 20, temperature=tiny, top_p=0.5, top_k=3) == greedy
 
 
 class Padded(torch.nn.Module):
