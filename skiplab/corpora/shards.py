@@ -42,7 +42,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..tokenization.pretrained import parse_pretrained
+from ..tokenization.pretrained import PretrainedSpec, parse_pretrained
+from ..tokenization.pretrained.tiktoken_encoding import ENDOFTEXT
 from ..tokenization.subwords import MODEL_TYPES
 
 HEADER_INTS = 256
@@ -342,6 +343,12 @@ def read_prepared(folder: str | Path) -> Prepared:
     return Prepared(root, meta)
 
 
+def _eot(spec: PretrainedSpec) -> str:
+    """The end-of-text token a pretrained ``--tokenizer`` names, where naming none means one (a tiktoken encoding's
+    ``<|endoftext|>``): ``tiktoken:gpt2:F`` and ``tiktoken(eot=<|endoftext|>):gpt2:F`` are one tokenizer."""
+    return spec.eot or (ENDOFTEXT if spec.kind == "tiktoken" else "")
+
+
 def check_prepared(prep: Prepared, corpus: str, tokenizer: str, vocab_size: int) -> None:
     """A one-line error unless a run naming ``corpus`` and ``tokenizer`` (and ``vocab_size``, for a subword
     tokenizer trained at preparation) may read ``prep``: the run's config then says what it trained on. A
@@ -353,8 +360,8 @@ def check_prepared(prep: Prepared, corpus: str, tokenizer: str, vocab_size: int)
         raise ValueError(f"{prep.sidecar}: prepared from {meta['corpus'] or 'files'}, not {corpus or 'files'}; "
                          f"{other.format(given)}")
     ours, theirs = parse_pretrained(tokenizer), parse_pretrained(meta["tokenizer"])
-    same = tokenizer == meta["tokenizer"] or (ours and theirs and (ours.kind, ours.encoding, ours.eot)
-                                              == (theirs.kind, theirs.encoding, theirs.eot))
+    same = tokenizer == meta["tokenizer"] or (ours and theirs and (ours.kind, ours.encoding, _eot(ours))
+                                              == (theirs.kind, theirs.encoding, _eot(theirs)))
     if not same:
         raise ValueError(f"{prep.sidecar}: prepared with --tokenizer {meta['tokenizer']}, not {tokenizer}; "
                          f"{other.format('--tokenizer ' + meta['tokenizer'])}")

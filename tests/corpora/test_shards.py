@@ -4,6 +4,7 @@ and scored on a prepared folder as on the text, and every bad folder a one-line 
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -164,6 +165,12 @@ def test_pretrained_tokenizers_are_carried_in_the_folder(pydocs, tmp_path, form)
     same_stream(text_cfg, LMTrainConfig(model=TINY, data_dir=str(out), tokenizer=moved), tok, "test")
     with pytest.raises(ValueError, match=f"prepared with --tokenizer {form}"):
         stream(LMTrainConfig(model=TINY, data_dir=str(out), tokenizer="bytes"), "test", None)
+    if form == "tiktoken":  # the encoding's own end of text, named or not, is one tokenizer
+        named = moved.replace("tiktoken:", "tiktoken(eot=<|endoftext|>):")
+        same_stream(text_cfg, LMTrainConfig(model=TINY, data_dir=str(out), tokenizer=named), tok, "test")
+        other = moved.replace("tiktoken:", "tiktoken(eot=<|endofprompt|>):")
+        with pytest.raises(ValueError, match=re.escape(f"prepared with --tokenizer {spec}, not {other}")):
+            stream(LMTrainConfig(model=TINY, data_dir=str(out), tokenizer=other), "test", None)
 
 
 @pytest.mark.parametrize("tokenizer", ["bytes", "bpe"])
