@@ -162,7 +162,14 @@ class LMTask(Task):
                             "to --max-steps (one run, several budgets); the other options are the checkpoint's")
 
     def before_train(self, args: argparse.Namespace) -> None:
-        """``--branch CHECKPOINT``: the new run directory made from it, then trained as a resumed run."""
+        """``--branch CHECKPOINT``: the new run directory made from it, then trained as a resumed run. ``--decay``
+        and ``--decay-shape`` given for a new run of another schedule than wsd: refused (they were recorded, and
+        shaped nothing)."""
+        unused = sorted({"decay", "decay_shape"} & config.given(args, lm.LMTrainConfig))
+        if unused and not args.resume and not args.branch and args.schedule != "wsd":
+            flags = " and ".join("--" + o.replace("_", "-") for o in unused)
+            raise ValueError(f"{flags} shape the wsd schedule's decay; --schedule {args.schedule} has none "
+                             "(give --schedule wsd, or leave them out)")
         if args.branch:
             if args.resume:
                 raise ValueError("--branch makes a new run from a checkpoint; give it without --resume")

@@ -548,6 +548,18 @@ def test_wsd_warms_up_holds_then_decays_over_the_last_fraction():
     assert stable_end(LMTrainConfig(schedule="wsd", decay=0.06, max_steps=10, warmup=1)) == 9  # one update of decay
 
 
+def test_the_decay_options_beside_another_schedule_are_refused(text, tmp_path, capsys):
+    """--schedule cosine --decay-shape sqrt trained the cosine run and recorded a decay shape it never had."""
+    for schedule in ("cosine", "constant"):
+        for given in (("--decay-shape", "sqrt"), ("--decay", "0.5"), ("--decay", "0.5", "--decay-shape", "sqrt")):
+            out = tmp_path / f"{schedule}{len(given)}"
+            assert run(args(text, out, "--schedule", schedule, *given)) == 2
+            flags = " and ".join(g for g in given if g.startswith("--"))
+            assert capsys.readouterr().err == (f"skiplab: error: {flags} shape the wsd schedule's decay; --schedule "
+                                               f"{schedule} has none (give --schedule wsd, or leave them out)\n")
+            assert not out.exists()
+
+
 
 def test_a_stable_phase_checkpoint_branches_into_a_longer_budget_exactly(text, tmp_path, capsys):
     """One wsd run of 8 updates (stable to 4) gives, from its checkpoint at 4, the run of 12 updates (stable to 6):
