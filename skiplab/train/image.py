@@ -71,7 +71,13 @@ class ImageTrainConfig:
         model_config(self.model)  # a bad spec or option fails here, before anything is written
 
     def model_config(self, in_channels: int, num_classes: int) -> PreActResNetConfig:
-        """The model's config, resolved from the spec, for images of ``in_channels`` and ``num_classes``."""
+        """The model's config, resolved from the spec, for images of ``in_channels`` and ``num_classes``. The data
+        set both: a spec that sets either to another value is refused (it was overridden, and recorded)."""
+        _, options = parse_model_spec(self.model)
+        for key, value, what in (("in_channels", in_channels, "channels"), ("num_classes", num_classes, "classes")):
+            if key in options and str(options[key]).strip() != str(value):
+                raise ValueError(f"--model {self.model} sets {key}={options[key]}, but {self.dataset} has {value} "
+                                 f"{what if value != 1 else what[:-1]}: the data set it; leave {key} out")
         return model_config(self.model, in_channels=in_channels, num_classes=num_classes)
 
     @staticmethod
@@ -162,6 +168,11 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
     """Train as ``cfg`` says, writing the run directory (rank 0 alone, under torchrun); return the summary."""
     group, device = distributed.setup(pick_device(cfg.device))
     data = group.main_first(lambda: load_image_dataset(cfg.dataset, cfg.data_dir or None))  # rank 0 downloads
+    for flag, k, n, split in (("--train-subset", cfg.train_subset, len(data.train_y), "training"),
+                              ("--test-subset", cfg.test_subset, len(data.test_y), "test")):
+        if k > n:  # it was the whole split, recorded as asked
+            raise ValueError(f"{flag} {k} is more than {cfg.dataset}'s {n:,} {split} images (0: all of them)")
+    cfg.model_config(data.channels, data.num_classes)  # a spec that contradicts the data fails here, first
     train_idx = subset(len(data.train_y), cfg.train_subset, cfg.seed)
     test_idx = subset(len(data.test_y), cfg.test_subset, cfg.seed + 10_000)
     train_x, train_y = (data.train_x, data.train_y) if train_idx is None else (data.train_x[train_idx], data.train_y[train_idx])

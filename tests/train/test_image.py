@@ -164,7 +164,17 @@ def test_bad_settings_fail_before_anything_is_written(fashion_dir, tmp_path, cap
     out = tmp_path / "run"
     for extra, message in [(["--connection", "2rskip+LN"], "did you mean 'rSkip'"),
                            (["--model", "resnet50"], "unknown model"),
-                           (["--dataset", "imagenet"], "imagenet")]:
+                           (["--dataset", "imagenet"], "imagenet"),
+                           # settings the data make: they were overridden, and the spec recorded as given
+                           (["--model", "preact-resnet20(num_classes=5)"], "--model preact-resnet20(num_classes=5) "
+                            "sets num_classes=5, but fashion-mnist has 10 classes: the data set it; leave "
+                            "num_classes out"),
+                           (["--model", "preact-resnet20(in_channels=3)"], "sets in_channels=3, but fashion-mnist "
+                            "has 1 channel: the data set it"),
+                           # more images than the split has: it was the whole split, recorded as asked
+                           (["--train-subset", "257"], "--train-subset 257 is more than fashion-mnist's 256 training "
+                            "images (0: all of them)"),
+                           (["--test-subset", "65"], "--test-subset 65 is more than fashion-mnist's 64 test images")]:
         argv = ["train", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--out", str(out)] + extra
         assert main(argv) == 2
         assert message in capsys.readouterr().err
