@@ -572,12 +572,24 @@ def average_state_dicts(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor
     return out
 
 
+# The files that say what kind of results a folder holds: a comparison's, a sweep's (its table at the top).
+TABLE_FILES = {"a comparison": "compare.json", "a sweep": "sweep.json"}
+
+
 def check_not_a_run(folder: Path, what: str) -> None:
     """``folder`` may hold ``what`` (a comparison, a sweep): it is not a training run's folder (its checkpoint or
-    config.json there), whose files the table and the runs beside them would mix with."""
+    config.json there), nor the folder of results of another kind (a sweep's table, a comparison's, reproduce's
+    ``<scale>/<table>/table.json``), whose files the table and the runs beside them would mix with or replace
+    (curves.png, table.md)."""
     if (folder / "last.pt").is_file() or (folder / "config.json").is_file():
         raise RunDirError(f"{folder} is a training run's folder; {what} writes its runs and table in a folder of its "
                           "own: give another --out")
+    other = next((kind for kind, name in TABLE_FILES.items() if kind != what and (folder / name).is_file()), None)
+    if other is None and folder.is_dir() and next(folder.glob("*/*/table.json"), None) is not None:
+        other = "reproduce's tables"
+    if other:
+        raise RunDirError(f"{folder} holds the results of {other}; {what} writes its runs and table in a folder of "
+                          "its own: give another --out")
 
 
 def check_table_kept(path: Path, before: dict[str, list[Any]], now: dict[str, list[Any]], overwrite: bool) -> None:

@@ -285,6 +285,16 @@ def test_a_sweep_that_would_drop_part_of_the_table_in_its_out_is_refused_unless_
     assert run([*smaller, "--overwrite"]) == 0
     assert len(load(out / "sweep.json")["rows"]) == 1
     assert run(sweep_args(text, out, connections="PostLN", depths="2", lrs=f"{STABLE:g}", runs=swept / "runs")) == 0
+    # the same axes at other settings: their table would replace this one's, silently
+    kept = (out / "sweep.json").read_bytes()
+    capsys.readouterr()
+    longer = sweep_args(text, out, connections="PostLN", depths="2", lrs=f"{STABLE:g}", runs=swept / "runs",
+                        max_steps=6, warmup=1)
+    assert run(longer) == 2
+    assert capsys.readouterr().err == (f"skiplab: error: {out} holds the table of a sweep with other settings "
+                                       "(max_steps 4, not 6, warmup 2, not 1); give another --out, or --overwrite to "
+                                       "replace that table (its runs stay)\n")
+    assert (out / "sweep.json").read_bytes() == kept
 
 
 def test_a_training_runs_folder_is_refused_as_the_sweeps_out(swept, text, monkeypatch, capsys):  # noqa: F811
@@ -297,6 +307,30 @@ def test_a_training_runs_folder_is_refused_as_the_sweeps_out(swept, text, monkey
     err = capsys.readouterr().err
     assert "is a training run's folder; a sweep writes its runs and table in a folder of its own" in err
     assert err.count("\n") == 1 and sorted(p.name for p in run_folder.iterdir()) == before
+
+
+def test_a_sweeps_folder_and_a_comparisons_are_refused_to_each_other(swept, text, tmp_path, monkeypatch, capsys):  # noqa: F811
+    """A comparison given a sweep's --out (or reproduce's) wrote its runs beside the sweep's and replaced its
+    curves.png; a sweep given a comparison's, alike."""
+    monkeypatch.setattr(tasks.TASKS["lm"], "train", lambda *a, **k: pytest.fail("trained"))
+    before = {p: p.read_bytes() for p in swept.iterdir() if p.is_file()}
+    compare = ["compare", "lm", *sweep_args(text, swept)[2:-8], "--connections", "PreLN", "--out", swept]
+    capsys.readouterr()
+    assert run(compare) == 2
+    assert capsys.readouterr().err == (f"skiplab: error: {swept} holds the results of a sweep; a comparison writes "
+                                       "its runs and table in a folder of its own: give another --out\n")
+    assert {p: p.read_bytes() for p in swept.iterdir() if p.is_file()} == before
+    compared = tmp_path / "cmp"
+    compared.mkdir()
+    (compared / "compare.json").write_text("{}")
+    assert run(sweep_args(text, compared, **AXES)) == 2
+    assert "holds the results of a comparison; a sweep writes" in capsys.readouterr().err
+    repro = tmp_path / "repro"
+    (repro / "cpu" / "001-table4").mkdir(parents=True)
+    (repro / "cpu" / "001-table4" / "table.json").write_text("{}")
+    assert run(sweep_args(text, repro, **AXES)) == 2
+    assert "holds the results of reproduce's tables; a sweep writes" in capsys.readouterr().err
+    assert sorted(p.name for p in repro.iterdir()) == ["cpu"]
 
 
 def test_a_sweep_refused_once_it_looks_for_its_data_leaves_no_folder(tmp_path, capsys):

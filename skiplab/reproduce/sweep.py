@@ -295,6 +295,20 @@ def stability(rows: list[dict[str, Any]], higher_is_better: bool = False) -> lis
 
 
 # ---- the command ------------------------------------------------------------------------------------------
+# what a sweep's table does not depend on, or varies itself: where the data and the runs are, the device, the seed
+# and what the axes set (the model spec's connection and depth, the lr)
+NOT_SETTINGS = ("out", "device", "seed", "model", "lr", "data_dir", "train_file", "valid_file", "test_file",
+                "train_prefix", "valid_prefix", "test_prefix")
+
+
+def changed_settings(stored: dict[str, Any], now: dict[str, Any]) -> str:
+    """The settings of the config ``now`` other than those of the sweep whose config ``stored`` (sweep.json's) is,
+    in words (``max_steps 6, not 7``); "" where none differs (or ``stored`` is empty: a table of before)."""
+    now = json.loads(json.dumps(now))  # tuples as sweep.json holds them
+    return ", ".join(f"{k} {stored[k]!r}, not {now[k]!r}" for k in sorted(set(stored) & set(now))
+                     if k not in NOT_SETTINGS and stored[k] != now[k])
+
+
 def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any, ...], lrs: tuple[Any, ...] = (),
           seeds: int = 2, jobs: int = 1, progress: bool = True, argv: list[str] | None = None,
           runs_dir: str = "", overwrite: bool = False) -> dict[str, Any]:
@@ -313,8 +327,13 @@ def sweep(task: str, base: Any, connections: tuple[str, ...], depths: tuple[Any,
     if (out / "sweep.json").is_file():  # a sweep's table there: kept unless this one holds all it holds
         # both as sweep.json holds them (lists, JSON's numbers), the seeds as a list of seeds
         as_json = lambda a: json.loads(json.dumps({**a, "seeds": list(range(1, a.get("seeds", 0) + 1))}))  # noqa: E731
-        stored = run_dir.read_json(out / "sweep.json").get("axes", {})
-        run_dir.check_table_kept(out / "sweep.json", as_json(stored), as_json({**axes, "seeds": seeds}), overwrite)
+        table = run_dir.read_json(out / "sweep.json")
+        run_dir.check_table_kept(out / "sweep.json", as_json(table.get("axes", {})), as_json({**axes, "seeds": seeds}),
+                                 overwrite)
+        changed = changed_settings(table.get("config", {}), dataclasses.asdict(base))
+        if changed and not overwrite:
+            raise run_dir.RunDirError(f"{out} holds the table of a sweep with other settings ({changed}); give "
+                                      "another --out, or --overwrite to replace that table (its runs stay)")
     check_kinds(task, base, points, seeds, root)  # before the data are made
     run_dir.note_made(out), run_dir.note_made(root)  # removed where nothing is written in them (run_dir.let_go)
     base = spec.shared_data(base, root, progress)  # e.g. the LM corpus tokenised once for every run
