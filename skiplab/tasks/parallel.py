@@ -89,8 +89,16 @@ def _worker(task: str, cfg: Any, threads: int, then: Callable[[str, Any], Any] |
 
 def _leave_interrupts_to_the_parent() -> None:
     """A worker's initializer: Ctrl-C reaches the whole process group, and a worker that took it printed its own
-    traceback to the terminal; the parent alone takes it, says so in one line and stops the workers."""
+    traceback to the terminal; the parent alone takes it, says so in one line and stops the workers, with SIGTERM
+    (``Pool.terminate``), on which a worker lets go of its run as an interrupted command does (its lock removed, a
+    run that ``--overwrite`` was replacing put back: :func:`skiplab.run_dir.let_go`) and exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _stopped_by_the_parent)
+
+
+def _stopped_by_the_parent(signum: int, frame: Any) -> None:
+    run_dir.let_go()
+    os._exit(128 + signum)  # at once: the pool is going, nothing of this worker's is waited for
 
 
 def train_missing(jobs: list[tuple[str, Any]], workers: int = 1, threads: int | None = None,
@@ -106,10 +114,15 @@ def train_missing(jobs: list[tuple[str, Any]], workers: int = 1, threads: int | 
     todo = [(t, c) for t, c in jobs if state(c) in ("partial", "missing")]
     bar = tqdm(total=len(todo), desc="runs", unit="run", disable=not progress or not todo)
     if workers <= 1 or len(todo) <= 1:
-        for task, cfg in todo:
-            bar.set_postfix_str(Path(cfg.out).parent.name)
-            _train(task, cfg, progress, then)
-            bar.update()
+        try:
+            for task, cfg in todo:
+                bar.set_postfix_str(Path(cfg.out).parent.name)
+                _train(task, cfg, progress, then)
+                bar.update()
+        except BaseException:
+            bar.leave = False  # the error's line stands alone, not after a bar
+            bar.close()
+            raise
     else:
         threads = threads or max(1, (os.cpu_count() or 1) // workers)
         pool = multiprocessing.get_context("spawn").Pool(workers, maxtasksperchild=1,

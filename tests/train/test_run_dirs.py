@@ -331,3 +331,22 @@ def test_sigterm_stops_a_training_process_cleanly(fashion_dir, tmp_path):
     assert proc.returncode == 143, err
     assert "skiplab: terminated (SIGTERM)" in err and "Traceback" not in err
     assert not (out / run_dir.LOCK).exists() and (out / "last.pt").is_file()
+
+
+def test_a_comparisons_worker_stopped_by_its_parent_lets_go_of_its_run(tmp_path):
+    """compare --jobs 2 interrupted: the parent ends its pool with SIGTERM, which killed each worker where it stood,
+    its run's lock left behind. A worker lets go of its run first (the lock removed) and exits 143."""
+    out = tmp_path / "run"
+    script = ("import os, signal, sys, time\n"
+              "from pathlib import Path\n"
+              "from skiplab import run_dir\n"
+              "from skiplab.tasks.parallel import _leave_interrupts_to_the_parent\n"
+              "_leave_interrupts_to_the_parent()\n"
+              "out = Path(sys.argv[1]); run_dir.prepare(out)\n"
+              "assert (out / run_dir.LOCK).is_file()\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "time.sleep(30)\n")
+    proc = subprocess.run([sys.executable, "-c", script, str(out)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 143, proc.stderr
+    assert not (out / run_dir.LOCK).exists() and "Traceback" not in proc.stderr
