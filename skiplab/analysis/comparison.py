@@ -100,8 +100,13 @@ def draw_curves(axes: list[Any], curves: dict[str, list[list[dict[str, Any]]]], 
             m = [s[0] for s in stats]
             sd = [s[1] for s in stats]
             color, style = f"C{i % 10}", ("-", "--", ":")[i // 10 % 3]  # past ten designs: the colours again, dashed
-            ax.plot(epochs, m, label=spec, color=color, linestyle=style)
-            ax.fill_between(epochs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=color, alpha=0.2)
+            marker = "o" if len(epochs) == 1 else None  # one record (a run of one epoch): a line of one point is not drawn
+            ax.plot(epochs, m, label=spec, color=color, linestyle=style, marker=marker)
+            if len(epochs) == 1:
+                ax.errorbar(epochs, m, yerr=sd, color=color, capsize=3)
+            else:
+                ax.fill_between(epochs, [a - b for a, b in zip(m, sd)], [a + b for a, b in zip(m, sd)], color=color,
+                                alpha=0.2)
         ax.set_xlabel(x)
         ax.set_ylabel(key.replace("_", " ") + (" (%)" if key.endswith("_error") else ""))  # errors are percentages
         if key.endswith("ppl"):  # perplexity spans orders of magnitude early in training

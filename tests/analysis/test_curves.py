@@ -118,6 +118,25 @@ def test_curve_axes_name_their_key_and_an_error_its_percent():
     plt.close(fig)
 
 
+def test_a_curve_of_one_record_is_drawn_as_a_point_with_its_spread():
+    """Runs of one epoch: a line through one point draws nothing, and the figure showed axes and a legend alone."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from skiplab.analysis.comparison import draw_curves
+    runs = {"1xSkip": [[{"epoch": 1, "test_error": 80.0}], [{"epoch": 1, "test_error": 70.0}]],
+            "2xSkip": [[{"epoch": 1, "test_error": 60.0}, {"epoch": 2, "test_error": 50.0}]]}
+    fig, ax = plt.subplots()
+    draw_curves([ax], runs, ("test_error",))
+    one, two = [line for line in ax.get_lines() if line.get_label() in runs]
+    assert one.get_marker() == "o" and list(one.get_ydata()) == [75.0]  # the mean, marked
+    assert two.get_marker() in ("None", None, "") and list(two.get_ydata()) == [60.0, 50.0]
+    bars = [c for c in ax.containers if type(c).__name__ == "ErrorbarContainer"]
+    assert len(bars) == 1 and bars[0].lines[2][0].get_segments()[0][:, 1].round(4).tolist() == [67.9289, 82.0711]
+    plt.close(fig)
+
+
 def lm_run(path, lr, seed, steps, connections=("PreLN",)):
     """A language-model run as training writes it: the preset's model spec names no connection, config.json's
     "connections" the ones built."""
