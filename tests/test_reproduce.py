@@ -335,6 +335,12 @@ def test_list_shows_every_table_with_its_scales(capsys):
     for tid in TABLES:
         assert tid in out
     assert "GPU-hours" in out and re.search(r"cpu\s*: 9/10 cells, 16 runs \(2 seeds\), ~\d", out)
+    # the tables named, not every one (they were ignored); a table named twice was built and written twice
+    assert cli.main(["reproduce", "--list", "001-table4", "001-table7"]) == 0
+    out = capsys.readouterr().out
+    assert [t for t in TABLES if t in out] == ["001-table4", "001-table7"]
+    assert cli.main(["reproduce", "001-table4,001-table4", "--scale", "smoke"]) == 2
+    assert capsys.readouterr().err == "skiplab: error: 001-table4 named twice\n"
 
 
 def test_jobs_train_side_by_side_in_worker_processes(tmp_path):

@@ -403,12 +403,12 @@ def _cell_result(t: Table, r: Resolved, sc: Scale, seeds: int, root: Path, resol
     return {**out, "delta": delta, "p": ps, "test": task.significance}
 
 
-def listing() -> str:
-    """Every table: rows, cells runnable per scale, runs needed and the estimated time on a 2-core CPU (each
-    setting's ``seconds_per_run``, timed once on such a machine, two runs side by side: not this machine's), and
-    what our numbers are where a scale measures them in another unit than the paper's."""
+def listing(table_ids: list[str] | None = None) -> str:
+    """Every table (or those of ``table_ids``): rows, cells runnable per scale, runs needed and the estimated time on
+    a 2-core CPU (each setting's ``seconds_per_run``, timed once on such a machine, two runs side by side: not this
+    machine's), and what our numbers are where a scale measures them in another unit than the paper's."""
     lines = []
-    for t in TABLES.values():
+    for t in (TABLES.values() if table_ids is None else [get_table(i) for i in table_ids]):
         lines.append(f"{t.id}  {t.title}  [{t.metric}, {'higher' if t.higher_is_better else 'lower'} is better]")
         lines.append(f"    rows: {', '.join(t.rows)}")
         for name in ("smoke", "cpu", "paper"):
@@ -479,6 +479,9 @@ def parse_tables(text: str) -> list[str]:
     ids = list(TABLES) if text.strip() == "all" else list(parse_list(text))
     for i in ids:
         get_table(i)
+    twice = sorted({i for i in ids if ids.count(i) > 1})
+    if twice:  # it was built and written twice
+        raise ValueError(f"{', '.join(twice)} named twice")
     return ids
 
 
@@ -510,8 +513,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def command(args: argparse.Namespace) -> None:
     """``skiplab reproduce``: list the tables, or reproduce the ones named."""
-    if args.list:
-        print(listing())
+    if args.list:  # the tables named, else every one
+        print(listing(parse_tables(",".join(args.tables)) if args.tables else None))
         print(f"\npaper-scale GPU-hours: {GPU_BASIS}")
         return
     if not args.tables:
