@@ -290,7 +290,7 @@ def header_lines(header: dict[str, Any], metric_label: str) -> list[str]:
         out.append(f"Kind of machine: {header['kind']}, every block (a table pools blocks of one kind).")
     if header.get("budget"):
         out.append(header["budget"][0].upper() + header["budget"][1:] + ".")
-    if header.get("reference") is not None:
+    if header.get("reference") is not None and header.get("margin") is not None:
         out.append(f"Status: diverged (non-finite loss), stalled (finished less than {header['margin']:g} better "
                    f"than the context-free reference, {header.get('reference_label') or 'reference'}: "
                    f"{header['reference']:.3f}, or worse), else trained.")

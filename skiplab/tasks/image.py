@@ -74,9 +74,29 @@ class ImageTask(Task):
     metric, metric_label, higher_is_better = "final_test_error", "error %", False
     curves, x = ("train_loss", "test_error"), "epoch"
     compare_connections, compare_seeds, compare_out = ("1xSkip", "2xSkip", "2xSkip+LN", "2rSkip+LN"), 3, "runs/compare"
+    stall_margin = 10.0  # error points: a run ending within 10 of always answering one class learned little
 
     def families(self) -> list[type]:
         return [PreActResNetConfig]
+
+    def reference(self, cfg: Any) -> dict[str, Any] | None:
+        """The test error (%) of always answering the commonest class of the run's training images, on its test
+        images (both as its ``--train-subset`` / ``--test-subset`` chose them), computed once and kept in the run's
+        summary as ``majority_test_error``; None where the data are not here (a run collected without them)."""
+        path = Path(cfg.out) / "summary.json"
+        summary = run_dir.read_json(path)
+        if "majority_test_error" not in summary:
+            try:
+                data = load_image_dataset(cfg.dataset, cfg.data_dir or None, download=False)
+            except (OSError, ValueError):
+                return None
+            train, test = image.chosen(cfg, data)
+            train_y = data.train_y if train is None else data.train_y[train]
+            test_y = data.test_y if test is None else data.test_y[test]
+            commonest = int(torch.bincount(train_y).argmax())
+            summary = dict(summary, majority_test_error=100.0 * float((test_y != commonest).double().mean()))
+            run_dir.write_json(path, summary)
+        return {"label": "the commonest training class, always", "value": summary["majority_test_error"]}
 
     def train(self, cfg: Any, resume: bool = False, overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
         return image.train(cfg, resume=resume, overwrite=overwrite, progress=progress)

@@ -115,6 +115,12 @@ def subset(n: int, k: int, seed: int) -> torch.Tensor | None:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:k].sort().values
 
 
+def chosen(cfg: ImageTrainConfig, data: ImageData) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The training and test images ``cfg``'s run reads (``--train-subset``, ``--test-subset``; None: all)."""
+    return (subset(len(data.train_y), cfg.train_subset, cfg.seed),
+            subset(len(data.test_y), cfg.test_subset, cfg.seed + 10_000))
+
+
 @torch.no_grad()
 def evaluate(model, x_u8: torch.Tensor, y: torch.Tensor, data: ImageData, device, amp: bool, batch: int = 500,
              group: distributed.Group = distributed.Group()):
@@ -173,8 +179,7 @@ def train(cfg: ImageTrainConfig, resume: bool = False, overwrite: bool = False, 
         if k > n:  # it was the whole split, recorded as asked
             raise ValueError(f"{flag} {k} is more than {cfg.dataset}'s {n:,} {split} images (0: all of them)")
     cfg.model_config(data.channels, data.num_classes)  # a spec that contradicts the data fails here, first
-    train_idx = subset(len(data.train_y), cfg.train_subset, cfg.seed)
-    test_idx = subset(len(data.test_y), cfg.test_subset, cfg.seed + 10_000)
+    train_idx, test_idx = chosen(cfg, data)
     train_x, train_y = (data.train_x, data.train_y) if train_idx is None else (data.train_x[train_idx], data.train_y[train_idx])
     test_x, test_y = (data.test_x, data.test_y) if test_idx is None else (data.test_x[test_idx], data.test_y[test_idx])
     check_shares(len(train_y), cfg.batch_size, group)

@@ -11,6 +11,9 @@ from skiplab.tasks.variants import model_variants
 
 
 def test_compare_writes_its_table_and_resumes(fashion_dir, tmp_path, capsys, monkeypatch):
+    # runs of 64 images and one epoch end near chance, which the table calls stalled (the next test); here the
+    # table's rows, columns and resumption are what is looked at
+    monkeypatch.setattr(tasks.TASKS["image"], "stall_margin", None)
     out = tmp_path / "cmp"
     argv = ["compare", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--epochs", "1",
             "--train-subset", "64", "--batch-size", "32", "--connections", "1xSkip,2rSkip+LN", "--seeds", "2",
@@ -43,6 +46,32 @@ def test_compare_writes_its_table_and_resumes(fashion_dir, tmp_path, capsys, mon
     argv[argv.index("--epochs") + 1] = "2"  # same out, other settings: refused, nothing overwritten
     assert main(argv) == 2
     assert "holds a run with other settings (epochs)" in capsys.readouterr().err
+
+
+def test_image_runs_that_end_at_chance_are_stalled(fashion_dir, tmp_path, capsys):
+    """An image run that ends no better than always answering one class was counted as trained (every image run
+    was): the reference is the commonest class of the run's training images, scored on its test images."""
+    from skiplab.data import load_image_dataset
+    from skiplab.train.image import ImageTrainConfig, chosen
+
+    out = tmp_path / "cmp"
+    argv = ["compare", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--epochs", "1",
+            "--train-subset", "32", "--test-subset", "40", "--batch-size", "32", "--lr", "1e-6",
+            "--connections", "1xSkip,2xSkip", "--seeds", "1", "--out", str(out)]
+    assert main(argv) == 0
+    table = (out / "table.md").read_text()
+    summary = json.loads((out / "1xSkip" / "seed1" / "summary.json").read_text())
+    cfg = ImageTrainConfig(**{k: v for k, v in summary["config"].items() if k in ImageTrainConfig.__dataclass_fields__})
+    data = load_image_dataset("fashion-mnist", str(fashion_dir))
+    train, test = chosen(cfg, data)
+    commonest = max(range(10), key=lambda c: ((data.train_y[train] == c).sum(), -c))  # bincount's argmax: lowest
+    expected = 100 * float((data.test_y[test] != commonest).sum()) / 40
+    assert summary["majority_test_error"] == pytest.approx(expected)
+    assert (f"stalled (finished less than 10 better than the context-free reference, the commonest training class, "
+            f"always: {expected:.3f}, or worse)") in table
+    rows = list(csv.DictReader((out / "table.csv").open()))
+    assert all(float(r["mean"]) > expected - 10 for r in rows)  # lr 1e-6: nothing learned
+    assert [line for line in table.splitlines() if line.startswith("| 1xSkip")][-1].count("0 / 1 / 0") == 1
 
 
 def test_mean_std():
