@@ -503,13 +503,14 @@ def run_kind(out: Path) -> str | None:
     return kind
 
 
-def stop_diverged(out: Path, config: dict[str, Any], loss: float, epoch: int, step: int,
+def stop_diverged(out: Path, config: dict[str, Any], loss: float, epoch: int | None, step: int,
                   watched: dict[str, Any] | None = None, what: str = "loss") -> dict[str, Any]:
     """A non-finite loss (``what``: the training loss, or the evaluation's after step ``step``): record the run as
-    diverged (a result, not a crash), say where, return the summary (with what the run's per-step watch saw,
-    ``watched``, where it has one)."""
-    message = f"non-finite {what} ({loss}) at epoch {epoch}, step {step}: the run diverged"
-    summary = {"status": "diverged", "message": message, "epoch": epoch, "step": step,
+    diverged (a result, not a crash), say where (the epoch too, where the recipe counts epochs: not None), return
+    the summary (with what the run's per-step watch saw, ``watched``, where it has one)."""
+    where = f"step {step}" if epoch is None else f"epoch {epoch}, step {step}"
+    message = f"non-finite {what} ({loss}) at {where}: the run diverged"
+    summary = {"status": "diverged", "message": message, **({} if epoch is None else {"epoch": epoch}), "step": step,
                **({k: v for k, v in watched.items()} if watched else {}), "config": config}
     write_json(out / "summary.json", summary)
     print(f"{out}: {message}")

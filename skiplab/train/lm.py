@@ -242,7 +242,7 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
                              time.perf_counter() - began, last=True)
             lines = layers.take()
             group.on_main(lambda: layer_telemetry.append_lines(run.out, lines))
-            return run.diverged(update_loss, 1, step + 1)
+            return run.diverged(update_loss, None, step + 1)
         if watched:  # each sub-layer's gradient norm before clipping, its weights before the step
             layers.gradients()
             layers.snapshot()
@@ -266,7 +266,7 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
                 bar.close()
                 lines = layers.take()
                 group.on_main(lambda: layer_telemetry.append_lines(run.out, lines))
-                return run.diverged(valid["loss"], 1, step, what="validation loss")
+                return run.diverged(valid["loss"], None, step, what="validation loss")
             tokens = window["updates"] * cfg.batch_size * per_update * n
             record = {"step": step, "lr": lr, "train_loss": window["loss"] / window["updates"],
                       "valid_loss": valid["loss"], "valid_bpb": valid["bpb"], "valid_ppl": valid["token_ppl"],

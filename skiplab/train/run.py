@@ -236,7 +236,7 @@ class Run:
         sharded.prune(self.out, state, self.group)  # --fsdp: the shards last.pt does not name
 
     # -- the end ------------------------------------------------------------------------------------------
-    def diverged(self, loss: float, epoch: int, step: int, what: str = "loss") -> dict[str, Any]:
+    def diverged(self, loss: float, epoch: int | None, step: int, what: str = "loss") -> dict[str, Any]:
         """A non-finite ``loss`` at ``epoch`` and ``step`` (from 1): the run is recorded as diverged; its summary.
         ``what`` names the loss: the training loss, or an evaluation's ("test loss", "validation loss") after
         ``step``, where the weights the last updates made are not finite (no checkpoint keeps them)."""
