@@ -102,12 +102,14 @@ class DebdocsConfig:
     out: str = field(default="data/debdocs", metadata={"help": "the folder to write (must not exist)"})
     root: str = field(default="/", metadata={"help": "the file system the packages are installed in"})
     packages: tuple[str, ...] = field(default=(), metadata={
-        "help": "only the sources of these packages (comma-separated patterns as SOURCES names them; () = all)"})
+        "help": "only the sources of these packages (comma-separated patterns as SOURCES names them; '' = all)"})
     valid_per_mille: int = field(default=10, metadata={"min": 0, "help": "documents in valid, per 1000"})
     test_per_mille: int = field(default=10, metadata={"min": 0, "help": "documents in test, per 1000"})
     min_chars: int = field(default=500, metadata={"min": 0, "help": "shorter documents are dropped"})
 
     def __post_init__(self):
+        # one set of packages, however listed: the same packages give the same manifest and digest
+        object.__setattr__(self, "packages", tuple(sorted(set(self.packages))))
         if self.valid_per_mille + self.test_per_mille >= 1000:
             raise ValueError("--valid-per-mille and --test-per-mille must leave documents for train")
 
@@ -234,7 +236,8 @@ def _write(cfg: DebdocsConfig, root: Path, chosen: list[tuple[Source, str]], hav
         total = sum(v["documents"] for v in splits.values())
         raise ValueError(f"debdocs: {', '.join(empty)} would hold no documents ({total:,} documents from "
                          f"{', '.join(p['package'] for p in packages)}); a language model reads all three splits: "
-                         "give more --packages, or a larger --valid-per-mille / --test-per-mille")
+                         "give more --packages, a larger --valid-per-mille / --test-per-mille, or a smaller "
+                         f"--min-chars (documents under {cfg.min_chars:,} characters are dropped)")
     for s in LM_SPLITS:
         splits[s]["sha256"] = hashlib.sha256((work / splits[s]["file"]).read_bytes()).hexdigest()
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("out", "root")}

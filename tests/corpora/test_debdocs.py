@@ -128,6 +128,10 @@ def test_the_same_packages_give_the_same_bytes(root, tmp_path):
     m = build(DebdocsConfig(out=str(c), root=str(root), valid_per_mille=200, test_per_mille=150), FAKE,
               progress=False)  # another setting: another build hash
     assert m["build_sha256"] != json.loads((a / "manifest.json").read_text())["build_sha256"]
+    # the same packages listed twice or in another order: the same corpus, the same digest
+    named = [build(cfg(tmp_path / f"p{i}", root, packages=p), FAKE, progress=False)["build_sha256"]
+             for i, p in enumerate((("fake-man", "fake-txt"), ("fake-txt", "fake-man", "fake-man")))]
+    assert named[0] == named[1]
 
 
 def test_a_missing_package_names_the_install_and_writes_nothing(root, tmp_path, capsys):
@@ -144,7 +148,9 @@ def test_a_split_left_without_documents_is_refused_and_writes_nothing(root, tmp_
     said it succeeded; every prepare lm or train lm on it then failed ("empty corpus")."""
     out = tmp_path / "out"
     with pytest.raises(ValueError, match=r"debdocs: test would hold no documents \(\d+ documents from fake-html-1.0, "
-                                         r"fake-man, fake-rst, fake-txt\); a language model reads all three splits"):
+                                         r"fake-man, fake-rst, fake-txt\); a language model reads all three splits: "
+                                         r"give more --packages, a larger --valid-per-mille / --test-per-mille, or a "
+                                         r"smaller --min-chars \(documents under 500 characters are dropped\)"):
         build(DebdocsConfig(out=str(out), root=str(root), valid_per_mille=150, test_per_mille=0), FAKE, progress=False)
     assert not out.exists() and not (tmp_path / "out.partial").exists()
 
