@@ -96,8 +96,10 @@ class ImageTrainConfig:
 
 
 def milestones(epochs: int) -> tuple[int, int]:
-    """The epochs at which lr drops ten-fold: 81 and 122 of 164, scaled to ``epochs``."""
-    return tuple(max(1, round(m * epochs / PAPER_EPOCHS)) for m in PAPER_MILESTONES)
+    """The epochs at which lr drops ten-fold: 81 and 122 of 164, scaled to ``epochs``; the second at least one
+    epoch after the first (at 2 epochs both rounded to 1, and lr went from 0.1 to 0.001 with no 0.01 phase)."""
+    first, second = (max(1, round(m * epochs / PAPER_EPOCHS)) for m in PAPER_MILESTONES)
+    return first, max(second, first + 1)
 
 
 def learning_rate(cfg: ImageTrainConfig, depth: int, epoch: int, step: int) -> float:

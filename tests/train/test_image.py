@@ -123,6 +123,9 @@ def test_a_non_finite_test_loss_after_the_last_update_is_a_divergence(fashion_di
 def test_learning_rate_schedule():
     cfg = ImageTrainConfig()
     assert milestones(164) == (81, 122) and milestones(10) == (5, 7)
+    assert milestones(2) == (1, 2) and milestones(1) == (1, 2) and milestones(3) == (1, 2)  # three phases where room
+    two = ImageTrainConfig(epochs=2)
+    assert [learning_rate(two, 20, epoch=e, step=10**5) for e in (0, 1)] == [0.1, pytest.approx(0.01)]
     assert learning_rate(cfg, 110, epoch=0, step=0) == 0.01  # warm-up for depth >= 110
     assert learning_rate(cfg, 110, epoch=0, step=399) == 0.01
     assert learning_rate(cfg, 110, epoch=1, step=400) == 0.1
