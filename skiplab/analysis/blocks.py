@@ -400,6 +400,8 @@ def to_csv(rows: list[dict[str, Any]], columns: dict[str, dict[str, str]]) -> st
     writer.writerow([*names, *keys, "values"])
     for r in rows:
         col = columns.get(r["label"], {})
+        if sum(v is not None for v in r["values"].values()) <= 1:  # no spread to state (the table: "(one run)")
+            r = {**r, "std": ""}
         writer.writerow([*(col.get(k, "") for k in names), *(r[k] for k in keys),
                          " ".join(f"{s}:{v}" for s, v in r["values"].items())])
     return buf.getvalue()

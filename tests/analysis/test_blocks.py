@@ -1,12 +1,14 @@
 """The blocked comparison's statistics against hand computation and scipy, and its table's warnings."""
 
+import csv
+import io
 import math
 
 import pytest
 from scipy import stats
 
 from skiplab.analysis.blocks import (RunRecord, holm, holm_once, markdown, mean_difference, one_kind, paired_p, status,
-                                     summarise, wilcoxon_p)
+                                     summarise, to_csv, wilcoxon_p)
 
 
 def test_confidence_interval_of_a_difference_by_hand():
@@ -122,6 +124,11 @@ def test_one_block_is_one_pair():
     table = markdown(rows, header, {k: {"connection": k} for k in "AB"}, "bits per byte", 3)
     assert "| -0.100 (1 pair) " in table and "pairs)" not in table
     assert "| 2.600 (one run) " in table and "± 0.000" not in table  # one run has no spread to state
+    rows_csv = list(csv.DictReader(io.StringIO(to_csv(rows, {k: {"connection": k} for k in "AB"}))))
+    assert [(r["mean"], r["std"]) for r in rows_csv] == [("2.7", ""), ("2.6", "")]  # not a std of 0.0 either
+    two = [RunRecord(k, s, "finished", v + s / 10, ("m",)) for k, v in (("A", 2.70), ("B", 2.60)) for s in (1, 2)]
+    rows, _ = summarise(two, ["A", "B"], "A")
+    assert float(next(csv.DictReader(io.StringIO(to_csv(rows, {}))))["std"]) == pytest.approx(math.sqrt(0.005))
 
 
 def test_exact_wilcoxon_by_hand_and_against_scipy(monkeypatch):
