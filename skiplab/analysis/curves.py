@@ -90,6 +90,10 @@ def plot_runs(paths: list[str], out: str | Path, keys: tuple[str, ...] = (), lab
         raise ValueError("give at least one run directory")
     if labels and len(labels) != len(paths):
         raise ValueError(f"{len(labels)} labels for {len(paths)} runs")
+    folders = [Path(p).resolve() for p in paths]
+    twice = list(dict.fromkeys(str(p) for p, f in zip(paths, folders) if folders.count(f) > 1))
+    if twice:  # it was drawn as two seeds of one group, its mean and spread over copies of itself
+        raise ValueError(f"{', '.join(twice)}: a run given twice")
     runs = [read_run(p) for p in paths]
     x = axis(runs)
     given = bool(keys)

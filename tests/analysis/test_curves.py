@@ -95,6 +95,7 @@ def test_bad_runs_and_keys_are_named(tmp_path, capsys):
         ([str(tmp_path / "empty")], "is not a run directory: no metrics.jsonl there"),
         ([run, "--keys", "bleu"], "has no bleu in its metrics; it has: step, train_loss"),
         ([run, "--labels", "a,b"], "2 labels for 1 runs"),
+        ([run, str(tmp_path / "x" / ".." / "r")], f"{run}, {tmp_path / 'x' / '..' / 'r'}: a run given twice"),
     ]:
         assert main(["curves", *argv, "--out", str(tmp_path / "x.png")]) == 2
         assert message in capsys.readouterr().err
