@@ -77,8 +77,15 @@ def add_model_options(p: argparse.ArgumentParser, task: str, skip: tuple[str, ..
         if name in skip:
             continue
         only = "" if len(families) == every else f" [{', '.join(families)} only]"
-        group.add_argument("--" + name.replace("_", "-"), dest=name, type=config.parser_for(tp), default=None,
+        kind = _spec_text if name == "connection" else config.parser_for(tp)
+        group.add_argument("--" + name.replace("_", "-"), dest=name, type=kind, default=None,
                            metavar=name.upper(), help=f"{f.metadata.get('help', '')}{only}")
+
+
+def _spec_text(text: str) -> str:
+    """``--connection``: the spec without the spaces the grammar ignores (``2xSkip + LN`` is ``2xSkip+LN``), so that
+    the run records, and a later command compares, one spelling."""
+    return "".join(text.split())
 
 
 def given_model_options(args: argparse.Namespace) -> dict[str, Any]:

@@ -65,6 +65,8 @@ class ImageTrainConfig:
         check_bounds(self)
         if self.lr <= 0:
             raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:  # at 1 or past it the velocity never decays: the steps grow without bound
+            raise ValueError(f"--momentum must be in [0, 1), got {self.momentum:g}")
         if family_of(self.model) is not PreActResNetConfig:
             raise ValueError(f"{self.model} is not an image model; known: "
                              f"{', '.join(n for n, (c, _) in PRESETS.items() if c is PreActResNetConfig)}")

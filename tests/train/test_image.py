@@ -24,8 +24,8 @@ def tiny(fashion_dir, out, **kw) -> ImageTrainConfig:
 def test_cli_run_writes_config_metrics_checkpoints_and_summary(fashion_dir, tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["train", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--epochs", "1",
-            "--train-subset", "200", "--batch-size", "64", "--connection", "2rSkip+LN", "--out", str(out)]
-    assert main(argv) == 0
+            "--train-subset", "200", "--batch-size", "64", "--connection", "2rSkip + LN", "--out", str(out)]
+    assert main(argv) == 0  # the spaces the grammar ignores are not recorded (a later command compares one spelling)
     config = json.loads((out / "config.json").read_text())
     assert config["config"]["model"] == "preact-resnet20(connection=2rSkip+LN)" and config["config"]["seed"] == 1
     assert config["model"]["connection"] == "2rSkip+LN" and "connection" not in config["config"]
@@ -177,7 +177,8 @@ def test_bad_settings_fail_before_anything_is_written(fashion_dir, tmp_path, cap
                            # more images than the split has: it was the whole split, recorded as asked
                            (["--train-subset", "257"], "--train-subset 257 is more than fashion-mnist's 256 training "
                             "images (0: all of them)"),
-                           (["--test-subset", "65"], "--test-subset 65 is more than fashion-mnist's 64 test images")]:
+                           (["--test-subset", "65"], "--test-subset 65 is more than fashion-mnist's 64 test images"),
+                           (["--momentum", "1"], "--momentum must be in [0, 1), got 1")]:
         argv = ["train", "image", "--dataset", "fashion-mnist", "--data-dir", str(fashion_dir), "--out", str(out)] + extra
         assert main(argv) == 2
         assert message in capsys.readouterr().err
