@@ -84,7 +84,7 @@ def evaluate(model, data: Stream, context: int, device, amp: bool, stride: int =
     model.train(was_training)
     loss = nats / tokens
     return {"loss": loss, "bpb": bits_per_byte(nats, data.n_bytes), "token_ppl": perplexity(nats, int(tokens)),
-            "word_ppl": perplexity(nats, data.n_words), "nll": nats, "tokens": int(tokens), "bytes": data.n_bytes,
+            "word_ppl": perplexity(nats, data.n_words), "nll": nats, "tokens": int(tokens), "bytes": data.n_bytes or None,
             "words": data.n_words or None}
 
 
@@ -197,9 +197,10 @@ def train(cfg: LMTrainConfig, resume: bool = False, overwrite: bool = False, pro
         run.profile(model, lambda: model(windows_at(train_data, window_starts(train_data, mcfg.context, cfg.batch_size,
                                                                               first), mcfg.context)[0].to(device)))
         run.write_config({"data": {"train": train_data.name, "train_tokens": len(train_data),
-                                   "train_bytes": train_data.n_bytes, "valid": valid_data.name,
-                                   "valid_tokens": len(valid_data), "valid_bytes": valid_data.n_bytes,
-                                   "vocab_size": vocab, "tokenizer": cfg.tokenizer,
+                                   # bytes unknown (.bin files without their sidecar) and no tokenizer: None
+                                   "train_bytes": train_data.n_bytes or None, "valid": valid_data.name,
+                                   "valid_tokens": len(valid_data), "valid_bytes": valid_data.n_bytes or None,
+                                   "vocab_size": vocab, "tokenizer": cfg.tokenizer if tok else None,
                                    "eot": tok.eot if tok else None},
                           "tokens_per_update": cfg.batch_size * cfg.grad_accum * mcfg.context,
                           "adamw_fused": fused, **design_notes(cfg, model),

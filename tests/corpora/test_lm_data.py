@@ -205,3 +205,20 @@ def test_what_an_evaluation_covers_says_what_the_split_is():
     assert text.startswith("test.jsonl: its documents, each followed by the end-of-text token, in one stream of 10")
     assert ids.startswith("test.bin: its token ids as the file holds them, one stream of 10 tokens")
     assert "documents" not in ids and "words unknown" in ids
+
+
+def test_a_run_on_token_files_without_their_sidecars_records_its_bytes_and_tokenizer_as_unknown(tmp_path, capsys):
+    """It recorded data.tokenizer "bytes" and 0 bytes, and eval lm reported "bytes": 0, where the docs say null."""
+    for split in ("train", "valid", "test"):
+        np.arange(300, dtype=np.uint16).tofile(tmp_path / f"{split}.bin")
+    out = tmp_path / "run"
+    assert main(["train", "lm", "--corpus", "", *(x for s in ("train", "valid", "test") for x in
+                                                  (f"--{s}-file", str(tmp_path / f"{s}.bin"))),
+                 "--vocab-size", "300", "--model", "gpt-mini(d_model=16,heads=2,layers=1,ffn_dim=32,context=16)",
+                 "--max-steps", "1", "--eval-every", "1", "--warmup", "1", "--device", "cpu", "--out", str(out)]) == 0
+    data = json.loads((out / "config.json").read_text())["data"]
+    assert data["train_bytes"] is None and data["valid_bytes"] is None and data["tokenizer"] is None
+    capsys.readouterr()
+    assert main(["eval", "lm", "--checkpoint", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["bytes"] is None and result["bpb"] is None and result["tokens"] > 0
