@@ -311,6 +311,10 @@ def state_dict_from_hf(config: Any, state: dict[str, Tensor]) -> dict[str, Tenso
     kind = architecture(cfg)
     state = _as_causal_lm(kind, state, cfg.tie)
     entries = weight_map(cfg)
+    _require(cfg.tie or "lm_head.weight" in state or not any(n.startswith(("model.", "transformer.")) for n in state),
+             f"the {CLASSES[kind]} state dict has no output layer (lm_head.weight), and its config unties it from the "
+             "embedding (tie_word_embeddings false): a base model without its language-model head; give the causal "
+             "LM's weights")
     _check_keys(set(state), {n for e in entries for n in e.theirs}, f"the {CLASSES[kind]} state dict")
     out: dict[str, Tensor] = {}
     for e in entries:

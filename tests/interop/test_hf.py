@@ -9,6 +9,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import re
+
 import pytest
 import torch
 from torch import nn
@@ -196,6 +198,13 @@ def test_state_dict_keys_of_bare_checkpoints_load(shape):
     x = tokens()
     with torch.no_grad():
         assert (model(x) - hf_logits(theirs, x)).abs().max() < tol(shape)
+    if not tiny(shape).tie:  # a bare base model has no head: with an untied config that is said, not "missing ..."
+        headless = {n: t for n, t in bare.items() if n != "lm_head.weight"}
+        with pytest.raises(ValueError, match=re.escape(
+                f"the {hf.CLASSES[hf_config(shape).model_type]} state dict has no output layer (lm_head.weight), and "
+                "its config unties it from the embedding (tie_word_embeddings false): a base model without its "
+                "language-model head; give the causal LM's weights")):
+            hf.from_hf(theirs.config, headless)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
