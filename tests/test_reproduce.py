@@ -66,8 +66,9 @@ def write_datasets(root: Path) -> Path:
     allenai/c4 shards) under ``root``."""
     write_c4(root)
     write_fashion_mnist(root / "fashion-mnist", n_train=5100, n_test=60)  # fashion-mnist-scenes (001-table5)
-    write_cifar(root / "cifar10", "cifar10")
-    write_cifar(root / "cifar100", "cifar100")
+    # as many images as the smoke scale's subsets take (64 training, 32 test; CIFAR-100's training set is one batch)
+    write_cifar(root / "cifar10", "cifar10", n=32)
+    write_cifar(root / "cifar100", "cifar100", n=64)
     iwslt, wmt = root / "iwslt15-en-vi", root / "wmt14-en-de"
     iwslt.mkdir()
     wmt.mkdir()
@@ -205,7 +206,7 @@ def test_a_table_of_runs_that_read_their_data_elsewhere_says_so(tmp_path, monkey
     another --data-root reuses them, and said nothing, while its commands named the new place (data that differ
     there gave a table of runs that never read them). The table now names where its runs read their data."""
     root = tmp_path / "data"
-    write_cifar(root / "cifar10", "cifar10")
+    write_cifar(root / "cifar10", "cifar10", n=32)  # the smoke scale takes 64 training images, 32 test
     (first,) = reproduce(["000-table1"], "smoke", str(tmp_path / "o"), seeds=1, data_root=str(root), progress=False)
     assert not any("elsewhere" in n for n in first["notes"])  # read where given: no note
 

@@ -20,18 +20,18 @@ N = 4  # images per batch: tiny, the format is what is under test
 SPECS = {"cifar10": CIFAR10, "cifar100": CIFAR100}
 
 
-def make_batches(name: str, seed: int = 0) -> dict[str, dict]:
-    """The batches of a tiny CIFAR in the official format: dicts with bytes keys, uint8 (N, 3072) data."""
+def make_batches(name: str, seed: int = 0, n: int = N) -> dict[str, dict]:
+    """The batches of a tiny CIFAR in the official format: dicts with bytes keys, uint8 (n, 3072) data."""
     spec, rng = SPECS[name], np.random.default_rng(seed)
     batches = {}
     for i, member in enumerate((*spec.train_members, spec.test_member)):
-        data = rng.integers(0, 256, size=(N, 3072), dtype=np.uint8)
+        data = rng.integers(0, 256, size=(n, 3072), dtype=np.uint8)
         batch = {
             b"batch_label": f"batch {i}".encode(),
             b"data": data,
-            b"filenames": [f"img_{i}_{j}.png".encode() for j in range(N)],
+            b"filenames": [f"img_{i}_{j}.png".encode() for j in range(n)],
         }
-        labels = [int(v) for v in rng.integers(0, spec.num_classes, size=N)]
+        labels = [int(v) for v in rng.integers(0, spec.num_classes, size=n)]
         labels[-1] = spec.num_classes - 1  # the top label must be accepted
         if spec is CIFAR10:
             batch[b"labels"] = labels
@@ -42,12 +42,13 @@ def make_batches(name: str, seed: int = 0) -> dict[str, dict]:
     return batches
 
 
-def write_cifar(root: Path, name: str, archive: bool = False, seed: int = 0) -> dict[str, dict]:
-    """Write a tiny CIFAR-10/100 under ``root`` as the extracted folder or the .tar.gz; return its batches."""
+def write_cifar(root: Path, name: str, archive: bool = False, seed: int = 0, n: int = N) -> dict[str, dict]:
+    """Write a tiny CIFAR-10/100 (``n`` images a batch) under ``root`` as the extracted folder or the .tar.gz; return
+    its batches."""
     spec = SPECS[name]
-    batches = make_batches(name, seed)
+    batches = make_batches(name, seed, n)
     if spec is CIFAR10:
-        meta_name, meta = "batches.meta", {b"num_cases_per_batch": N, b"label_names": [b"c%d" % i for i in range(10)]}
+        meta_name, meta = "batches.meta", {b"num_cases_per_batch": n, b"label_names": [b"c%d" % i for i in range(10)]}
     else:
         meta_name = "meta"
         meta = {b"fine_label_names": [b"f%d" % i for i in range(100)], b"coarse_label_names": [b"k%d" % i for i in range(20)]}
